@@ -1,0 +1,91 @@
+// allocator/backend.h: the whole contract between devmem and a memory driver.
+//
+// A Backend is the only code that talks to a driver (CUDA, the simulated device,
+// jemalloc). It hands out segments, reports memory, and provides streams and events.
+// It holds no policy: caching, splitting, rounding and retry live in CachingAllocator.
+// One file implements it per driver: allocator/cpu_backend.cc, allocator/sim_backend.cc,
+// cuda/cuda_backend.cc.
+//
+// Contract, for every method:
+//   * Thread-safety: every method may be called from any thread concurrently. The
+//     CachingAllocator calls segment methods while holding its device lock, so a
+//     backend must never call back into an allocator (lock order: allocator, then
+//     backend).
+//   * Errors: only allocate_segment / map return a failure that means "out of memory":
+//     absl::ResourceExhaustedError. Any other failure is a driver error and is
+//     returned with another code (and a message naming the driver call).
+//   * Pointers: allocate_segment returns memory aligned to at least 512 bytes (CUDA
+//     gives 256-byte alignment at least; sim and cpu give 2 MiB / page alignment).
+//     free_segment receives exactly a pointer and size that allocate_segment returned.
+//   * Streams: Stream{0} always exists and is the default stream. Work enqueued on one
+//     stream runs in order. Events complete when their stream reaches them.
+//   * Virtual memory (only when caps().virtual_memory): reserve_address returns an
+//     address range that holds no memory; map() backs [addr, addr+bytes) with physical
+//     memory (ResourceExhausted when there is none); unmap() releases it. Offsets and
+//     sizes are multiples of granularity().
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/types.h"
+
+namespace devmem {
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceId device() const = 0;
+  virtual Capabilities caps() const = 0;
+  virtual DeviceInfo info() const = 0;
+
+  // --- segments -------------------------------------------------------------------
+  // Allocates `bytes` (> 0) of device memory. ResourceExhausted when the device (or
+  // an injected fault) says there is not enough.
+  virtual absl::StatusOr<void*> allocate_segment(size_t bytes) = 0;
+  // Returns a segment. `p` and `bytes` are exactly what allocate_segment returned and
+  // was asked for. The caller guarantees no stream still uses the memory.
+  virtual void free_segment(void* p, size_t bytes) = 0;
+  // Free and total bytes as the driver sees them (free includes other processes' use).
+  virtual MemInfo mem_info() = 0;
+
+  // --- streams and events -----------------------------------------------------------
+  // Creates a new in-order stream. Backends without streams return Unimplemented.
+  virtual absl::StatusOr<Stream> create_stream() {
+    return absl::UnimplementedError("this backend has only the default stream");
+  }
+  // Destroys a stream made by create_stream after the work queued on it has run.
+  virtual void destroy_stream(Stream) {}
+  // Enqueues `fn` to run on the host when `stream` reaches it (cudaLaunchHostFunc).
+  // Backends without streams run it at once. `fn` must not block on other streams.
+  virtual absl::Status launch_host_fn(Stream stream, std::function<void()> fn) = 0;
+  // Records an event on `stream`. Never fails for a valid stream.
+  virtual Event record_event(Stream stream) = 0;
+  // True once the stream has reached the event. Cheap: called while holding the
+  // allocator's lock.
+  virtual bool event_done(Event event) = 0;
+  // Blocks until the event completes.
+  virtual void synchronize_event(Event event) = 0;
+  // Releases an event (done or not); the handle must not be used afterwards.
+  virtual void release_event(Event event) = 0;
+  // Blocks until all work queued on `stream` has run.
+  virtual void synchronize_stream(Stream stream) = 0;
+
+  // --- virtual memory (caps().virtual_memory) -------------------------------------
+  virtual size_t granularity() const { return 0; }
+  virtual absl::StatusOr<void*> reserve_address(size_t /*bytes*/) {
+    return absl::UnimplementedError("this backend has no virtual memory management");
+  }
+  virtual void release_address(void* /*p*/, size_t /*bytes*/) {}
+  virtual absl::Status map(void* /*p*/, size_t /*bytes*/) {
+    return absl::UnimplementedError("this backend has no virtual memory management");
+  }
+  virtual void unmap(void* /*p*/, size_t /*bytes*/) {}
+};
+
+}  // namespace devmem

@@ -1,0 +1,136 @@
+// allocator/caching_allocator.h: the caching allocator of one device.
+//
+// Example:
+//   auto backend = MakeBackend(config, /*index=*/0);   // allocator/backend_factory.h
+//   CachingAllocator alloc(std::move(*backend), config);
+//   void* p = alloc.allocate(1 << 20, stream, InternSite(loc, SiteKind::kAlloc));
+//   alloc.record_stream(p, other_stream);   // p is also used by work on other_stream
+//   alloc.free(p);                          // reused on `other_stream` only after it
+//                                           // reaches the point of the free
+//
+// Policy (docs/architecture.md has the reasoning and the figures):
+//   * sizes round up to 512 B; requests up to 1 MiB come from the small pool (2 MiB
+//     segments), larger ones from the large pool (20 MiB segments for requests up to
+//     10 MiB, else the request rounded up to 2 MiB);
+//   * best fit over the free blocks of the same pool and stream, ordered by
+//     (stream, size, address); a block is split when the rest is worth keeping
+//     (small pool: >= 512 B; large pool: > 1 MiB); a freed block coalesces with free
+//     neighbours of its segment;
+//   * blocks of max_split_size or more are oversize: never split, and only used for
+//     requests of max_split_size or more that waste less than 20 MiB;
+//   * a block is reused only on the stream it was allocated on. record_stream(p, s)
+//     makes the free of p record an event on s; the block stays pending until every
+//     such event completes;
+//   * when a new segment cannot be had: (1) free cached oversize/large blocks that could
+//     satisfy the request, retry; (2) synchronize every pending event, free every
+//     unused segment, retry; (3) throw OutOfMemoryError with an OomReport.
+//   * with garbage_collection_threshold, cached segments unused for longest are
+//     released before a new segment is taken, while reserved exceeds the threshold;
+//   * per_process_memory_fraction caps reserved bytes at that share of the device.
+//
+// Thread-safety: every public method may be called concurrently from any thread. One
+// mutex (the device lock) guards all state. Lock order: device lock, then the
+// backend's internal locks, then the observer's. The site registry's lock is never
+// taken while the device lock is held... except through InternSite, which takes only
+// its own leaf lock. Public methods never call other public methods.
+//
+// Sizes of 0: allocate(0) returns nullptr without allocating (and counts nothing);
+// free(nullptr) does nothing.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "allocator/backend.h"
+#include "allocator/config.h"
+#include "allocator/observer.h"
+#include "allocator/oom_report.h"
+#include "allocator/site.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+
+namespace devmem {
+
+namespace internal {
+class DevicePool;  // the state behind the device lock (allocator/device_pool.h)
+}
+
+class CachingAllocator {
+ public:
+  // Takes ownership of the backend. Reads the policy keys of `config`
+  // (max_split_size, garbage_collection_threshold, expandable_segments,
+  // per_process_memory_fraction).
+  CachingAllocator(std::unique_ptr<Backend> backend, const Config& config);
+  // Waits for pending events and returns every segment to the backend. Blocks still
+  // allocated at this point are reported on stderr (a leak in the program) and their
+  // segments are freed anyway.
+  ~CachingAllocator();
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // Returns a block of at least `bytes` bytes, 512-byte aligned, usable at once by work
+  // on `stream`. Throws OutOfMemoryError when the device is exhausted after the staged
+  // retry, InvalidArgumentError when `bytes` cannot be rounded (overflow). bytes == 0
+  // returns nullptr.
+  void* allocate(size_t bytes, Stream stream = {}, SiteId site = kUnknownSite);
+
+  // Frees a pointer returned by allocate(). Throws InvalidArgumentError, naming the
+  // pointer, when it is not the start of an allocated block (unknown, interior, or
+  // already freed); nothing changes then. free(nullptr) is a no-op.
+  void free(void* ptr);
+
+  // Declares that work on `stream` uses the allocated block at `ptr` (which must be
+  // the pointer allocate() returned). The block's free will wait for that work.
+  // Throws InvalidArgumentError for a pointer that is not allocated.
+  void record_stream(void* ptr, Stream stream);
+
+  // Returns every unused cached segment to the backend (after waiting for pending
+  // events whose blocks would free a whole segment).
+  void empty_cache();
+  // Returns unused cached segments, largest first, until at most `keep_bytes` of
+  // cached (reserved but unallocated) memory remains.
+  void trim(size_t keep_bytes);
+
+  // Caps reserved memory at `fraction` (0, 1] of the device total.
+  absl::Status set_memory_fraction(double fraction);
+
+  // Polls pending events and moves completed blocks back to the cache. allocate()
+  // does this itself; a background thread may call it to return memory sooner.
+  void process_events();
+
+  DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  // Per-site counters, indexed by SiteId (entries beyond the vector are all zero).
+  std::vector<SiteStats> site_stats() const;
+  // Live bytes and counts of the largest holders, largest first.
+  std::vector<SiteUsage> top_sites(size_t k) const;
+  // A consistent copy of every segment and block.
+  AllocatorSnapshot snapshot() const;
+  // The allocated block starting at `ptr`, if any (for the tensor layer and tools).
+  std::optional<BlockInfo> find_allocation(const void* ptr) const;
+
+  // Recounts everything and checks the invariants of docs/architecture.md: the
+  // blocks of each segment tile it; no allocated blocks overlap; no two adjacent free
+  // blocks of a segment are uncoalesced; free lists hold exactly the free blocks;
+  // every statistic equals its recount; reserved == allocated + pending + cached.
+  // Returns an InternalError describing the first violation.
+  absl::Status validate() const;
+
+  // Observer for every event (allocator/observer.h). Set at most once, before or
+  // after use; nullptr removes it. The observer must outlive the allocator or be
+  // removed first.
+  void set_observer(AllocatorObserver* observer);
+
+  DeviceId device() const;
+  Backend& backend() const;
+  const Config& config() const;
+
+ private:
+  std::unique_ptr<internal::DevicePool> pool_;
+};
+
+}  // namespace devmem

@@ -1,0 +1,97 @@
+// allocator/config.h: every knob of devmem, parsed from one string.
+//
+//   DEVMEM_CONF="backend:sim,sim_capacity:8GiB,max_split_size_mb:256"
+//
+// The grammar is the one PYTORCH_CUDA_ALLOC_CONF uses: comma-separated `key:value`
+// pairs, whitespace around keys and values ignored, keys unique. Every key of Config
+// can be set (the list, with units and ranges, is in docs/configuration.md and in
+// ConfigKeys()). Parsing is all-or-nothing: on any error the caller's Config is left
+// exactly as it was, and the error (absl::InvalidArgumentError) names the key and the
+// value.
+//
+// Sizes accept a plain byte count or a number with a binary unit: B, KiB, MiB, GiB,
+// TiB (also K, M, G, T, KB, MB, GB, TB, meaning the same powers of 1024).
+// Booleans accept true/false/1/0/yes/no/on/off.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace devmem {
+
+enum class BackendKind : uint8_t { kAuto, kCuda, kSim, kCpu };
+std::string_view BackendKindName(BackendKind kind);
+
+struct Config {
+  // --- which device ---------------------------------------------------------------
+  BackendKind backend = BackendKind::kAuto;  // key backend: auto|cuda|sim|cpu
+
+  // --- the simulated device (sim backend) -------------------------------------------
+  size_t sim_capacity = size_t{16} << 30;  // key sim_capacity (size, 1 MiB .. 1 PiB)
+  uint64_t sim_alloc_latency_ns = 0;       // key sim_alloc_latency_us (0 .. 10^6 us)
+  uint64_t sim_free_latency_ns = 0;        // key sim_free_latency_us (0 .. 10^6 us)
+  uint64_t sim_fail_nth = 0;        // key sim_fail_nth: fail the Nth segment alloc (0 = off)
+  double sim_fail_probability = 0;  // key sim_fail_probability (0 .. 1)
+  uint64_t sim_seed = 0;            // key sim_seed: seeds the failure injection
+
+  // --- caching policy ---------------------------------------------------------------
+  // Blocks at least this large are "oversize": never split, and not used for requests
+  // below it. SIZE_MAX means no limit. key max_split_size_mb (MiB, >= 20 or "none").
+  size_t max_split_size = SIZE_MAX;
+  // Fraction of the allowed memory above which cached, unused segments are released
+  // before a new segment is allocated (0 = off). key garbage_collection_threshold
+  // (0 .. 1, exclusive of 1).
+  double garbage_collection_threshold = 0;
+  // One growable virtual reservation per (stream, pool) instead of fixed segments.
+  bool expandable_segments = false;  // key expandable_segments (bool)
+  // Cap on reserved bytes as a fraction of device total. key
+  // per_process_memory_fraction (0 .. 1, exclusive of 0).
+  double per_process_memory_fraction = 1.0;
+
+  // --- observability (runtime layer) -------------------------------------------------
+  size_t trace_entries = 0;       // key trace_entries: event ring size (0 = off, <= 10^8)
+  std::string http;               // key http: "ADDRESS:PORT" to serve on ("" = off)
+  std::string http_token_file;    // key http_token_file: bearer token for /debug/*
+  bool http_allow_remote = false; // key http_allow_remote (bool)
+  std::string oom_dump_dir;       // key oom_dump_dir: directory for OOM dumps
+  int site_top_k = 10;            // key site_top_k: sites labelled in metrics (1 .. 1000)
+
+  friend bool operator==(const Config&, const Config&) = default;
+};
+
+// Parses `text` on top of `base` (the defaults unless given). All-or-nothing.
+absl::StatusOr<Config> ParseConfig(std::string_view text, const Config& base = Config{});
+
+// Applies `text` to `*config` in place; on error `*config` is unchanged.
+absl::Status ApplyConfig(std::string_view text, Config* config);
+
+// Reads DEVMEM_CONF (an unset or empty variable gives the defaults). The error message
+// starts with "DEVMEM_CONF: ".
+absl::StatusOr<Config> ConfigFromEnv();
+
+// The canonical `key:value,...` form of every key; ParseConfig(ToString(c)) == c.
+std::string ToString(const Config& config);
+
+// Parses a size with an optional binary unit ("512", "2MiB", "8G"). The error names
+// the text.
+absl::StatusOr<size_t> ParseSize(std::string_view text);
+// "1.5 GiB", "512 B": for messages and tables.
+std::string FormatBytes(size_t bytes);
+
+// Documentation of every key (name, type, default, meaning), for --help output and
+// docs/configuration.md.
+struct ConfigKeyDoc {
+  std::string_view key;
+  std::string_view type;
+  std::string_view default_value;
+  std::string_view meaning;
+};
+const std::vector<ConfigKeyDoc>& ConfigKeys();
+
+}  // namespace devmem

@@ -1,0 +1,55 @@
+// allocator/observer.h: how upper layers watch an allocator without it knowing them.
+//
+// The runtime layer's event trace, metrics and OOM dumps hang off this interface;
+// allocator/ never includes runtime/.
+//
+// Thread-safety and cost: callbacks run on the allocating thread, WHILE THE
+// ALLOCATOR'S DEVICE LOCK IS HELD (so events are seen in the order they happened).
+// They must be short and non-blocking, must not throw, and must never call back into
+// any allocator. on_oom is the exception: it runs after the lock is released, just
+// before OutOfMemoryError is thrown, and may take its time (write a dump file).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/site.h"
+#include "allocator/types.h"
+
+namespace devmem {
+
+struct OomReport;
+
+enum class AllocAction : uint8_t {
+  kAlloc = 0,           // a block handed to the user
+  kFree = 1,            // the user freed a block (it may still be pending)
+  kFreeCompleted = 2,   // a pending block's events completed; it is cached now
+  kSegmentAlloc = 3,    // a segment came from the driver
+  kSegmentFree = 4,     // a segment went back to the driver
+  kSegmentMap = 5,      // expandable segment grew
+  kSegmentUnmap = 6,    // expandable segment shrank
+  kOom = 7,             // an allocation failed for good
+  kArenaOpen = 8,
+  kArenaClose = 9,
+};
+inline constexpr int kNumAllocActions = 10;
+std::string_view AllocActionName(AllocAction action);
+
+struct AllocEvent {
+  AllocAction action = AllocAction::kAlloc;
+  DeviceId device;
+  Stream stream;
+  uintptr_t addr = 0;
+  size_t size = 0;       // block or segment bytes
+  size_t requested = 0;  // what the user asked for (alloc, free, oom)
+  SiteId site = kUnknownSite;
+};
+
+class AllocatorObserver {
+ public:
+  virtual ~AllocatorObserver() = default;
+  virtual void on_event(const AllocEvent& event) = 0;
+  virtual void on_oom(const OomReport& /*report*/) {}
+};
+
+}  // namespace devmem

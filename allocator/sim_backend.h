@@ -1,0 +1,52 @@
+// allocator/sim_backend.h: the simulated device.
+//
+// Memory comes from one large mmap reservation (MAP_NORESERVE, PROT_NONE until a
+// segment is handed out), so pages nothing writes cost nothing and a replay of a
+// 100 GiB workload runs on a laptop; the capacity is a number this backend enforces,
+// not memory it holds. Segment addresses are chosen first-fit inside the reservation,
+// so the same sequence of calls gives the same addresses every run.
+//
+// Streams are in-order queues worked by one host thread each (created on first use);
+// events complete when their stream's thread reaches them. The default stream has a
+// worker too. Segment allocation and free sleep for the configured latency (emulating
+// cudaMalloc/cudaFree). Failure injection is seeded: the Nth segment allocation fails,
+// and/or each fails with probability p.
+//
+// Virtual memory is emulated: reserve_address carves an address range without
+// charging capacity; map charges and makes the range accessible; unmap releases.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "allocator/backend.h"
+
+namespace devmem {
+
+struct SimOptions {
+  int index = 0;
+  size_t capacity = size_t{16} << 30;
+  uint64_t alloc_latency_ns = 0;
+  uint64_t free_latency_ns = 0;
+  uint64_t fail_nth = 0;          // 1-based; 0 = off
+  double fail_probability = 0;
+  uint64_t seed = 0;
+  size_t granularity = size_t{2} << 20;  // for the virtual-memory emulation
+};
+
+// Extra controls that tests and tools use on a sim backend.
+class SimBackend : public Backend {
+ public:
+  // Changes the failure injection at run time (counts restart from now).
+  virtual void set_failure_injection(uint64_t fail_nth, double probability,
+                                     uint64_t seed) = 0;
+  // Bytes charged against the capacity right now (segments + mapped ranges).
+  virtual size_t used_bytes() const = 0;
+  // Number of segment allocations attempted / failed by injection so far.
+  virtual uint64_t segment_alloc_attempts() const = 0;
+  virtual uint64_t injected_failures() const = 0;
+};
+
+std::unique_ptr<SimBackend> NewSimBackend(const SimOptions& options);
+
+}  // namespace devmem

@@ -1,0 +1,85 @@
+// allocator/site.h: call sites, interned to small integers once.
+//
+// A site says where an allocation was asked for: file, line and function (from
+// std::source_location), an optional tag, and a kind (plain alloc, or one of the
+// explicit copies: clone, contiguous, to_device; or arena). Public entry points take
+// `std::source_location loc = std::source_location::current()` and intern it here, so
+// that stats, snapshots, metrics and OOM reports can name the code responsible.
+//
+// Cost: InternSite is a lookup in a small per-thread cache keyed by the identity of
+// the source_location's strings (they are static), falling back to a global table
+// under a mutex the first time a thread sees a site. SiteId 0 is "unknown".
+//
+// Thread-safety: every function here may be called from any thread at any time. Site
+// ids are never reused; SiteInfo for an id never changes.
+#pragma once
+
+#include <cstdint>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace devmem {
+
+using SiteId = uint32_t;
+inline constexpr SiteId kUnknownSite = 0;
+
+enum class SiteKind : uint8_t {
+  kAlloc = 0,       // plain creation (empty, zeros, op outputs, raw allocate)
+  kClone = 1,       // Tensor::clone
+  kContiguous = 2,  // Tensor::contiguous when it had to copy
+  kToDevice = 3,    // Tensor::to(device)
+  kArena = 4,       // a chunk taken by an arena
+};
+inline constexpr int kNumSiteKinds = 5;
+std::string_view SiteKindName(SiteKind kind);
+// True for the kinds that are explicit copies (clone, contiguous, to_device).
+inline bool IsCopyKind(SiteKind kind) {
+  return kind == SiteKind::kClone || kind == SiteKind::kContiguous ||
+         kind == SiteKind::kToDevice;
+}
+
+struct SiteInfo {
+  std::string file;      // as the compiler spelled it
+  uint32_t line = 0;
+  std::string function;  // the compiler's pretty name
+  std::string tag;       // "" when none
+  SiteKind kind = SiteKind::kAlloc;
+
+  // "tensor/tensor.cc:120 (clone)" or "optimizer @ train.cc:40 (alloc)".
+  std::string ToString() const;
+};
+
+// Interns (loc, kind, tag). The same arguments always give the same id.
+SiteId InternSite(const std::source_location& loc, SiteKind kind,
+                  std::string_view tag = {});
+// Interns a site that has no source location (for example one read from a trace
+// file, or a C caller that passes a name).
+SiteId InternNamedSite(std::string_view file, uint32_t line, std::string_view function,
+                       SiteKind kind, std::string_view tag = {});
+
+// The site for an id; id 0 and unknown ids give {"<unknown>", 0, "", "", kAlloc}.
+SiteInfo GetSite(SiteId id);
+// Number of ids handed out so far, plus one for kUnknownSite.
+size_t SiteCount();
+
+// The current thread's tag: InternSite calls with an empty tag use it. Set through
+// ScopedSiteTag; "" when none.
+std::string_view CurrentSiteTag();
+
+// Names the allocations made on this thread while it lives (nesting restores the outer
+// tag on destruction). Not copyable or movable: it restores a thread-local on
+// destruction, so it must die on the thread and in the scope that made it.
+class ScopedSiteTag {
+ public:
+  explicit ScopedSiteTag(std::string_view tag);
+  ~ScopedSiteTag();
+  ScopedSiteTag(const ScopedSiteTag&) = delete;
+  ScopedSiteTag& operator=(const ScopedSiteTag&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+}  // namespace devmem

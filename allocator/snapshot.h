@@ -1,0 +1,56 @@
+// allocator/snapshot.h: a consistent picture of one allocator's memory, taken under its
+// lock: segments in address order, each tiled exactly by its blocks. The runtime layer
+// turns this into JSON (docs/formats.md); memtrace reads that back.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "allocator/site.h"
+#include "allocator/stats.h"
+#include "allocator/types.h"
+
+namespace devmem {
+
+enum class BlockState : uint8_t {
+  kAllocated = 0,  // held by the user
+  kFree = 1,       // cached: ready for reuse on its stream
+  kPending = 2,    // freed by the user, waiting for events on other streams
+};
+std::string_view BlockStateName(BlockState state);
+
+struct BlockInfo {
+  uintptr_t addr = 0;
+  size_t size = 0;
+  size_t requested = 0;        // 0 unless allocated
+  BlockState state = BlockState::kFree;
+  Stream stream;               // the stream it belongs to
+  SiteId site = kUnknownSite;  // unless free
+  int64_t alloc_time_ns = 0;   // monotonic (coarse) clock at allocation; 0 if free
+};
+
+struct SegmentInfo {
+  uintptr_t addr = 0;
+  size_t size = 0;       // bytes backed by memory (for expandable: mapped bytes)
+  Stream stream;
+  bool small_pool = false;
+  bool expandable = false;
+  std::vector<BlockInfo> blocks;  // address order, tiling [addr, addr + size)
+};
+
+struct AllocatorSnapshot {
+  DeviceId device;
+  DeviceInfo info;
+  MemInfo mem_info;
+  DeviceStats stats;
+  std::vector<SegmentInfo> segments;  // address order
+  int64_t time_ns = 0;                // monotonic clock when taken
+};
+
+// The monotonic clock used for ages and traces (CLOCK_MONOTONIC_COARSE: a few ns).
+int64_t CoarseNowNs();
+// The precise monotonic clock (CLOCK_MONOTONIC).
+int64_t NowNs();
+
+}  // namespace devmem

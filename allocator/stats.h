@@ -1,0 +1,93 @@
+// allocator/stats.h: allocator statistics in the vocabulary PyTorch users know.
+//
+// Every Stat is {current, peak, allocated (total increases), freed (total decreases)};
+// current == allocated - freed always. Each comes as a StatArray indexed by
+// StatPool: the aggregate, the small pool and the large pool.
+//
+// Meanings (bytes; the *_count arrays count blocks or segments the same way):
+//   allocated       blocks handed to the user and not yet freed
+//   active          allocated + pending (freed by the user, waiting for other streams)
+//   inactive_split  free blocks that are part of a split segment (fragmentation)
+//   requested       bytes the user asked for (before 512 B rounding) of allocated blocks
+//   reserved        segment bytes held from the driver
+//   cached          reserved - active: free blocks, ready to be handed out again
+// Invariant (checked by CachingAllocator::validate()):
+//   reserved == allocated + pending + cached, every value equals a recount.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace devmem {
+
+struct Stat {
+  int64_t current = 0;
+  int64_t peak = 0;
+  int64_t allocated = 0;  // total of all increases
+  int64_t freed = 0;      // total of all decreases
+
+  void increase(int64_t amount) {
+    current += amount;
+    allocated += amount;
+    if (current > peak) peak = current;
+  }
+  void decrease(int64_t amount) {
+    current -= amount;
+    freed += amount;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = current; freed = 0; }
+  friend bool operator==(const Stat&, const Stat&) = default;
+};
+
+enum StatPool : int { kAggregatePool = 0, kSmallPool = 1, kLargePool = 2 };
+inline constexpr int kNumStatPools = 3;
+using StatArray = std::array<Stat, kNumStatPools>;
+
+struct DeviceStats {
+  // counts
+  StatArray allocation;           // allocated blocks
+  StatArray segment;              // segments held
+  StatArray active;               // allocated + pending blocks
+  StatArray inactive_split;       // free blocks inside split segments
+  // bytes
+  StatArray allocated_bytes;
+  StatArray reserved_bytes;
+  StatArray active_bytes;
+  StatArray inactive_split_bytes;
+  StatArray requested_bytes;
+  StatArray pending_bytes;        // freed by the user, waiting for events
+  // oversize blocks (>= max_split_size)
+  Stat oversize_allocations;
+  Stat oversize_segments;
+  // events
+  int64_t num_alloc_retries = 0;  // times every cache was flushed to retry a segment alloc
+  int64_t num_ooms = 0;           // OutOfMemoryError thrown
+  int64_t num_device_alloc = 0;   // segment allocations (cudaMalloc / map)
+  int64_t num_device_free = 0;    // segment frees (cudaFree / unmap)
+  int64_t num_sync_all_streams = 0;
+  int64_t cache_hits = 0;         // allocations served from cached blocks
+  int64_t cache_misses = 0;       // allocations that needed a new segment
+  int64_t num_frees = 0;          // user frees
+  int64_t max_split_size = 0;     // the configured limit (INT64_MAX when none)
+
+  // reserved - active, for the aggregate or one pool.
+  int64_t cached_bytes(StatPool pool = kAggregatePool) const {
+    return reserved_bytes[pool].current - active_bytes[pool].current;
+  }
+  // A readable multi-line table (the shape of torch.cuda.memory_summary()).
+  std::string ToString() const;
+};
+
+// Per call site (see allocator/site.h), kept by each allocator.
+struct SiteStats {
+  int64_t live_bytes = 0;   // bytes of blocks from this site that are allocated now
+  int64_t live_count = 0;
+  int64_t peak_live_bytes = 0;
+  int64_t total_bytes = 0;  // bytes ever allocated from this site
+  int64_t total_count = 0;
+  friend bool operator==(const SiteStats&, const SiteStats&) = default;
+};
+
+}  // namespace devmem
