@@ -30,9 +30,9 @@
 //
 // Thread-safety: every public method may be called concurrently from any thread. One
 // mutex (the device lock) guards all state. Lock order: device lock, then the
-// backend's internal locks, then the observer's. The site registry's lock is never
-// taken while the device lock is held... except through InternSite, which takes only
-// its own leaf lock. Public methods never call other public methods.
+// backend's internal locks, then the observer's, then the site registry's (a leaf,
+// taken only to read site kinds for OOM reports). Public methods never call other
+// public methods.
 //
 // Sizes of 0: allocate(0) returns nullptr without allocating (and counts nothing);
 // free(nullptr) does nothing.
@@ -46,6 +46,7 @@
 #include "absl/status/status.h"
 #include "allocator/backend.h"
 #include "allocator/config.h"
+#include "allocator/errors.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/site.h"
@@ -87,8 +88,8 @@ class CachingAllocator {
   // Throws InvalidArgumentError for a pointer that is not allocated.
   void record_stream(void* ptr, Stream stream);
 
-  // Returns every unused cached segment to the backend (after waiting for pending
-  // events whose blocks would free a whole segment).
+  // Waits for every pending cross-stream free, then returns every unused cached
+  // segment to the backend.
   void empty_cache();
   // Returns unused cached segments, largest first, until at most `keep_bytes` of
   // cached (reserved but unallocated) memory remains.

@@ -1,0 +1,112 @@
+// allocator/block.h: the allocator's internal data structures (not a public header).
+//
+//   Segment  one backend allocation [addr, addr + size), owned by one (stream, pool).
+//   Block    a contiguous piece of a segment; the blocks of a segment form a doubly
+//            linked list in address order that tiles the segment exactly.
+//
+// Block states and where a block lives:
+//   kAllocated  in DevicePool::allocated_ (keyed by address), held by the user;
+//   kFree       in exactly one free set (small or large pool), ordered by
+//               (stream, size, address), ready for reuse on its stream;
+//   kPending    in no set: freed by the user, waiting for `pending_events` events
+//               recorded on other streams (queued in DevicePool::pending_).
+// Invariants (DevicePool::validate_locked checks them):
+//   - prev/next link the blocks of one segment in address order, with no gaps;
+//   - two adjacent blocks are never both kFree (they are coalesced at once);
+//   - a segment with no allocated or pending block is one single free block.
+//
+// Thread-safety: none here; every field is guarded by the owning DevicePool's mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/container/inlined_vector.h"
+#include "allocator/site.h"
+#include "allocator/snapshot.h"
+#include "allocator/types.h"
+
+namespace devmem::internal {
+
+struct Segment;
+
+struct Block {
+  uintptr_t addr = 0;
+  size_t size = 0;
+  size_t requested = 0;       // bytes the user asked for; 0 unless allocated
+  Segment* segment = nullptr;
+  Block* prev = nullptr;      // the block just below in the same segment
+  Block* next = nullptr;      // the block just above in the same segment
+  Stream stream;              // the stream it was allocated on (== segment->stream)
+  BlockState state = BlockState::kFree;
+  SiteId site = kUnknownSite;
+  int pending_events = 0;     // events still to complete before it is free
+  int64_t alloc_time_ns = 0;
+  // Streams other than `stream` that use the block (record_stream). Almost always
+  // empty or one entry, so inline.
+  absl::InlinedVector<Stream, 1> stream_uses;
+
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct Segment {
+  uintptr_t addr = 0;
+  size_t size = 0;
+  Stream stream;
+  bool small_pool = false;
+  Block* head = nullptr;     // the lowest block
+  int busy_blocks = 0;       // allocated + pending blocks in this segment
+  uint64_t last_used = 0;    // DevicePool::use_clock_ when it last became unused
+};
+
+// Key for lookups in the free sets: best fit is the first block >= (stream, size, 0).
+struct BlockKey {
+  Stream stream;
+  size_t size;
+  uintptr_t addr;
+};
+
+// Orders free blocks by (stream, size, address). Transparent so a BlockKey can look up.
+struct BlockLess {
+  using is_transparent = void;
+  static BlockKey key(const Block* b) { return {b->stream, b->size, b->addr}; }
+  static const BlockKey& key(const BlockKey& k) { return k; }
+  template <typename A, typename B>
+  bool operator()(const A& a, const B& b) const {
+    const BlockKey& ka = key(a);
+    const BlockKey& kb = key(b);
+    if (ka.stream.handle != kb.stream.handle) return ka.stream.handle < kb.stream.handle;
+    if (ka.size != kb.size) return ka.size < kb.size;
+    return ka.addr < kb.addr;
+  }
+};
+
+// --- size policy (the numbers of docs/architecture.md) ------------------------------
+inline constexpr size_t kMinBlockSize = 512;           // rounding granule, alignment
+inline constexpr size_t kSmallSize = size_t{1} << 20;  // largest small-pool request
+inline constexpr size_t kSmallBuffer = size_t{2} << 20;   // small-pool segment size
+inline constexpr size_t kLargeBuffer = size_t{20} << 20;  // segment for 1-10 MiB
+inline constexpr size_t kMinLargeAlloc = size_t{10} << 20;
+inline constexpr size_t kRoundLarge = size_t{2} << 20;
+
+// Rounds up to a multiple of kMinBlockSize; false when that overflows.
+inline bool RoundSize(size_t bytes, size_t* rounded) {
+  if (bytes > SIZE_MAX - (kMinBlockSize - 1)) return false;
+  *rounded = (bytes + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
+  return true;
+}
+inline bool IsSmall(size_t rounded) { return rounded <= kSmallSize; }
+// The segment size for a rounded request; false when rounding that overflows.
+inline bool SegmentSizeFor(size_t rounded, size_t* segment) {
+  if (rounded <= kSmallSize) {
+    *segment = kSmallBuffer;
+  } else if (rounded < kMinLargeAlloc) {
+    *segment = kLargeBuffer;
+  } else {
+    if (rounded > SIZE_MAX - (kRoundLarge - 1)) return false;
+    *segment = (rounded + kRoundLarge - 1) & ~(kRoundLarge - 1);
+  }
+  return true;
+}
+
+}  // namespace devmem::internal

@@ -1,0 +1,676 @@
+// allocator/device_pool.cc: the caching policy of one device (see device_pool.h and the
+// policy summary in caching_allocator.h).
+#include "allocator/device_pool.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <stdexcept>
+#include <utility>
+
+#include "absl/strings/str_format.h"
+#include "allocator/errors.h"
+
+namespace devmem::internal {
+namespace {
+
+int PoolIndex(bool small) { return small ? kSmallPool : kLargePool; }
+
+// Adds `n` to the aggregate and to the pool's entry of a StatArray.
+void Add(StatArray& a, bool small, int64_t n) {
+  a[kAggregatePool].increase(n);
+  a[PoolIndex(small)].increase(n);
+}
+void Sub(StatArray& a, bool small, int64_t n) {
+  a[kAggregatePool].decrease(n);
+  a[PoolIndex(small)].decrease(n);
+}
+
+}  // namespace
+
+DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
+    : backend_(std::move(backend)),
+      device_(backend_->device()),
+      config_(config),
+      device_total_(backend_->mem_info().total_bytes),
+      memory_fraction_(config.per_process_memory_fraction) {
+  stats_.max_split_size =
+      config_.max_split_size >= static_cast<size_t>(INT64_MAX)
+          ? INT64_MAX
+          : static_cast<int64_t>(config_.max_split_size);
+}
+
+DevicePool::~DevicePool() {
+  absl::MutexLock lock(&mu_);
+  process_events_locked(/*wait=*/true);
+  if (!allocated_.empty()) {
+    size_t bytes = 0;
+    for (const auto& [addr, b] : allocated_) bytes += b->size;
+    std::fprintf(stderr,
+                 "devmem: %s: allocator destroyed with %zu blocks (%zu bytes) still "
+                 "allocated; their memory is released anyway\n",
+                 device_.ToString().c_str(), allocated_.size(), bytes);
+  }
+  for (auto& [addr, s] : segments_) {
+    backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
+    for (Block* b = s->head; b != nullptr;) {
+      Block* next = b->next;
+      delete b;
+      b = next;
+    }
+    delete s;
+  }
+  segments_.clear();
+  for (Block* b : spare_blocks_) delete b;
+  spare_blocks_.clear();
+}
+
+// --- allocation ---------------------------------------------------------------------
+
+void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
+  if (requested == 0) return nullptr;
+  size_t size;
+  size_t segment_size;
+  if (!RoundSize(requested, &size) || !SegmentSizeFor(size, &segment_size)) {
+    throw InvalidArgumentError(absl::StrFormat(
+        "devmem: allocate(%u bytes) on %s: the size overflows when rounded up to "
+        "the allocator's granule",
+        requested, device_.ToString()));
+  }
+  OomReport report;
+  AllocatorObserver* observer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+    Block* b = take_free_block(size, stream);
+    if (b != nullptr) {
+      ++stats_.cache_hits;
+    } else {
+      b = new_segment_with_retry(requested, size, stream, site, &report);
+    }
+    if (b != nullptr) {
+      maybe_split(b, size);
+      const bool small = b->segment->small_pool;
+      b->state = BlockState::kAllocated;
+      b->requested = requested;
+      b->site = site;
+      b->alloc_time_ns = CoarseNowNs();
+      ++b->segment->busy_blocks;
+      allocated_.emplace(b->addr, b);
+      Add(stats_.allocation, small, 1);
+      Add(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
+      Add(stats_.requested_bytes, small, static_cast<int64_t>(requested));
+      Add(stats_.active, small, 1);
+      Add(stats_.active_bytes, small, static_cast<int64_t>(b->size));
+      if (b->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+      if (site >= site_stats_.size()) site_stats_.resize(site + 1);
+      SiteStats& ss = site_stats_[site];
+      ss.live_bytes += static_cast<int64_t>(b->size);
+      ss.live_count += 1;
+      ss.total_bytes += static_cast<int64_t>(b->size);
+      ss.total_count += 1;
+      ss.peak_live_bytes = std::max(ss.peak_live_bytes, ss.live_bytes);
+      ++use_clock_;
+      emit(AllocAction::kAlloc, b, b->size, requested);
+      return reinterpret_cast<void*>(b->addr);
+    }
+    ++stats_.num_ooms;
+    if (observer_ != nullptr) {
+      observer_->on_event(AllocEvent{AllocAction::kOom, device_, stream, 0, size,
+                                     requested, site});
+    }
+    observer = observer_;
+  }
+  // Outside the lock: the observer may write a dump file.
+  if (observer != nullptr) observer->on_oom(report);
+  throw OutOfMemoryError(std::move(report));
+}
+
+Block* DevicePool::take_free_block(size_t size, Stream stream) {
+  FreeSet& set = free_set(IsSmall(size));
+  auto it = set.lower_bound(BlockKey{stream, size, 0});
+  if (it == set.end() || (*it)->stream != stream) return nullptr;
+  Block* b = *it;
+  const size_t max_split = config_.max_split_size;
+  // The oversize rule: blocks of max_split_size or more serve only requests of that
+  // size or more, and only when they waste less than one large segment.
+  if (size < max_split && b->size >= max_split) return nullptr;
+  if (size >= max_split && b->size - size >= kLargeBuffer) return nullptr;
+  erase_free(b);
+  return b;
+}
+
+Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream stream,
+                                          SiteId site, OomReport* report) {
+  const bool small = IsSmall(size);
+  size_t segment_size;
+  SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
+  if (config_.garbage_collection_threshold > 0) garbage_collect(segment_size);
+  if (Block* b = try_new_segment(segment_size, small, stream)) {
+    ++stats_.cache_misses;
+    return b;
+  }
+  // Stage 1: give back cached segments nobody uses (no waiting), enough for this one.
+  if (release_unused(segment_size) > 0) {
+    if (Block* b = try_new_segment(segment_size, small, stream)) {
+      ++stats_.cache_misses;
+      return b;
+    }
+  }
+  // Stage 2: wait for every pending cross-stream free, release every unused segment,
+  // and try once more. Waiting may have made a cached block on this stream fit.
+  ++stats_.num_alloc_retries;
+  if (pending_count_ != 0) {
+    ++stats_.num_sync_all_streams;
+    process_events_locked(/*wait=*/true);
+    if (Block* b = take_free_block(size, stream)) {
+      ++stats_.cache_hits;
+      return b;
+    }
+  }
+  release_unused(SIZE_MAX);
+  if (Block* b = try_new_segment(segment_size, small, stream)) {
+    ++stats_.cache_misses;
+    return b;
+  }
+  fill_oom_report(requested, size, segment_size, stream, site, report);
+  return nullptr;
+}
+
+size_t DevicePool::memory_limit() const {
+  if (memory_fraction_ >= 1.0) return SIZE_MAX;
+  return static_cast<size_t>(static_cast<double>(device_total_) * memory_fraction_);
+}
+
+Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream stream) {
+  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+  const size_t limit = memory_limit();
+  if (segment_size > limit || reserved > limit - segment_size) return nullptr;
+  absl::StatusOr<void*> p = backend_->allocate_segment(segment_size);
+  if (!p.ok()) {
+    if (absl::IsResourceExhausted(p.status())) return nullptr;
+    // A driver failure that is not about memory: nothing was changed, say what broke.
+    throw std::runtime_error(absl::StrFormat("devmem: %s: segment allocation of %u bytes "
+                                             "failed: %s",
+                                             device_.ToString(), segment_size,
+                                             p.status().ToString()));
+  }
+  auto* s = new Segment;
+  s->addr = reinterpret_cast<uintptr_t>(*p);
+  s->size = segment_size;
+  s->stream = stream;
+  s->small_pool = small;
+  Block* b = new_block();
+  b->addr = s->addr;
+  b->size = segment_size;
+  b->segment = s;
+  b->stream = stream;
+  b->state = BlockState::kFree;
+  s->head = b;
+  segments_.emplace(s->addr, s);
+  Add(stats_.segment, small, 1);
+  Add(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
+  if (segment_size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  ++stats_.num_device_alloc;
+  emit_segment(AllocAction::kSegmentAlloc, s);
+  return b;
+}
+
+bool DevicePool::should_split(const Block* b, size_t size) const {
+  const size_t remaining = b->size - size;
+  if (b->segment->small_pool) return remaining >= kMinBlockSize;
+  // Large pool: a remainder of 1 MiB or less is not worth a block of its own, and
+  // requests of max_split_size or more take the whole (oversize) block.
+  return size < config_.max_split_size && remaining > kSmallSize;
+}
+
+void DevicePool::maybe_split(Block* b, size_t size) {
+  if (!should_split(b, size)) return;
+  Block* rest = new_block();
+  rest->addr = b->addr + size;
+  rest->size = b->size - size;
+  rest->segment = b->segment;
+  rest->stream = b->stream;
+  rest->state = BlockState::kFree;
+  rest->prev = b;
+  rest->next = b->next;
+  if (b->next != nullptr) b->next->prev = rest;
+  b->next = rest;
+  b->size = size;
+  insert_free(rest);
+}
+
+// --- free ---------------------------------------------------------------------------
+
+void DevicePool::free(void* ptr) {
+  if (ptr == nullptr) return;
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  absl::MutexLock lock(&mu_);
+  auto it = allocated_.find(addr);
+  if (it == allocated_.end()) {
+    throw InvalidArgumentError(describe_bad_pointer("free", ptr));
+  }
+  Block* b = it->second;
+  allocated_.erase(it);
+  const bool small = b->segment->small_pool;
+  Sub(stats_.allocation, small, 1);
+  Sub(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
+  Sub(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
+  if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  ++stats_.num_frees;
+  SiteStats& ss = site_stats_[b->site];
+  ss.live_bytes -= static_cast<int64_t>(b->size);
+  ss.live_count -= 1;
+  emit(AllocAction::kFree, b, b->size, b->requested);
+  if (b->stream_uses.empty()) {
+    release_block(b);
+    return;
+  }
+  // Used on other streams: the block may be reused only once each of those streams
+  // has reached this point, so record an event on each and wait for them.
+  for (Stream s : b->stream_uses) {
+    pending_[s].push_back(PendingEvent{backend_->record_event(s), b});
+    ++pending_count_;
+    ++b->pending_events;
+  }
+  b->stream_uses.clear();
+  b->state = BlockState::kPending;
+  Add(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
+}
+
+void DevicePool::release_block(Block* b) {
+  Segment* s = b->segment;
+  const bool small = s->small_pool;
+  Sub(stats_.active, small, 1);
+  Sub(stats_.active_bytes, small, static_cast<int64_t>(b->size));
+  b->state = BlockState::kFree;
+  b->requested = 0;
+  b->site = kUnknownSite;
+  b->alloc_time_ns = 0;
+  b->stream_uses.clear();
+  --s->busy_blocks;
+  if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
+    erase_free(prev);
+    b->addr = prev->addr;
+    b->size += prev->size;
+    b->prev = prev->prev;
+    if (b->prev != nullptr) {
+      b->prev->next = b;
+    } else {
+      s->head = b;
+    }
+    delete_block(prev);
+  }
+  if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree) {
+    erase_free(next);
+    b->size += next->size;
+    b->next = next->next;
+    if (b->next != nullptr) b->next->prev = b;
+    delete_block(next);
+  }
+  insert_free(b);
+  if (s->busy_blocks == 0) s->last_used = use_clock_;
+}
+
+void DevicePool::insert_free(Block* b) {
+  free_set(b->segment->small_pool).insert(b);
+  if (b->is_split()) {
+    Add(stats_.inactive_split, b->segment->small_pool, 1);
+    Add(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+  }
+}
+
+void DevicePool::erase_free(Block* b) {
+  free_set(b->segment->small_pool).erase(b);
+  if (b->is_split()) {
+    Sub(stats_.inactive_split, b->segment->small_pool, 1);
+    Sub(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+  }
+}
+
+void DevicePool::record_stream(void* ptr, Stream stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocated_.end()) {
+    throw InvalidArgumentError(describe_bad_pointer("record_stream", ptr));
+  }
+  Block* b = it->second;
+  if (stream == b->stream) return;  // stream order already protects it
+  if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) ==
+      b->stream_uses.end()) {
+    b->stream_uses.push_back(stream);
+  }
+}
+
+void DevicePool::process_events() {
+  absl::MutexLock lock(&mu_);
+  if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+}
+
+void DevicePool::process_events_locked(bool wait) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    std::deque<PendingEvent>& queue = it->second;
+    while (!queue.empty()) {
+      PendingEvent pe = queue.front();
+      if (wait) {
+        backend_->synchronize_event(pe.event);
+      } else if (!backend_->event_done(pe.event)) {
+        break;  // later events on this stream cannot be done either
+      }
+      backend_->release_event(pe.event);
+      queue.pop_front();
+      --pending_count_;
+      Block* b = pe.block;
+      if (--b->pending_events == 0) {
+        Sub(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+        emit(AllocAction::kFreeCompleted, b, b->size, 0);
+        release_block(b);
+      }
+    }
+    if (queue.empty()) {
+      pending_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// --- releasing segments ---------------------------------------------------------------
+
+void DevicePool::release_segment(Segment* s) {
+  Block* b = s->head;
+  erase_free(b);
+  emit_segment(AllocAction::kSegmentFree, s);
+  backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
+  Sub(stats_.segment, s->small_pool, 1);
+  Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
+  if (s->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+  ++stats_.num_device_free;
+  segments_.erase(s->addr);
+  delete_block(b);
+  delete s;
+}
+
+std::vector<Segment*> DevicePool::unused_segments_largest_first() const {
+  std::vector<Segment*> unused;
+  for (const auto& [addr, s] : segments_) {
+    if (segment_unused(s)) unused.push_back(s);
+  }
+  std::stable_sort(unused.begin(), unused.end(),
+                   [](const Segment* a, const Segment* b) { return a->size > b->size; });
+  return unused;
+}
+
+size_t DevicePool::release_unused(size_t bytes) {
+  size_t released = 0;
+  for (Segment* s : unused_segments_largest_first()) {
+    if (released >= bytes) break;
+    released += s->size;
+    release_segment(s);
+  }
+  return released;
+}
+
+void DevicePool::garbage_collect(size_t incoming) {
+  const size_t allowed = std::min(memory_limit(), device_total_);
+  const auto threshold = static_cast<size_t>(
+      config_.garbage_collection_threshold * static_cast<double>(allowed));
+  auto reserved = [&] {
+    return static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+  };
+  if (reserved() + incoming <= threshold) return;
+  std::vector<Segment*> unused;
+  for (const auto& [addr, s] : segments_) {
+    if (segment_unused(s)) unused.push_back(s);
+  }
+  // Oldest first: the segments the program has gone longest without needing.
+  std::stable_sort(unused.begin(), unused.end(), [](const Segment* a, const Segment* b) {
+    return a->last_used < b->last_used;
+  });
+  for (Segment* s : unused) {
+    if (reserved() + incoming <= threshold) break;
+    release_segment(s);
+  }
+}
+
+void DevicePool::empty_cache() {
+  absl::MutexLock lock(&mu_);
+  if (pending_count_ != 0) process_events_locked(/*wait=*/true);
+  release_unused(SIZE_MAX);
+}
+
+void DevicePool::trim(size_t keep_bytes) {
+  absl::MutexLock lock(&mu_);
+  if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+  int64_t cached = stats_.cached_bytes();
+  for (Segment* s : unused_segments_largest_first()) {
+    if (cached <= static_cast<int64_t>(keep_bytes)) break;
+    cached -= static_cast<int64_t>(s->size);
+    release_segment(s);
+  }
+}
+
+absl::Status DevicePool::set_memory_fraction(double fraction) {
+  if (!(fraction > 0.0 && fraction <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "per_process_memory_fraction %g is not in (0, 1]", fraction));
+  }
+  absl::MutexLock lock(&mu_);
+  memory_fraction_ = fraction;
+  return absl::OkStatus();
+}
+
+// --- introspection --------------------------------------------------------------------
+
+DeviceStats DevicePool::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void DevicePool::reset_peak_stats() {
+  absl::MutexLock lock(&mu_);
+  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active,
+                       &stats_.inactive_split, &stats_.allocated_bytes,
+                       &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes,
+                       &stats_.pending_bytes}) {
+    for (Stat& s : *a) s.reset_peak();
+  }
+  stats_.oversize_allocations.reset_peak();
+  stats_.oversize_segments.reset_peak();
+  for (SiteStats& s : site_stats_) s.peak_live_bytes = s.live_bytes;
+}
+
+void DevicePool::reset_accumulated_stats() {
+  absl::MutexLock lock(&mu_);
+  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active,
+                       &stats_.inactive_split, &stats_.allocated_bytes,
+                       &stats_.reserved_bytes, &stats_.active_bytes,
+                       &stats_.inactive_split_bytes, &stats_.requested_bytes,
+                       &stats_.pending_bytes}) {
+    for (Stat& s : *a) s.reset_accumulated();
+  }
+  stats_.oversize_allocations.reset_accumulated();
+  stats_.oversize_segments.reset_accumulated();
+  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = 0;
+  stats_.num_device_free = stats_.num_sync_all_streams = 0;
+  stats_.cache_hits = stats_.cache_misses = stats_.num_frees = 0;
+  for (SiteStats& s : site_stats_) {
+    s.total_bytes = s.live_bytes;
+    s.total_count = s.live_count;
+  }
+}
+
+std::vector<SiteStats> DevicePool::site_stats() const {
+  absl::MutexLock lock(&mu_);
+  return site_stats_;
+}
+
+std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
+  absl::MutexLock lock(&mu_);
+  return top_sites_locked(k);
+}
+
+std::vector<SiteUsage> DevicePool::top_sites_locked(size_t k) const {
+  std::vector<SiteUsage> usage;
+  for (size_t id = 0; id < site_stats_.size(); ++id) {
+    const SiteStats& s = site_stats_[id];
+    if (s.live_count > 0) {
+      usage.push_back(SiteUsage{static_cast<SiteId>(id),
+                                static_cast<size_t>(s.live_bytes),
+                                static_cast<size_t>(s.live_count)});
+    }
+  }
+  auto larger = [](const SiteUsage& a, const SiteUsage& b) {
+    return a.live_bytes != b.live_bytes ? a.live_bytes > b.live_bytes : a.site < b.site;
+  };
+  if (usage.size() > k) {
+    std::partial_sort(usage.begin(), usage.begin() + static_cast<ptrdiff_t>(k),
+                      usage.end(), larger);
+    usage.resize(k);
+  } else {
+    std::sort(usage.begin(), usage.end(), larger);
+  }
+  return usage;
+}
+
+AllocatorSnapshot DevicePool::snapshot() const {
+  AllocatorSnapshot snap;
+  snap.device = device_;
+  snap.info = backend_->info();
+  absl::MutexLock lock(&mu_);
+  snap.mem_info = backend_->mem_info();
+  snap.stats = stats_;
+  snap.time_ns = CoarseNowNs();
+  snap.segments.reserve(segments_.size());
+  for (const auto& [addr, s] : segments_) {
+    SegmentInfo& si = snap.segments.emplace_back();
+    si.addr = s->addr;
+    si.size = s->size;
+    si.stream = s->stream;
+    si.small_pool = s->small_pool;
+    si.expandable = false;
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      si.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, b->state, b->stream,
+                                    b->site, b->alloc_time_ns});
+    }
+  }
+  return snap;
+}
+
+std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
+  absl::MutexLock lock(&mu_);
+  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocated_.end()) return std::nullopt;
+  const Block* b = it->second;
+  return BlockInfo{b->addr, b->size, b->requested, b->state, b->stream, b->site,
+                   b->alloc_time_ns};
+}
+
+void DevicePool::set_observer(AllocatorObserver* observer) {
+  absl::MutexLock lock(&mu_);
+  observer_ = observer;
+}
+
+Block* DevicePool::block_containing(uintptr_t addr) const {
+  auto it = segments_.upper_bound(addr);
+  if (it == segments_.begin()) return nullptr;
+  --it;
+  const Segment* s = it->second;
+  if (addr >= s->addr + s->size) return nullptr;
+  for (Block* b = s->head; b != nullptr; b = b->next) {
+    if (addr >= b->addr && addr < b->addr + b->size) return b;
+  }
+  return nullptr;
+}
+
+std::string DevicePool::describe_bad_pointer(const char* op, const void* ptr) const {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const std::string where = absl::StrFormat("devmem: %s(%p) on %s: ", op, ptr,
+                                            device_.ToString());
+  const Block* b = block_containing(addr);
+  if (b == nullptr) {
+    return where + "not a pointer allocated by this allocator (no segment holds it)";
+  }
+  if (b->addr == addr) {
+    return where + (b->state == BlockState::kPending
+                        ? "the block was already freed and waits for other streams "
+                          "(double free?)"
+                        : "the block was already freed and is cached (double free?)");
+  }
+  if (b->state == BlockState::kAllocated) {
+    return where + absl::StrFormat(
+                       "interior pointer, %u bytes into the allocated block %p of %u "
+                       "bytes; pass the pointer that allocate() returned",
+                       addr - b->addr, reinterpret_cast<void*>(b->addr), b->size);
+  }
+  return where + absl::StrFormat("points into a %s block at %p (%u bytes), not into a "
+                                 "live allocation",
+                                 BlockStateName(b->state), reinterpret_cast<void*>(b->addr),
+                                 b->size);
+}
+
+void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_size,
+                                 Stream stream, SiteId site, OomReport* r) {
+  const MemInfo mi = backend_->mem_info();
+  r->device = device_;
+  r->stream = stream;
+  r->site = site;
+  r->requested_bytes = requested;
+  r->rounded_bytes = size;
+  r->segment_bytes = segment_size;
+  r->device_total = mi.total_bytes;
+  r->driver_free = mi.free_bytes;
+  r->memory_limit = std::min(memory_limit(), mi.total_bytes);
+  r->allocated = static_cast<size_t>(stats_.allocated_bytes[kAggregatePool].current);
+  r->reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+  r->pending = static_cast<size_t>(stats_.pending_bytes[kAggregatePool].current);
+  r->reserved_unallocated = r->reserved - r->allocated;
+  size_t total_free = 0;
+  for (const FreeSet* set : {&small_free_, &large_free_}) {
+    for (const Block* b : *set) {
+      total_free += b->size;
+      r->largest_free_block = std::max(r->largest_free_block, b->size);
+      ++r->free_blocks;
+    }
+  }
+  r->fragmentation =
+      total_free == 0 ? 0.0
+                      : 1.0 - static_cast<double>(r->largest_free_block) /
+                                  static_cast<double>(total_free);
+  r->segment_count = segments_.size();
+  r->top_sites = top_sites_locked(10);
+  for (size_t id = 1; id < site_stats_.size(); ++id) {
+    if (site_stats_[id].live_bytes > 0 &&
+        IsCopyKind(GetSite(static_cast<SiteId>(id)).kind)) {
+      r->copy_bytes += static_cast<size_t>(site_stats_[id].live_bytes);
+    }
+  }
+  ChooseRemedy(r, config_.max_split_size, config_.expandable_segments);
+}
+
+void DevicePool::emit(AllocAction action, const Block* b, size_t size, size_t requested) {
+  if (observer_ == nullptr) return;
+  observer_->on_event(
+      AllocEvent{action, device_, b->stream, b->addr, size, requested, b->site});
+}
+
+void DevicePool::emit_segment(AllocAction action, const Segment* s) {
+  if (observer_ == nullptr) return;
+  observer_->on_event(
+      AllocEvent{action, device_, s->stream, s->addr, s->size, 0, kUnknownSite});
+}
+
+Block* DevicePool::new_block() {
+  if (spare_blocks_.empty()) return new Block;
+  Block* b = spare_blocks_.back();
+  spare_blocks_.pop_back();
+  return b;
+}
+
+void DevicePool::delete_block(Block* b) {
+  *b = Block{};
+  spare_blocks_.push_back(b);
+}
+
+}  // namespace devmem::internal

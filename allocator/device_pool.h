@@ -1,0 +1,162 @@
+// allocator/device_pool.h: the state and policy behind CachingAllocator's device lock
+// (an internal header: only caching_allocator.cc, device_pool*.cc include it).
+//
+// DevicePool owns the segments of one device and the blocks tiling them. All policy
+// lives here: rounding, pool choice, best fit, split, coalesce, stream-ordered reuse
+// with events, the staged retry, garbage collection, trim. The driver is reached only
+// through Backend.
+//
+// Locking: one absl::Mutex, `mu_`, guards everything. Public methods take it; methods
+// named *_locked require it. Lock order: mu_ -> backend's internal locks -> observer's
+// lock -> site registry lock (GetSite, a leaf). Backend calls (segment alloc/free,
+// event record/query/sync) happen under mu_: that serializes cudaMalloc/cudaFree as
+// PyTorch does, and keeps the segment table consistent with the driver.
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "allocator/backend.h"
+#include "allocator/block.h"
+#include "allocator/config.h"
+#include "allocator/observer.h"
+#include "allocator/oom_report.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+
+namespace devmem::internal {
+
+class DevicePool {
+ public:
+  DevicePool(std::unique_ptr<Backend> backend, const Config& config);
+  ~DevicePool();
+
+  void* allocate(size_t bytes, Stream stream, SiteId site);
+  void free(void* ptr);
+  void record_stream(void* ptr, Stream stream);
+  void empty_cache();
+  void trim(size_t keep_bytes);
+  absl::Status set_memory_fraction(double fraction);
+  void process_events();
+
+  DeviceStats stats() const;
+  void reset_peak_stats();
+  void reset_accumulated_stats();
+  std::vector<SiteStats> site_stats() const;
+  std::vector<SiteUsage> top_sites(size_t k) const;
+  AllocatorSnapshot snapshot() const;
+  std::optional<BlockInfo> find_allocation(const void* ptr) const;
+  absl::Status validate() const;  // defined in device_pool_validate.cc
+  void set_observer(AllocatorObserver* observer);
+
+  DeviceId device() const { return device_; }
+  Backend& backend() const { return *backend_; }
+  const Config& config() const { return config_; }
+
+ private:
+  using FreeSet = absl::btree_set<Block*, BlockLess>;
+
+  // --- allocation path -----------------------------------------------------------
+  FreeSet& free_set(bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return small ? small_free_ : large_free_;
+  }
+  // Best fit on `stream` in the pool for `size`, honouring the oversize rule; removes
+  // the block from its free set. nullptr when none fits.
+  Block* take_free_block(size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gets a new segment for a request of `size` (the staged retry). On success the
+  // segment's single block is returned, out of any free set. On failure returns
+  // nullptr with *report filled.
+  Block* new_segment_with_retry(size_t requested, size_t size, Stream stream,
+                                SiteId site, OomReport* report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One attempt at a segment of `segment_size` (honours the memory fraction).
+  Block* try_new_segment(size_t segment_size, bool small, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits `block` (out of any set) so that it is exactly `size` when the remainder
+  // is worth keeping; the remainder goes to the free set.
+  void maybe_split(Block* block, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool should_split(const Block* block, size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- free path -----------------------------------------------------------------
+  // Marks a block (allocated or pending, out of any set) free, coalesces it with free
+  // neighbours and inserts the result into its free set.
+  void release_block(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void insert_free(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void erase_free(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves blocks whose events completed to the cache. With `wait`, synchronizes every
+  // pending event first (so nothing stays pending).
+  void process_events_locked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- releasing segments ----------------------------------------------------------
+  bool segment_unused(const Segment* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return s->busy_blocks == 0;
+  }
+  void release_segment(Segment* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unused segments, largest first.
+  std::vector<Segment*> unused_segments_largest_first() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases unused segments, largest first, until `bytes` have been released.
+  size_t release_unused(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // garbage_collection_threshold: releases the longest-unused segments until
+  // reserved + incoming fits under the threshold.
+  void garbage_collect(size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- bookkeeping ---------------------------------------------------------------
+  size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void fill_oom_report(size_t requested, size_t size, size_t segment_size,
+                       Stream stream, SiteId site, OomReport* report)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<SiteUsage> top_sites_locked(size_t k) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finds the block containing `addr` (any state), or nullptr.
+  Block* block_containing(uintptr_t addr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Builds the message for a bad pointer passed to `op` ("free", "record_stream").
+  std::string describe_bad_pointer(const char* op, const void* ptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void emit(AllocAction action, const Block* b, size_t size, size_t requested)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void emit_segment(AllocAction action, const Segment* s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Block* new_block() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void delete_block(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::unique_ptr<Backend> backend_;
+  const DeviceId device_;
+  const Config config_;
+  const size_t device_total_;
+
+  mutable absl::Mutex mu_;
+  double memory_fraction_ ABSL_GUARDED_BY(mu_);
+  FreeSet small_free_ ABSL_GUARDED_BY(mu_);
+  FreeSet large_free_ ABSL_GUARDED_BY(mu_);
+  // Allocated blocks by address (what free() looks up).
+  absl::flat_hash_map<uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
+  // Every segment by base address (for interior-pointer lookups and snapshots).
+  absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
+  // Events to wait for, per stream they were recorded on; each stream completes its
+  // events in order, so only the front of each queue needs polling.
+  struct PendingEvent {
+    Event event;
+    Block* block;
+  };
+  absl::flat_hash_map<Stream, std::deque<PendingEvent>> pending_ ABSL_GUARDED_BY(mu_);
+  size_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
+  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
+  std::vector<SiteStats> site_stats_ ABSL_GUARDED_BY(mu_);
+  uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // ticks once per allocation
+  std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);  // recycled Block objects
+  AllocatorObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+}  // namespace devmem::internal

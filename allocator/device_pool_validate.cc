@@ -1,0 +1,228 @@
+// allocator/device_pool_validate.cc: DevicePool::validate(), the invariant checker.
+//
+// Recounts every statistic from the data structures and checks the invariants of
+// docs/architecture.md. Tests call it constantly (every few thousand random
+// operations); it is O(blocks) and takes the device lock for the whole walk.
+#include <array>
+#include <cinttypes>
+
+#include "absl/strings/str_format.h"
+#include "allocator/device_pool.h"
+
+namespace devmem::internal {
+namespace {
+
+// The recount of every statistic that has a current value derivable from the blocks.
+struct Recount {
+  std::array<int64_t, kNumStatPools> allocation{}, allocated_bytes{}, requested_bytes{},
+      active{}, active_bytes{}, pending_bytes{}, segment{}, reserved_bytes{},
+      inactive_split{}, inactive_split_bytes{}, free_bytes{};
+  int64_t oversize_allocations = 0, oversize_segments = 0;
+
+  static void add(std::array<int64_t, kNumStatPools>& a, bool small, int64_t n) {
+    a[kAggregatePool] += n;
+    a[small ? kSmallPool : kLargePool] += n;
+  }
+};
+
+absl::Status Violation(const std::string& what) {
+  return absl::InternalError("devmem validate(): " + what);
+}
+
+absl::Status CompareStat(const char* name, const StatArray& stat,
+                         const std::array<int64_t, kNumStatPools>& recount) {
+  static constexpr const char* kPoolNames[] = {"all", "small", "large"};
+  for (int p = 0; p < kNumStatPools; ++p) {
+    if (stat[p].current != recount[p]) {
+      return Violation(absl::StrFormat("stat %s[%s].current is %d but a recount gives %d",
+                                       name, kPoolNames[p], stat[p].current, recount[p]));
+    }
+    if (stat[p].current != stat[p].allocated - stat[p].freed) {
+      return Violation(absl::StrFormat(
+          "stat %s[%s]: current %d != allocated %d - freed %d", name, kPoolNames[p],
+          stat[p].current, stat[p].allocated, stat[p].freed));
+    }
+    if (stat[p].peak < stat[p].current) {
+      return Violation(absl::StrFormat("stat %s[%s]: peak %d < current %d", name,
+                                       kPoolNames[p], stat[p].peak, stat[p].current));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status DevicePool::validate() const {
+  absl::MutexLock lock(&mu_);
+  Recount rc;
+  size_t free_blocks = 0;
+  size_t allocated_blocks = 0;
+  int64_t pending_events = 0;
+  std::vector<SiteStats> site_recount(site_stats_.size());
+  uintptr_t previous_end = 0;
+  for (const auto& [base, s] : segments_) {
+    if (base != s->addr) return Violation("segment table key differs from its address");
+    if (s->addr < previous_end) {
+      return Violation(absl::StrFormat("segment %#x overlaps the segment before it",
+                                       s->addr));
+    }
+    previous_end = s->addr + s->size;
+    const bool small = s->small_pool;
+    Recount::add(rc.segment, small, 1);
+    Recount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
+    if (s->size >= config_.max_split_size) ++rc.oversize_segments;
+    if (s->head == nullptr || s->head->prev != nullptr) {
+      return Violation(absl::StrFormat("segment %#x: bad head block", s->addr));
+    }
+    uintptr_t expect = s->addr;
+    int busy = 0;
+    const Block* prev = nullptr;
+    for (const Block* b = s->head; b != nullptr; prev = b, b = b->next) {
+      if (b->addr != expect || b->size == 0 || b->prev != prev || b->segment != s) {
+        return Violation(absl::StrFormat(
+            "segment %#x: blocks do not tile it (block %#x size %u, expected address "
+            "%#x)",
+            s->addr, b->addr, b->size, expect));
+      }
+      if (b->addr % kMinBlockSize != 0 || b->size % kMinBlockSize != 0) {
+        return Violation(absl::StrFormat("block %#x size %u is not %u-byte aligned",
+                                         b->addr, b->size, kMinBlockSize));
+      }
+      if (b->stream != s->stream) {
+        return Violation(absl::StrFormat("block %#x is on another stream than its segment",
+                                         b->addr));
+      }
+      expect += b->size;
+      const int64_t size = static_cast<int64_t>(b->size);
+      switch (b->state) {
+        case BlockState::kAllocated: {
+          ++busy;
+          ++allocated_blocks;
+          auto it = allocated_.find(b->addr);
+          if (it == allocated_.end() || it->second != b) {
+            return Violation(absl::StrFormat(
+                "allocated block %#x is missing from the allocated table", b->addr));
+          }
+          if (b->requested == 0 || b->requested > b->size) {
+            return Violation(absl::StrFormat("allocated block %#x: requested %u of %u",
+                                             b->addr, b->requested, b->size));
+          }
+          Recount::add(rc.allocation, small, 1);
+          Recount::add(rc.allocated_bytes, small, size);
+          Recount::add(rc.requested_bytes, small, static_cast<int64_t>(b->requested));
+          Recount::add(rc.active, small, 1);
+          Recount::add(rc.active_bytes, small, size);
+          if (b->size >= config_.max_split_size) ++rc.oversize_allocations;
+          if (b->site >= site_recount.size()) {
+            return Violation(absl::StrFormat("block %#x has site %u with no stats",
+                                             b->addr, b->site));
+          }
+          site_recount[b->site].live_bytes += size;
+          site_recount[b->site].live_count += 1;
+          break;
+        }
+        case BlockState::kPending:
+          ++busy;
+          if (b->pending_events <= 0) {
+            return Violation(absl::StrFormat("pending block %#x waits for no event",
+                                             b->addr));
+          }
+          pending_events += b->pending_events;
+          Recount::add(rc.active, small, 1);
+          Recount::add(rc.active_bytes, small, size);
+          Recount::add(rc.pending_bytes, small, size);
+          break;
+        case BlockState::kFree: {
+          ++free_blocks;
+          if (prev != nullptr && prev->state == BlockState::kFree) {
+            return Violation(absl::StrFormat(
+                "free blocks %#x and %#x are adjacent but not coalesced", prev->addr,
+                b->addr));
+          }
+          const FreeSet& set = small ? small_free_ : large_free_;
+          auto it = set.find(b);
+          if (it == set.end() || *it != b) {
+            return Violation(absl::StrFormat("free block %#x is missing from its free set",
+                                             b->addr));
+          }
+          Recount::add(rc.free_bytes, small, size);
+          if (b->is_split()) {
+            Recount::add(rc.inactive_split, small, 1);
+            Recount::add(rc.inactive_split_bytes, small, size);
+          }
+          break;
+        }
+      }
+    }
+    if (expect != s->addr + s->size) {
+      return Violation(absl::StrFormat(
+          "segment %#x of %u bytes: its blocks end at %#x, not at its end", s->addr,
+          s->size, expect));
+    }
+    if (busy != s->busy_blocks) {
+      return Violation(absl::StrFormat("segment %#x: busy count %d, recount %d", s->addr,
+                                       s->busy_blocks, busy));
+    }
+    if (busy == 0 && s->head->next != nullptr) {
+      return Violation(absl::StrFormat("unused segment %#x is not one free block",
+                                       s->addr));
+    }
+  }
+  if (free_blocks != small_free_.size() + large_free_.size()) {
+    return Violation(absl::StrFormat("free sets hold %u blocks but segments hold %u free",
+                                     small_free_.size() + large_free_.size(),
+                                     free_blocks));
+  }
+  if (allocated_blocks != allocated_.size()) {
+    return Violation(absl::StrFormat("allocated table holds %u blocks, segments hold %u",
+                                     allocated_.size(), allocated_blocks));
+  }
+  size_t queued = 0;
+  for (const auto& [stream, queue] : pending_) queued += queue.size();
+  if (queued != pending_count_ || static_cast<int64_t>(queued) != pending_events) {
+    return Violation(absl::StrFormat(
+        "pending events: %u queued, counter %u, blocks wait for %d", queued,
+        pending_count_, pending_events));
+  }
+  for (const auto& [name, stat, recount] :
+       std::initializer_list<std::tuple<const char*, const StatArray*,
+                                        const std::array<int64_t, kNumStatPools>*>>{
+           {"allocation", &stats_.allocation, &rc.allocation},
+           {"allocated_bytes", &stats_.allocated_bytes, &rc.allocated_bytes},
+           {"requested_bytes", &stats_.requested_bytes, &rc.requested_bytes},
+           {"active", &stats_.active, &rc.active},
+           {"active_bytes", &stats_.active_bytes, &rc.active_bytes},
+           {"pending_bytes", &stats_.pending_bytes, &rc.pending_bytes},
+           {"segment", &stats_.segment, &rc.segment},
+           {"reserved_bytes", &stats_.reserved_bytes, &rc.reserved_bytes},
+           {"inactive_split", &stats_.inactive_split, &rc.inactive_split},
+           {"inactive_split_bytes", &stats_.inactive_split_bytes,
+            &rc.inactive_split_bytes}}) {
+    if (absl::Status st = CompareStat(name, *stat, *recount); !st.ok()) return st;
+  }
+  if (stats_.oversize_allocations.current != rc.oversize_allocations ||
+      stats_.oversize_segments.current != rc.oversize_segments) {
+    return Violation("oversize counters differ from a recount");
+  }
+  for (int p = 0; p < kNumStatPools; ++p) {
+    if (rc.reserved_bytes[p] !=
+        rc.allocated_bytes[p] + rc.pending_bytes[p] + rc.free_bytes[p]) {
+      return Violation(absl::StrFormat(
+          "reserved %d != allocated %d + pending %d + cached %d (pool %d)",
+          rc.reserved_bytes[p], rc.allocated_bytes[p], rc.pending_bytes[p],
+          rc.free_bytes[p], p));
+    }
+  }
+  for (size_t id = 0; id < site_stats_.size(); ++id) {
+    if (site_stats_[id].live_bytes != site_recount[id].live_bytes ||
+        site_stats_[id].live_count != site_recount[id].live_count) {
+      return Violation(absl::StrFormat(
+          "site %u: live %d bytes in %d blocks, recount %d bytes in %d blocks", id,
+          site_stats_[id].live_bytes, site_stats_[id].live_count,
+          site_recount[id].live_bytes, site_recount[id].live_count));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace devmem::internal
