@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# scripts/setup.sh: installs what devmem needs to build and test, and nothing twice.
+#
+# Idempotent: checks each Debian package with dpkg and runs apt-get only for the
+# missing ones (apt-get update first, once). Needs root or sudo for installs. The CUDA
+# toolkit is not a Debian package here: when /usr/local/cuda exists the build picks it
+# up, otherwise the build goes on without the cuda/ backend.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git python3
+  libjemalloc-dev libabsl-dev prometheus-cpp-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  nlohmann-json3-dev libsimdjson-dev libcli11-dev
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then SUDO="sudo"; else
+    echo "setup: missing packages (${missing[*]}) and not root; install them and rerun" >&2
+    exit 1
+  fi
+fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,173 @@
+// tools/devmem_bench.cc: devmem-bench, the allocator's speed figures, measured side by
+// side with jemalloc in the same run.
+//
+//   build/bin/devmem-bench            a table
+//   build/bin/devmem-bench --json     one JSON object on stdout
+//
+// What is measured (single thread, the sim device, nothing touches the memory):
+//   small  cache-hit alloc+free pairs, sizes log-uniform in 512 B .. 1 MiB
+//   mixed  the same, sizes log-uniform in 512 B .. 64 MiB
+// Each size stream goes through devmem (after a warm-up that fills the cache, so every
+// timed allocation is a cache hit: the run checks that no segment was allocated while
+// timing) and through jemalloc's mallocx/sdallocx. A window of kLive allocations stays
+// live (allocate the next, free the oldest), so the free lists hold real neighbours.
+// ns per pair is the median of kRepetitions timed passes; ratio = devmem / jemalloc.
+// Absolute numbers depend on the machine; the ratios are what to compare.
+#include <jemalloc/jemalloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#ifdef DEVMEM_HAVE_TENSOR
+#include "tensor/bench_kernels.h"
+#endif
+
+namespace devmem {
+namespace {
+
+constexpr int kRepetitions = 9;
+constexpr size_t kSizes = 1 << 14;
+constexpr size_t kLive = 8;
+
+std::vector<size_t> LogUniformSizes(size_t lo, size_t hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(std::log(static_cast<double>(lo)),
+                                           std::log(static_cast<double>(hi)));
+  std::vector<size_t> sizes(kSizes);
+  for (size_t& s : sizes) s = static_cast<size_t>(std::exp(u(rng)));
+  return sizes;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Runs the size stream through alloc/free with a window of kLive live pointers and
+// returns ns per alloc+free pair.
+template <typename Alloc, typename Free>
+double TimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
+  void* live[kLive] = {};
+  size_t live_size[kLive] = {};
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t slot = i % kLive;
+    if (live[slot] != nullptr) free_fn(live[slot], live_size[slot]);
+    live[slot] = alloc(sizes[i]);
+    live_size[slot] = sizes[i];
+  }
+  for (size_t slot = 0; slot < kLive; ++slot) {
+    if (live[slot] != nullptr) free_fn(live[slot], live_size[slot]);
+  }
+  const auto end = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(end - start).count() /
+         static_cast<double>(sizes.size());
+}
+
+struct PairFigures {
+  double devmem_ns = 0;
+  double jemalloc_ns = 0;
+  int64_t timed_segment_allocs = 0;  // must be 0: every timed devmem allocation hit
+};
+
+PairFigures MeasurePairs(const std::vector<size_t>& sizes) {
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = size_t{1} << 40;  // address space only: nothing is touched
+  CachingAllocator alloc(MakeSimBackend(config), config);
+  auto dm_alloc = [&](size_t n) { return alloc.allocate(n); };
+  auto dm_free = [&](void* p, size_t) { alloc.free(p); };
+  auto je_alloc = [](size_t n) { return mallocx(n, 0); };
+  auto je_free = [](void* p, size_t n) { sdallocx(p, n, 0); };
+  // Warm-up: fills devmem's cache and jemalloc's, and the instruction caches.
+  TimePairs(sizes, dm_alloc, dm_free);
+  TimePairs(sizes, je_alloc, je_free);
+  const int64_t segments_before = alloc.stats().num_device_alloc;
+  std::vector<double> dm, je;
+  for (int r = 0; r < kRepetitions; ++r) {
+    // Interleaved, so that drift in machine load hits both alike.
+    dm.push_back(TimePairs(sizes, dm_alloc, dm_free));
+    je.push_back(TimePairs(sizes, je_alloc, je_free));
+  }
+  PairFigures f;
+  f.devmem_ns = Median(dm);
+  f.jemalloc_ns = Median(je);
+  f.timed_segment_allocs = alloc.stats().num_device_alloc - segments_before;
+  return f;
+}
+
+int Main(int argc, char** argv) {
+  bool json = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) {
+      json = true;
+    } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      std::printf(
+          "usage: devmem-bench [--json]\n"
+          "Times cache-hit alloc+free pairs through devmem (sim device) and jemalloc\n"
+          "in the same run; prints medians of %d passes and the ratios.\n",
+          kRepetitions);
+      return 0;
+    } else {
+      std::fprintf(stderr, "devmem-bench: unknown argument \"%s\" (try --help)\n",
+                   argv[i]);
+      return 2;
+    }
+  }
+  const PairFigures small = MeasurePairs(LogUniformSizes(512, kMiB, 1));
+  const PairFigures mixed = MeasurePairs(LogUniformSizes(512, 64 * kMiB, 2));
+  const double ratio_small = small.devmem_ns / small.jemalloc_ns;
+  const double ratio_mixed = mixed.devmem_ns / mixed.jemalloc_ns;
+#ifdef DEVMEM_HAVE_TENSOR
+  const double tensor_copy_ns = bench::TensorCopyNs();
+  const double slice_ns = bench::SliceNs();
+#endif
+  if (json) {
+    std::printf("{\"pair_ns_small\": %.1f, \"jemalloc_pair_ns_small\": %.1f, "
+                "\"ratio_small\": %.3f, \"pair_ns_mixed\": %.1f, "
+                "\"jemalloc_pair_ns_mixed\": %.1f, \"ratio_mixed\": %.3f, "
+                "\"timed_segment_allocs\": %lld",
+                small.devmem_ns, small.jemalloc_ns, ratio_small, mixed.devmem_ns,
+                mixed.jemalloc_ns, ratio_mixed,
+                static_cast<long long>(small.timed_segment_allocs +
+                                       mixed.timed_segment_allocs));
+#ifdef DEVMEM_HAVE_TENSOR
+    std::printf(", \"tensor_copy_ns\": %.2f, \"slice_ns\": %.2f", tensor_copy_ns,
+                slice_ns);
+#endif
+    std::printf("}\n");
+    return 0;
+  }
+  std::printf("devmem-bench: medians of %d passes of %zu alloc+free pairs, %zu live\n",
+              kRepetitions, kSizes, kLive);
+  std::printf("%-34s %12s %12s %8s %8s\n", "workload", "devmem ns", "jemalloc ns",
+              "ratio", "target");
+  std::printf("%-34s %12.1f %12.1f %8.3f %8s\n", "small: 512 B .. 1 MiB (log-uniform)",
+              small.devmem_ns, small.jemalloc_ns, ratio_small, "<= 3");
+  std::printf("%-34s %12.1f %12.1f %8.3f %8s\n", "mixed: 512 B .. 64 MiB (log-uniform)",
+              mixed.devmem_ns, mixed.jemalloc_ns, ratio_mixed, "<= 0.5");
+  std::printf("segments allocated while timing: %lld (0 means every pair was a cache "
+              "hit)\n",
+              static_cast<long long>(small.timed_segment_allocs +
+                                     mixed.timed_segment_allocs));
+#ifdef DEVMEM_HAVE_TENSOR
+  std::printf("tensor handle copy+destroy: %.2f ns (target <= 10); 2-D slice view: "
+              "%.2f ns (target <= 60)\n",
+              tensor_copy_ns, slice_ns);
+#endif
+  return 0;
+}
+
+}  // namespace
+}  // namespace devmem
+
+int main(int argc, char** argv) { return devmem::Main(argc, argv); }
