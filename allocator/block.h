@@ -49,12 +49,19 @@ struct Block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
+// A regular segment is one backend allocation of `size` bytes. An expandable segment
+// is a virtual reservation of `va_size` bytes of which the prefix [addr, addr + size)
+// is mapped; it grows and shrinks at its tail, one granule at a time, and may be
+// empty (size 0, no blocks).
 struct Segment {
   uintptr_t addr = 0;
-  size_t size = 0;
+  size_t size = 0;           // bytes backed by memory (the blocks tile exactly these)
   Stream stream;
   bool small_pool = false;
-  Block* head = nullptr;     // the lowest block
+  bool expandable = false;
+  size_t va_size = 0;        // expandable only: the reserved address range
+  Block* head = nullptr;     // the lowest block (nullptr only for an empty expandable)
+  Block* tail = nullptr;     // the highest block
   int busy_blocks = 0;       // allocated + pending blocks in this segment
   uint64_t last_used = 0;    // DevicePool::use_clock_ when it last became unused
 };

@@ -33,7 +33,16 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       device_(backend_->device()),
       config_(config),
       device_total_(backend_->mem_info().total_bytes),
+      use_expandable_(config.expandable_segments && backend_->caps().virtual_memory &&
+                      backend_->granularity() > 0),
+      granularity_(backend_->caps().virtual_memory ? backend_->granularity() : 0),
       memory_fraction_(config.per_process_memory_fraction) {
+  if (config.expandable_segments && !use_expandable_) {
+    std::fprintf(stderr,
+                 "devmem: %s: expandable_segments:true needs virtual memory management, "
+                 "which this backend (%s) does not offer; using regular segments\n",
+                 device_.ToString().c_str(), backend_->info().backend.c_str());
+  }
   stats_.max_split_size =
       config_.max_split_size >= static_cast<size_t>(INT64_MAX)
           ? INT64_MAX
@@ -52,7 +61,12 @@ DevicePool::~DevicePool() {
                  device_.ToString().c_str(), allocated_.size(), bytes);
   }
   for (auto& [addr, s] : segments_) {
-    backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
+    if (s->expandable) {
+      if (s->size > 0) backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
+      backend_->release_address(reinterpret_cast<void*>(s->addr), s->va_size);
+    } else {
+      backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
+    }
     for (Block* b = s->head; b != nullptr;) {
       Block* next = b->next;
       delete b;
@@ -133,9 +147,13 @@ Block* DevicePool::take_free_block(size_t size, Stream stream) {
   Block* b = *it;
   const size_t max_split = config_.max_split_size;
   // The oversize rule: blocks of max_split_size or more serve only requests of that
-  // size or more, and only when they waste less than one large segment.
-  if (size < max_split && b->size >= max_split) return nullptr;
-  if (size >= max_split && b->size - size >= kLargeBuffer) return nullptr;
+  // size or more, and only when they waste less than one large segment. Expandable
+  // segments are exempt: their blocks are split freely (no segment boundaries to
+  // strand memory behind), which is what max_split_size works around.
+  if (!b->segment->expandable) {
+    if (size < max_split && b->size >= max_split) return nullptr;
+    if (size >= max_split && b->size - size >= kLargeBuffer) return nullptr;
+  }
   erase_free(b);
   return b;
 }
@@ -146,13 +164,13 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
   size_t segment_size;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
   if (config_.garbage_collection_threshold > 0) garbage_collect(segment_size);
-  if (Block* b = try_new_segment(segment_size, small, stream)) {
+  if (Block* b = try_grow(size, segment_size, small, stream)) {
     ++stats_.cache_misses;
     return b;
   }
   // Stage 1: give back cached segments nobody uses (no waiting), enough for this one.
   if (release_unused(segment_size) > 0) {
-    if (Block* b = try_new_segment(segment_size, small, stream)) {
+    if (Block* b = try_grow(size, segment_size, small, stream)) {
       ++stats_.cache_misses;
       return b;
     }
@@ -169,7 +187,7 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
     }
   }
   release_unused(SIZE_MAX);
-  if (Block* b = try_new_segment(segment_size, small, stream)) {
+  if (Block* b = try_grow(size, segment_size, small, stream)) {
     ++stats_.cache_misses;
     return b;
   }
@@ -180,6 +198,142 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
 size_t DevicePool::memory_limit() const {
   if (memory_fraction_ >= 1.0) return SIZE_MAX;
   return static_cast<size_t>(static_cast<double>(device_total_) * memory_fraction_);
+}
+
+Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream stream) {
+  if (use_expandable_) {
+    if (Segment* s = expandable_segment(stream, small)) {
+      bool va_full = false;
+      Block* b = try_expand(s, size, &va_full);
+      if (b != nullptr || !va_full) return b;
+      // The reserved range is used up (a request larger than the device total, or a
+      // small-pool range that filled): fall back to a regular segment.
+    }
+  }
+  return try_new_segment(segment_size, small, stream);
+}
+
+Segment* DevicePool::expandable_segment(Stream stream, bool small) {
+  auto it = expandable_.find(std::make_pair(stream.handle, small));
+  if (it != expandable_.end()) return it->second;
+  // Address space is cheap but not free: the large pool may grow to the whole device,
+  // the small pool (requests <= 1 MiB) to an eighth of it.
+  const size_t total = std::min(device_total_, memory_limit());
+  size_t va = small ? total / 8 : total;
+  va = std::max(granularity_, (va + granularity_ - 1) / granularity_ * granularity_);
+  absl::StatusOr<void*> p = backend_->reserve_address(va);
+  if (!p.ok()) return nullptr;
+  auto* s = new Segment;
+  s->addr = reinterpret_cast<uintptr_t>(*p);
+  s->size = 0;
+  s->stream = stream;
+  s->small_pool = small;
+  s->expandable = true;
+  s->va_size = va;
+  segments_.emplace(s->addr, s);
+  expandable_.emplace(std::make_pair(stream.handle, small), s);
+  Add(stats_.segment, small, 1);
+  return s;
+}
+
+Block* DevicePool::try_expand(Segment* s, size_t size, bool* va_full) {
+  Block* tail = s->tail;
+  const size_t have = (tail != nullptr && tail->state == BlockState::kFree) ? tail->size : 0;
+  if (have >= size) {  // the free tail already fits (it was passed over by best fit)
+    erase_free(tail);
+    return tail;
+  }
+  const size_t delta = (size - have + granularity_ - 1) / granularity_ * granularity_;
+  if (delta > s->va_size - s->size) {
+    *va_full = true;
+    return nullptr;
+  }
+  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+  const size_t limit = memory_limit();
+  if (delta > limit || reserved > limit - delta) return nullptr;
+  const uintptr_t at = s->addr + s->size;
+  if (absl::Status st = backend_->map(reinterpret_cast<void*>(at), delta); !st.ok()) {
+    if (absl::IsResourceExhausted(st)) return nullptr;
+    throw std::runtime_error(absl::StrFormat("devmem: %s: mapping %u bytes at %p failed: %s",
+                                             device_.ToString(), delta,
+                                             reinterpret_cast<void*>(at), st.ToString()));
+  }
+  s->size += delta;
+  Add(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(delta));
+  ++stats_.num_device_alloc;
+  if (observer_ != nullptr) {
+    observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, s->stream, at, delta,
+                                   0, kUnknownSite});
+  }
+  if (have > 0) {  // grow the free tail block in place
+    erase_free(tail);
+    tail->size += delta;
+    return tail;
+  }
+  Block* b = new_block();
+  b->addr = at;
+  b->size = delta;
+  b->segment = s;
+  b->stream = s->stream;
+  b->state = BlockState::kFree;
+  b->prev = tail;
+  if (tail != nullptr) {
+    tail->next = b;
+  } else {
+    s->head = b;
+  }
+  s->tail = b;
+  return b;
+}
+
+size_t DevicePool::shrink_tail(Segment* s) {
+  Block* t = s->tail;
+  if (t == nullptr || t->state != BlockState::kFree) return 0;
+  const uintptr_t end = s->addr + s->size;
+  const uintptr_t cut = s->addr + (t->addr - s->addr + granularity_ - 1) / granularity_ *
+                                       granularity_;
+  if (cut >= end) return 0;
+  const size_t bytes = end - cut;
+  erase_free(t);
+  if (observer_ != nullptr) {
+    observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, cut,
+                                   bytes, 0, kUnknownSite});
+  }
+  backend_->unmap(reinterpret_cast<void*>(cut), bytes);
+  s->size -= bytes;
+  Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
+  ++stats_.num_device_free;
+  if (cut == t->addr) {  // the whole tail block goes
+    s->tail = t->prev;
+    if (s->tail != nullptr) {
+      s->tail->next = nullptr;
+    } else {
+      s->head = nullptr;
+    }
+    delete_block(t);
+  } else {
+    t->size = cut - t->addr;
+    insert_free(t);
+  }
+  return bytes;
+}
+
+size_t DevicePool::shrink_expandable(size_t bytes) {
+  if (!use_expandable_ || bytes == 0) return 0;
+  std::vector<std::pair<size_t, Segment*>> tails;
+  for (const auto& [key, s] : expandable_) {
+    if (s->tail != nullptr && s->tail->state == BlockState::kFree && s->busy_blocks > 0) {
+      tails.emplace_back(s->tail->size, s);
+    }
+  }
+  std::stable_sort(tails.begin(), tails.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  size_t released = 0;
+  for (const auto& [free_bytes, s] : tails) {
+    if (released >= bytes) break;
+    released += shrink_tail(s);
+  }
+  return released;
 }
 
 Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream stream) {
@@ -207,6 +361,7 @@ Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream strea
   b->stream = stream;
   b->state = BlockState::kFree;
   s->head = b;
+  s->tail = b;
   segments_.emplace(s->addr, s);
   Add(stats_.segment, small, 1);
   Add(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
@@ -218,7 +373,7 @@ Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream strea
 
 bool DevicePool::should_split(const Block* b, size_t size) const {
   const size_t remaining = b->size - size;
-  if (b->segment->small_pool) return remaining >= kMinBlockSize;
+  if (b->segment->small_pool || b->segment->expandable) return remaining >= kMinBlockSize;
   // Large pool: a remainder of 1 MiB or less is not worth a block of its own, and
   // requests of max_split_size or more take the whole (oversize) block.
   return size < config_.max_split_size && remaining > kSmallSize;
@@ -237,6 +392,7 @@ void DevicePool::maybe_split(Block* b, size_t size) {
   if (b->next != nullptr) b->next->prev = rest;
   b->next = rest;
   b->size = size;
+  if (b->segment->tail == b) b->segment->tail = rest;
   insert_free(rest);
 }
 
@@ -306,6 +462,7 @@ void DevicePool::release_block(Block* b) {
     b->size += next->size;
     b->next = next->next;
     if (b->next != nullptr) b->next->prev = b;
+    if (s->tail == next) s->tail = b;
     delete_block(next);
   }
   insert_free(b);
@@ -378,16 +535,25 @@ void DevicePool::process_events_locked(bool wait) {
 // --- releasing segments ---------------------------------------------------------------
 
 void DevicePool::release_segment(Segment* s) {
-  Block* b = s->head;
-  erase_free(b);
+  Block* b = s->head;  // the single free block, or nullptr for an empty expandable one
+  if (b != nullptr) erase_free(b);
   emit_segment(AllocAction::kSegmentFree, s);
-  backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
+  if (s->expandable) {
+    if (s->size > 0) {
+      backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
+      ++stats_.num_device_free;
+    }
+    backend_->release_address(reinterpret_cast<void*>(s->addr), s->va_size);
+    expandable_.erase(std::make_pair(s->stream.handle, s->small_pool));
+  } else {
+    backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
+    if (s->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+    ++stats_.num_device_free;
+  }
   Sub(stats_.segment, s->small_pool, 1);
   Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
-  if (s->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
-  ++stats_.num_device_free;
   segments_.erase(s->addr);
-  delete_block(b);
+  if (b != nullptr) delete_block(b);
   delete s;
 }
 
@@ -408,6 +574,7 @@ size_t DevicePool::release_unused(size_t bytes) {
     released += s->size;
     release_segment(s);
   }
+  if (released < bytes) released += shrink_expandable(bytes - released);
   return released;
 }
 
@@ -431,6 +598,9 @@ void DevicePool::garbage_collect(size_t incoming) {
     if (reserved() + incoming <= threshold) break;
     release_segment(s);
   }
+  if (reserved() + incoming > threshold) {
+    shrink_expandable(reserved() + incoming - threshold);
+  }
 }
 
 void DevicePool::empty_cache() {
@@ -447,6 +617,9 @@ void DevicePool::trim(size_t keep_bytes) {
     if (cached <= static_cast<int64_t>(keep_bytes)) break;
     cached -= static_cast<int64_t>(s->size);
     release_segment(s);
+  }
+  if (cached > static_cast<int64_t>(keep_bytes)) {
+    shrink_expandable(static_cast<size_t>(cached) - keep_bytes);
   }
 }
 
@@ -549,7 +722,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
     si.size = s->size;
     si.stream = s->stream;
     si.small_pool = s->small_pool;
-    si.expandable = false;
+    si.expandable = s->expandable;
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       si.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, b->state, b->stream,
                                     b->site, b->alloc_time_ns});

@@ -78,9 +78,26 @@ class DevicePool {
   Block* new_segment_with_retry(size_t requested, size_t size, Stream stream,
                                 SiteId site, OomReport* report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One attempt at a segment of `segment_size` (honours the memory fraction).
+  // One attempt at more memory for a request of `size`: grows the (stream, pool)'s
+  // expandable segment when those are on, else allocates a regular segment of
+  // `segment_size`. Returns a free block of at least `size` bytes out of any free set,
+  // or nullptr when the device (or the memory fraction) says no.
+  Block* try_grow(size_t size, size_t segment_size, bool small, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One attempt at a regular segment of `segment_size` (honours the memory fraction).
   Block* try_new_segment(size_t segment_size, bool small, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The expandable segment of (stream, pool), reserving its address range on first
+  // use; nullptr when no address range can be reserved.
+  Segment* expandable_segment(Stream stream, bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps granules at the tail of `s` so that its tail block is free and >= `size`;
+  // returns that block out of the free set. nullptr when out of memory, with
+  // *va_full set when the reserved range itself is used up.
+  Block* try_expand(Segment* s, size_t size, bool* va_full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps the whole granules of `s`'s free tail block; returns the bytes unmapped.
+  size_t shrink_tail(Segment* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shrinks expandable segments' free tails, largest first, until `bytes` are unmapped.
+  size_t shrink_expandable(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits `block` (out of any set) so that it is exactly `size` when the remainder
   // is worth keeping; the remainder goes to the free set.
   void maybe_split(Block* block, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -135,6 +152,9 @@ class DevicePool {
   const DeviceId device_;
   const Config config_;
   const size_t device_total_;
+  // expandable_segments is on and the backend has virtual memory.
+  const bool use_expandable_;
+  const size_t granularity_;  // of the backend's virtual memory (0 without)
 
   mutable absl::Mutex mu_;
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
@@ -142,6 +162,8 @@ class DevicePool {
   FreeSet large_free_ ABSL_GUARDED_BY(mu_);
   // Allocated blocks by address (what free() looks up).
   absl::flat_hash_map<uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
+  // Expandable segments by (stream, small pool); also in segments_.
+  absl::flat_hash_map<std::pair<uintptr_t, bool>, Segment*> expandable_ ABSL_GUARDED_BY(mu_);
   // Every segment by base address (for interior-pointer lookups and snapshots).
   absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   // Events to wait for, per stream they were recorded on; each stream completes its

@@ -70,7 +70,26 @@ absl::Status DevicePool::validate() const {
     const bool small = s->small_pool;
     Recount::add(rc.segment, small, 1);
     Recount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
-    if (s->size >= config_.max_split_size) ++rc.oversize_segments;
+    if (!s->expandable && s->size >= config_.max_split_size) ++rc.oversize_segments;
+    if (s->expandable) {
+      auto it = expandable_.find(std::make_pair(s->stream.handle, s->small_pool));
+      if (it == expandable_.end() || it->second != s) {
+        return Violation(absl::StrFormat("expandable segment %#x is not in the table",
+                                         s->addr));
+      }
+      if (s->size > s->va_size || (granularity_ != 0 && s->size % granularity_ != 0)) {
+        return Violation(absl::StrFormat(
+            "expandable segment %#x maps %u of %u bytes (granularity %u)", s->addr,
+            s->size, s->va_size, granularity_));
+      }
+      if (s->size == 0) {
+        if (s->head != nullptr || s->tail != nullptr || s->busy_blocks != 0) {
+          return Violation(absl::StrFormat("empty expandable segment %#x has blocks",
+                                           s->addr));
+        }
+        continue;
+      }
+    }
     if (s->head == nullptr || s->head->prev != nullptr) {
       return Violation(absl::StrFormat("segment %#x: bad head block", s->addr));
     }
@@ -154,6 +173,10 @@ absl::Status DevicePool::validate() const {
         }
       }
     }
+    if (prev != s->tail) {
+      return Violation(absl::StrFormat("segment %#x: tail pointer is not its last block",
+                                       s->addr));
+    }
     if (expect != s->addr + s->size) {
       return Violation(absl::StrFormat(
           "segment %#x of %u bytes: its blocks end at %#x, not at its end", s->addr,
@@ -167,6 +190,12 @@ absl::Status DevicePool::validate() const {
       return Violation(absl::StrFormat("unused segment %#x is not one free block",
                                        s->addr));
     }
+  }
+  size_t expandable_in_table = 0;
+  for (const auto& [addr, s] : segments_) expandable_in_table += s->expandable ? 1 : 0;
+  if (expandable_in_table != expandable_.size()) {
+    return Violation(absl::StrFormat("%u expandable segments, table holds %u",
+                                     expandable_in_table, expandable_.size()));
   }
   if (free_blocks != small_free_.size() + large_free_.size()) {
     return Violation(absl::StrFormat("free sets hold %u blocks but segments hold %u free",
