@@ -1,9 +1,16 @@
 #include "allocator/types.h"
 
-#include "absl/strings/numbers.h"
+#include <charconv>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace devmem {
+namespace {
+// Debian's abseil has its own absl::string_view, which does not convert from
+// std::string_view.
+absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+}  // namespace
 
 std::string_view DeviceTypeName(DeviceType type) {
   switch (type) {
@@ -16,7 +23,7 @@ std::string_view DeviceTypeName(DeviceType type) {
 
 std::string DeviceId::ToString() const {
   if (type == DeviceType::kCpu) return "cpu";
-  return absl::StrCat(DeviceTypeName(type), ":", index);
+  return absl::StrCat(Av(DeviceTypeName(type)), ":", index);
 }
 
 absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
@@ -34,13 +41,20 @@ absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
     type = DeviceType::kCuda;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device \"", text, "\": expected cpu, sim:N or cuda:N"));
+        "device \"", Av(text), "\": expected cpu, sim:N or cuda:N"));
   }
+  // Digits only: "cuda:", "sim:+1" and "sim: 1" are errors, not index 0 or 1.
   int index = 0;
-  if (!index_text.empty() &&
-      (!absl::SimpleAtoi(index_text, &index) || index < 0 || index > 1023)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device \"", text, "\": index \"", index_text, "\" is not in 0..1023"));
+  const bool has_colon = kind.size() != text.size();
+  if (has_colon) {
+    const char* end = index_text.data() + index_text.size();
+    auto [ptr, ec] = std::from_chars(index_text.data(), end, index);
+    if (index_text.empty() || ec != std::errc() || ptr != end || index < 0 ||
+        index > 1023) {
+      return absl::InvalidArgumentError(absl::StrCat("device \"", Av(text), "\": index \"",
+                                                     Av(index_text),
+                                                     "\" is not in 0..1023"));
+    }
   }
   return DeviceId{type, index};
 }

@@ -1,0 +1,287 @@
+// tests/site_test.cc: the site table and its per-thread cache (allocator/site.h):
+// identity (same arguments, same id; any differing part, a different id), stability
+// across threads, tags and their nesting, and the printed form.
+//
+// The site table is global to the process, so every test uses its own tags or file
+// names and compares counts as differences.
+#include "allocator/site.h"
+
+#include <source_location>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "gtest/gtest.h"
+
+namespace devmem {
+namespace {
+
+// One fixed source location, reached from many calls.
+std::source_location FixedLoc() { return std::source_location::current(); }
+
+SiteId InternHere(SiteKind kind = SiteKind::kAlloc, std::string_view tag = {},
+                  std::source_location loc = std::source_location::current()) {
+  return InternSite(loc, kind, tag);
+}
+
+TEST(SiteTest, SameLocationGivesTheSameId) {
+  const std::source_location loc = FixedLoc();
+  SiteId first = InternSite(loc, SiteKind::kAlloc);
+  EXPECT_NE(first, kUnknownSite);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(InternSite(loc, SiteKind::kAlloc), first);
+  // A copy of the location, and the location reached again, are the same site.
+  std::source_location copy = loc;
+  EXPECT_EQ(InternSite(copy, SiteKind::kAlloc), first);
+  EXPECT_EQ(InternSite(FixedLoc(), SiteKind::kAlloc), first);
+}
+
+TEST(SiteTest, RecordsWhatTheLocationSays) {
+  const std::source_location loc = std::source_location::current();
+  SiteId id = InternSite(loc, SiteKind::kClone, "site_test.records");
+  SiteInfo info = GetSite(id);
+  EXPECT_EQ(info.file, loc.file_name());
+  EXPECT_EQ(info.line, loc.line());
+  EXPECT_EQ(info.function, loc.function_name());
+  EXPECT_EQ(info.tag, "site_test.records");
+  EXPECT_EQ(info.kind, SiteKind::kClone);
+}
+
+TEST(SiteTest, DifferentLinesAreDifferentSites) {
+  SiteId a = InternHere();
+  SiteId b = InternHere();
+  EXPECT_NE(a, b);
+  EXPECT_EQ(GetSite(a).line + 1, GetSite(b).line);
+}
+
+TEST(SiteTest, DifferentColumnsOnOneLineAreDifferentSites) {
+  // clang-format off
+  std::source_location a = std::source_location::current(), b = std::source_location::current();
+  // clang-format on
+  ASSERT_EQ(a.line(), b.line());
+  ASSERT_NE(a.column(), b.column()) << "the compiler reports no columns";
+  // Same file pointer, same line: the per-thread cache must still tell them apart.
+  ASSERT_EQ(a.file_name(), b.file_name());
+  SiteId ia = InternSite(a, SiteKind::kAlloc);
+  SiteId ib = InternSite(b, SiteKind::kAlloc);
+  EXPECT_NE(ia, ib);
+  EXPECT_EQ(InternSite(a, SiteKind::kAlloc), ia);
+  EXPECT_EQ(InternSite(b, SiteKind::kAlloc), ib);
+}
+
+TEST(SiteTest, DifferentKindsAreDifferentSites) {
+  const std::source_location loc = FixedLoc();
+  absl::flat_hash_set<SiteId> ids;
+  for (int k = 0; k < kNumSiteKinds; ++k) {
+    SiteId id = InternSite(loc, static_cast<SiteKind>(k));
+    EXPECT_EQ(GetSite(id).kind, static_cast<SiteKind>(k));
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), static_cast<size_t>(kNumSiteKinds));
+  // And each is found again.
+  for (int k = 0; k < kNumSiteKinds; ++k) {
+    EXPECT_TRUE(ids.contains(InternSite(loc, static_cast<SiteKind>(k))));
+  }
+}
+
+TEST(SiteTest, TagsDistinguishSitesByText) {
+  const std::source_location loc = FixedLoc();
+  SiteId untagged = InternSite(loc, SiteKind::kAlloc);
+  SiteId a = InternSite(loc, SiteKind::kAlloc, "site_test.tag_a");
+  SiteId b = InternSite(loc, SiteKind::kAlloc, "site_test.tag_b");
+  EXPECT_NE(untagged, a);
+  EXPECT_NE(untagged, b);
+  EXPECT_NE(a, b);
+  // Equal text in different storage is the same tag.
+  std::string copy = "site_test.tag_";
+  copy += "a";
+  EXPECT_EQ(InternSite(loc, SiteKind::kAlloc, copy), a);
+  std::string other(copy);
+  other[other.size() - 1] = 'b';
+  EXPECT_EQ(InternSite(loc, SiteKind::kAlloc, other), b);
+}
+
+TEST(SiteTest, NewSitesGrowTheCountOnce) {
+  static int run = 0;  // a new file name on every run (--gtest_repeat)
+  const std::string file = "site_test/count" + std::to_string(run++) + ".cc";
+  const size_t before = SiteCount();
+  EXPECT_GE(before, 1u);  // the unknown site
+  SiteId id = InternNamedSite(file, 1, "f", SiteKind::kAlloc);
+  EXPECT_EQ(SiteCount(), before + 1);
+  EXPECT_EQ(id, before);  // ids are handed out densely
+  EXPECT_EQ(InternNamedSite(file, 1, "f", SiteKind::kAlloc), id);
+  EXPECT_EQ(SiteCount(), before + 1);
+}
+
+TEST(SiteTest, UnknownIdsGiveTheUnknownSite) {
+  for (SiteId id : {kUnknownSite, static_cast<SiteId>(SiteCount()), SiteId{0xffffffff}}) {
+    SiteInfo info = GetSite(id);
+    EXPECT_EQ(info.file, "<unknown>");
+    EXPECT_EQ(info.line, 0u);
+    EXPECT_EQ(info.function, "");
+    EXPECT_EQ(info.tag, "");
+    EXPECT_EQ(info.kind, SiteKind::kAlloc);
+  }
+}
+
+TEST(SiteTest, NamedSites) {
+  SiteId a = InternNamedSite("train.cc", 40, "step", SiteKind::kAlloc, "site_test.named");
+  EXPECT_EQ(InternNamedSite("train.cc", 40, "step", SiteKind::kAlloc, "site_test.named"), a);
+  EXPECT_NE(InternNamedSite("train.cc", 41, "step", SiteKind::kAlloc, "site_test.named"), a);
+  EXPECT_NE(InternNamedSite("train.cc", 40, "step2", SiteKind::kAlloc, "site_test.named"),
+            a);
+  EXPECT_NE(InternNamedSite("train2.cc", 40, "step", SiteKind::kAlloc, "site_test.named"),
+            a);
+  EXPECT_NE(InternNamedSite("train.cc", 40, "step", SiteKind::kClone, "site_test.named"), a);
+  SiteInfo info = GetSite(a);
+  EXPECT_EQ(info.file, "train.cc");
+  EXPECT_EQ(info.line, 40u);
+  EXPECT_EQ(info.function, "step");
+  EXPECT_EQ(info.tag, "site_test.named");
+}
+
+TEST(SiteTest, NamedSitesTakeTheTagLiterally) {
+  ScopedSiteTag tag("site_test.scope_for_named");
+  SiteId id = InternNamedSite("site_test/literal.cc", 3, "g", SiteKind::kAlloc);
+  EXPECT_EQ(GetSite(id).tag, "");
+}
+
+TEST(ScopedSiteTagTest, NestsAndRestores) {
+  EXPECT_EQ(CurrentSiteTag(), "");
+  {
+    ScopedSiteTag outer("site_test.outer");
+    EXPECT_EQ(CurrentSiteTag(), "site_test.outer");
+    {
+      ScopedSiteTag inner("site_test.inner");
+      EXPECT_EQ(CurrentSiteTag(), "site_test.inner");
+      {
+        // A tag made from the current one (a view of the thread-local) is safe.
+        ScopedSiteTag same(CurrentSiteTag());
+        EXPECT_EQ(CurrentSiteTag(), "site_test.inner");
+      }
+      EXPECT_EQ(CurrentSiteTag(), "site_test.inner");
+    }
+    EXPECT_EQ(CurrentSiteTag(), "site_test.outer");
+    {
+      ScopedSiteTag cleared("");
+      EXPECT_EQ(CurrentSiteTag(), "");
+    }
+    EXPECT_EQ(CurrentSiteTag(), "site_test.outer");
+  }
+  EXPECT_EQ(CurrentSiteTag(), "");
+}
+
+TEST(ScopedSiteTagTest, InternSiteUsesTheCurrentTag) {
+  const std::source_location loc = FixedLoc();
+  SiteId untagged = InternSite(loc, SiteKind::kAlloc);
+  SiteId tagged_explicitly = InternSite(loc, SiteKind::kAlloc, "site_test.scoped");
+  {
+    ScopedSiteTag tag("site_test.scoped");
+    SiteId in_scope = InternSite(loc, SiteKind::kAlloc);
+    EXPECT_NE(in_scope, untagged);
+    EXPECT_EQ(in_scope, tagged_explicitly);
+    EXPECT_EQ(GetSite(in_scope).tag, "site_test.scoped");
+    // An explicit tag wins over the scope's.
+    EXPECT_EQ(GetSite(InternSite(loc, SiteKind::kAlloc, "site_test.explicit")).tag,
+              "site_test.explicit");
+    {
+      ScopedSiteTag inner("site_test.scoped_inner");
+      EXPECT_EQ(GetSite(InternSite(loc, SiteKind::kAlloc)).tag, "site_test.scoped_inner");
+    }
+    EXPECT_EQ(InternSite(loc, SiteKind::kAlloc), in_scope);
+  }
+  EXPECT_EQ(InternSite(loc, SiteKind::kAlloc), untagged);
+}
+
+TEST(ScopedSiteTagTest, TagsArePerThread) {
+  ScopedSiteTag tag("site_test.main_thread");
+  std::string seen = "unset";
+  std::thread t([&] { seen = std::string(CurrentSiteTag()); });
+  t.join();
+  EXPECT_EQ(seen, "");
+  EXPECT_EQ(CurrentSiteTag(), "site_test.main_thread");
+}
+
+// 100 distinct sites (more than the 64-entry cache holds, so entries are evicted and
+// looked up again), interned by 4 threads at once, twice each.
+std::vector<SiteId> InternHundredSites() {
+  std::vector<SiteId> ids;
+  const std::source_location loc = FixedLoc();
+  for (int round = 0; round < 2; ++round) {
+    ids.clear();
+    for (int i = 0; i < 100; ++i) {
+      std::string tag = "site_test.concurrent." + std::to_string(i);
+      switch (i % 3) {
+        case 0: ids.push_back(InternSite(loc, SiteKind::kAlloc, tag)); break;
+        case 1: ids.push_back(InternSite(loc, static_cast<SiteKind>(i % kNumSiteKinds), tag)); break;
+        default:
+          ids.push_back(InternNamedSite("site_test/concurrent.cc", static_cast<uint32_t>(i),
+                                        "fn", SiteKind::kAlloc, tag));
+      }
+    }
+  }
+  return ids;
+}
+
+TEST(SiteTest, IdsAgreeAcrossThreads) {
+  constexpr int kThreads = 4;
+  std::vector<std::vector<SiteId>> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&results, t] { results[t] = InternHundredSites(); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 1; t < kThreads; ++t) EXPECT_EQ(results[t], results[0]) << "thread " << t;
+  absl::flat_hash_set<SiteId> distinct(results[0].begin(), results[0].end());
+  EXPECT_EQ(distinct.size(), 100u);
+  EXPECT_FALSE(distinct.contains(kUnknownSite));
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(GetSite(results[0][i]).tag, "site_test.concurrent." + std::to_string(i));
+  }
+  // The main thread (a cold cache) agrees too.
+  EXPECT_EQ(InternHundredSites(), results[0]);
+}
+
+TEST(SiteTest, ManySitesThroughTheCacheStayDistinct) {
+  // 1000 sites that share a location and differ only in the tag: they collide in the
+  // direct-mapped cache; every lookup must still return its own id.
+  const std::source_location loc = FixedLoc();
+  std::vector<SiteId> ids;
+  for (int i = 0; i < 1000; ++i) {
+    ids.push_back(InternSite(loc, SiteKind::kArena, "site_test.many." + std::to_string(i)));
+  }
+  for (int i = 999; i >= 0; --i) {
+    EXPECT_EQ(InternSite(loc, SiteKind::kArena, "site_test.many." + std::to_string(i)),
+              ids[i]);
+  }
+  absl::flat_hash_set<SiteId> distinct(ids.begin(), ids.end());
+  EXPECT_EQ(distinct.size(), 1000u);
+}
+
+TEST(SiteInfoTest, ToString) {
+  EXPECT_EQ((SiteInfo{"tensor/tensor.cc", 120, "f", "", SiteKind::kClone}).ToString(),
+            "tensor/tensor.cc:120 (clone)");
+  EXPECT_EQ((SiteInfo{"train.cc", 40, "f", "optimizer", SiteKind::kAlloc}).ToString(),
+            "optimizer @ train.cc:40 (alloc)");
+  // The path is kept as given, not cut to its base name.
+  EXPECT_EQ((SiteInfo{"/src/devmem/tensor/ops.cc", 7, "", "", SiteKind::kToDevice})
+                .ToString(),
+            "/src/devmem/tensor/ops.cc:7 (to_device)");
+  EXPECT_EQ(GetSite(kUnknownSite).ToString(), "<unknown> (alloc)");
+}
+
+TEST(SiteKindTest, NamesAndCopyKinds) {
+  EXPECT_EQ(SiteKindName(SiteKind::kAlloc), "alloc");
+  EXPECT_EQ(SiteKindName(SiteKind::kClone), "clone");
+  EXPECT_EQ(SiteKindName(SiteKind::kContiguous), "contiguous");
+  EXPECT_EQ(SiteKindName(SiteKind::kToDevice), "to_device");
+  EXPECT_EQ(SiteKindName(SiteKind::kArena), "arena");
+  EXPECT_FALSE(IsCopyKind(SiteKind::kAlloc));
+  EXPECT_TRUE(IsCopyKind(SiteKind::kClone));
+  EXPECT_TRUE(IsCopyKind(SiteKind::kContiguous));
+  EXPECT_TRUE(IsCopyKind(SiteKind::kToDevice));
+  EXPECT_FALSE(IsCopyKind(SiteKind::kArena));
+}
+
+}  // namespace
+}  // namespace devmem
