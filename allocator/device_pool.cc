@@ -50,7 +50,7 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
 }
 
 DevicePool::~DevicePool() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   process_events_locked(/*wait=*/true);
   if (!allocated_.empty()) {
     size_t bytes = 0;
@@ -94,7 +94,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   OomReport report;
   AllocatorObserver* observer;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (pending_count_ != 0) process_events_locked(/*wait=*/false);
     Block* b = take_free_block(size, stream);
     if (b != nullptr) {
@@ -161,7 +161,7 @@ Block* DevicePool::take_free_block(size_t size, Stream stream) {
 Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream stream,
                                           SiteId site, OomReport* report) {
   const bool small = IsSmall(size);
-  size_t segment_size;
+  size_t segment_size = 0;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
   if (config_.garbage_collection_threshold > 0) garbage_collect(segment_size);
   if (Block* b = try_grow(size, segment_size, small, stream)) {
@@ -401,7 +401,7 @@ void DevicePool::maybe_split(Block* b, size_t size) {
 void DevicePool::free(void* ptr) {
   if (ptr == nullptr) return;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = allocated_.find(addr);
   if (it == allocated_.end()) {
     throw InvalidArgumentError(describe_bad_pointer("free", ptr));
@@ -486,7 +486,7 @@ void DevicePool::erase_free(Block* b) {
 }
 
 void DevicePool::record_stream(void* ptr, Stream stream) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocated_.end()) {
     throw InvalidArgumentError(describe_bad_pointer("record_stream", ptr));
@@ -500,7 +500,7 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
 }
 
 void DevicePool::process_events() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (pending_count_ != 0) process_events_locked(/*wait=*/false);
 }
 
@@ -604,13 +604,13 @@ void DevicePool::garbage_collect(size_t incoming) {
 }
 
 void DevicePool::empty_cache() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (pending_count_ != 0) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
 }
 
 void DevicePool::trim(size_t keep_bytes) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (pending_count_ != 0) process_events_locked(/*wait=*/false);
   int64_t cached = stats_.cached_bytes();
   for (Segment* s : unused_segments_largest_first()) {
@@ -628,7 +628,7 @@ absl::Status DevicePool::set_memory_fraction(double fraction) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "per_process_memory_fraction %g is not in (0, 1]", fraction));
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   memory_fraction_ = fraction;
   return absl::OkStatus();
 }
@@ -636,12 +636,12 @@ absl::Status DevicePool::set_memory_fraction(double fraction) {
 // --- introspection --------------------------------------------------------------------
 
 DeviceStats DevicePool::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return stats_;
 }
 
 void DevicePool::reset_peak_stats() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active,
                        &stats_.inactive_split, &stats_.allocated_bytes,
                        &stats_.reserved_bytes, &stats_.active_bytes,
@@ -655,7 +655,7 @@ void DevicePool::reset_peak_stats() {
 }
 
 void DevicePool::reset_accumulated_stats() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active,
                        &stats_.inactive_split, &stats_.allocated_bytes,
                        &stats_.reserved_bytes, &stats_.active_bytes,
@@ -675,12 +675,12 @@ void DevicePool::reset_accumulated_stats() {
 }
 
 std::vector<SiteStats> DevicePool::site_stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return site_stats_;
 }
 
 std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return top_sites_locked(k);
 }
 
@@ -711,7 +711,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
   AllocatorSnapshot snap;
   snap.device = device_;
   snap.info = backend_->info();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   snap.mem_info = backend_->mem_info();
   snap.stats = stats_;
   snap.time_ns = CoarseNowNs();
@@ -732,7 +732,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
 }
 
 std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocated_.end()) return std::nullopt;
   const Block* b = it->second;
@@ -741,7 +741,7 @@ std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
 }
 
 void DevicePool::set_observer(AllocatorObserver* observer) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   observer_ = observer;
 }
 

@@ -6,7 +6,7 @@
 // with events, the staged retry, garbage collection, trim. The driver is reached only
 // through Backend.
 //
-// Locking: one absl::Mutex, `mu_`, guards everything. Public methods take it; methods
+// Locking: one Mutex (allocator/mutex.h), `mu_`, guards everything. Public methods take it; methods
 // named *_locked require it. Lock order: mu_ -> backend's internal locks -> observer's
 // lock -> site registry lock (GetSite, a leaf). Backend calls (segment alloc/free,
 // event record/query/sync) happen under mu_: that serializes cudaMalloc/cudaFree as
@@ -24,7 +24,7 @@
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "allocator/mutex.h"
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/config.h"
@@ -156,7 +156,7 @@ class DevicePool {
   const bool use_expandable_;
   const size_t granularity_;  // of the backend's virtual memory (0 without)
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
   FreeSet small_free_ ABSL_GUARDED_BY(mu_);
   FreeSet large_free_ ABSL_GUARDED_BY(mu_);

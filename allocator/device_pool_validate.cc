@@ -53,7 +53,7 @@ absl::Status CompareStat(const char* name, const StatArray& stat,
 }  // namespace
 
 absl::Status DevicePool::validate() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Recount rc;
   size_t free_blocks = 0;
   size_t allocated_blocks = 0;

@@ -18,8 +18,8 @@
 // SiteInfo reads the same, since it has no column). Tags are compared by text: two
 // tags with equal text are one site.
 //
-// Thread-safety: the table is guarded by one absl::Mutex, a leaf lock (nothing else is
-// acquired while it is held). Lookups take it shared; inserts take it exclusively.
+// Thread-safety: the table is guarded by one SharedMutex (allocator/mutex.h), a leaf
+// lock (nothing else is acquired while it is held). Lookups take it shared; inserts take it exclusively.
 // GetSite copies the SiteInfo under the shared lock: it returns by value, and indexing
 // the deque while another thread appends would race. The cache and the current tag are
 // thread_local and touched only by their thread.
@@ -34,7 +34,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "allocator/mutex.h"
 
 namespace devmem {
 
@@ -89,13 +89,13 @@ class SiteTable {
   SiteId Intern(const SiteKey& key, std::string_view* stable_tag)
       ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      absl::ReaderMutexLock lock(&mu_);
+      ReaderLock lock(&mu_);
       if (auto it = ids_.find(key); it != ids_.end()) {
         *stable_tag = it->first.tag;
         return it->second;
       }
     }
-    absl::MutexLock lock(&mu_);
+    WriterLock lock(&mu_);
     if (auto it = ids_.find(key); it != ids_.end()) {  // another thread won the race
       *stable_tag = it->first.tag;
       return it->second;
@@ -111,18 +111,18 @@ class SiteTable {
   }
 
   SiteInfo Get(SiteId id) const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderLock lock(&mu_);
     if (id >= sites_.size()) return sites_[kUnknownSite];
     return sites_[id];
   }
 
   size_t Count() const ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::ReaderMutexLock lock(&mu_);
+    ReaderLock lock(&mu_);
     return sites_.size();
   }
 
  private:
-  mutable absl::Mutex mu_;
+  mutable SharedMutex mu_;
   std::deque<SiteInfo> sites_ ABSL_GUARDED_BY(mu_);  // index == id; never shrinks
   absl::flat_hash_map<SiteKey, SiteId> ids_ ABSL_GUARDED_BY(mu_);
 };
