@@ -59,6 +59,10 @@ struct Segment {
   Stream stream;
   bool small_pool = false;
   bool expandable = false;
+  // Made for a request of max_split_size or more. Only such segments' blocks are
+  // "oversize": a standard 20 MiB segment that coalesces back to 20 MiB must stay
+  // usable for small requests even when max_split_size is 20 MiB.
+  bool oversize = false;
   size_t va_size = 0;        // expandable only: the reserved address range
   Block* head = nullptr;     // the lowest block (nullptr only for an empty expandable)
   Block* tail = nullptr;     // the highest block

@@ -16,14 +16,19 @@
 //     (stream, size, address); a block is split when the rest is worth keeping
 //     (small pool: >= 512 B; large pool: > 1 MiB); a freed block coalesces with free
 //     neighbours of its segment;
-//   * blocks of max_split_size or more are oversize: never split, and only used for
-//     requests of max_split_size or more that waste less than 20 MiB;
+//   * segments made for requests of max_split_size or more are oversize: their blocks
+//     are never split, and only serve requests of max_split_size or more that waste
+//     less than 20 MiB (a standard 20 MiB segment is never oversize);
 //   * a block is reused only on the stream it was allocated on. record_stream(p, s)
 //     makes the free of p record an event on s; the block stays pending until every
 //     such event completes;
-//   * when a new segment cannot be had: (1) free cached oversize/large blocks that could
-//     satisfy the request, retry; (2) synchronize every pending event, free every
-//     unused segment, retry; (3) throw OutOfMemoryError with an OomReport.
+//   * when a new segment cannot be had: (1) release unused cached segments, largest
+//     first, until as many bytes as the new segment are released, retry;
+//     (2) synchronize every pending event, release every unused segment, retry;
+//     (3) throw OutOfMemoryError with an OomReport;
+//   * with expandable_segments (and a backend with virtual memory) each (stream, pool)
+//     has one growable reservation: misses map granules at its tail, releases unmap
+//     its free tail;
 //   * with garbage_collection_threshold, cached segments unused for longest are
 //     released before a new segment is taken, while reserved exceeds the threshold;
 //   * per_process_memory_fraction caps reserved bytes at that share of the device.

@@ -146,13 +146,13 @@ Block* DevicePool::take_free_block(size_t size, Stream stream) {
   if (it == set.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   const size_t max_split = config_.max_split_size;
-  // The oversize rule: blocks of max_split_size or more serve only requests of that
-  // size or more, and only when they waste less than one large segment. Expandable
-  // segments are exempt: their blocks are split freely (no segment boundaries to
-  // strand memory behind), which is what max_split_size works around.
-  if (!b->segment->expandable) {
-    if (size < max_split && b->size >= max_split) return nullptr;
-    if (size >= max_split && b->size - size >= kLargeBuffer) return nullptr;
+  // The oversize rule: blocks of segments made for requests of max_split_size or more
+  // serve only requests of that size or more, and only when they waste less than one
+  // large segment. Expandable segments are never oversize: their blocks are split
+  // freely (no segment boundaries strand memory), which max_split_size works around.
+  if (b->segment->oversize) {
+    if (size < max_split) return nullptr;
+    if (b->size - size >= kLargeBuffer) return nullptr;
   }
   erase_free(b);
   return b;
@@ -210,7 +210,7 @@ Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream
       // small-pool range that filled): fall back to a regular segment.
     }
   }
-  return try_new_segment(segment_size, small, stream);
+  return try_new_segment(size, segment_size, small, stream);
 }
 
 Segment* DevicePool::expandable_segment(Stream stream, bool small) {
@@ -336,7 +336,8 @@ size_t DevicePool::shrink_expandable(size_t bytes) {
   return released;
 }
 
-Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream stream) {
+Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
+                                   Stream stream) {
   const size_t reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
   const size_t limit = memory_limit();
   if (segment_size > limit || reserved > limit - segment_size) return nullptr;
@@ -354,6 +355,7 @@ Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream strea
   s->size = segment_size;
   s->stream = stream;
   s->small_pool = small;
+  s->oversize = size >= config_.max_split_size;
   Block* b = new_block();
   b->addr = s->addr;
   b->size = segment_size;
@@ -365,7 +367,7 @@ Block* DevicePool::try_new_segment(size_t segment_size, bool small, Stream strea
   segments_.emplace(s->addr, s);
   Add(stats_.segment, small, 1);
   Add(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
-  if (segment_size >= config_.max_split_size) stats_.oversize_segments.increase(1);
+  if (s->oversize) stats_.oversize_segments.increase(1);
   ++stats_.num_device_alloc;
   emit_segment(AllocAction::kSegmentAlloc, s);
   return b;
@@ -547,7 +549,7 @@ void DevicePool::release_segment(Segment* s) {
     expandable_.erase(std::make_pair(s->stream.handle, s->small_pool));
   } else {
     backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
-    if (s->size >= config_.max_split_size) stats_.oversize_segments.decrease(1);
+    if (s->oversize) stats_.oversize_segments.decrease(1);
     ++stats_.num_device_free;
   }
   Sub(stats_.segment, s->small_pool, 1);
@@ -842,7 +844,19 @@ Block* DevicePool::new_block() {
 }
 
 void DevicePool::delete_block(Block* b) {
-  *b = Block{};
+  // Field by field rather than `*b = Block{}`: GCC 12 warns (falsely) about the
+  // moved-from temporary's InlinedVector storage.
+  b->addr = 0;
+  b->size = 0;
+  b->requested = 0;
+  b->segment = nullptr;
+  b->prev = b->next = nullptr;
+  b->stream = Stream{};
+  b->state = BlockState::kFree;
+  b->site = kUnknownSite;
+  b->pending_events = 0;
+  b->alloc_time_ns = 0;
+  b->stream_uses.clear();
   spare_blocks_.push_back(b);
 }
 

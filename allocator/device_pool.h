@@ -84,8 +84,9 @@ class DevicePool {
   // or nullptr when the device (or the memory fraction) says no.
   Block* try_grow(size_t size, size_t segment_size, bool small, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // One attempt at a regular segment of `segment_size` (honours the memory fraction).
-  Block* try_new_segment(size_t segment_size, bool small, Stream stream)
+  // One attempt at a regular segment of `segment_size` for a request of `size`
+  // (honours the memory fraction).
+  Block* try_new_segment(size_t size, size_t segment_size, bool small, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The expandable segment of (stream, pool), reserving its address range on first
   // use; nullptr when no address range can be reserved.

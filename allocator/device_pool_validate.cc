@@ -70,7 +70,7 @@ absl::Status DevicePool::validate() const {
     const bool small = s->small_pool;
     Recount::add(rc.segment, small, 1);
     Recount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
-    if (!s->expandable && s->size >= config_.max_split_size) ++rc.oversize_segments;
+    if (s->oversize) ++rc.oversize_segments;
     if (s->expandable) {
       auto it = expandable_.find(std::make_pair(s->stream.handle, s->small_pool));
       if (it == expandable_.end() || it->second != s) {
