@@ -1,0 +1,63 @@
+// tensor/storage.cc: creating and freeing storages (see storage.h).
+#include "tensor/storage.h"
+
+#include <cstdio>
+#include <exception>
+
+namespace devmem {
+
+Storage::Storage(void* data, size_t bytes, DeviceId device, Stream stream,
+                 std::shared_ptr<CachingAllocator> allocator, Deleter deleter) noexcept
+    : data_(data),
+      bytes_(bytes),
+      device_(device),
+      stream_(stream),
+      allocator_(std::move(allocator)),
+      deleter_(std::move(deleter)) {}
+
+Storage::~Storage() {
+  if (allocator_ != nullptr) {
+    try {
+      allocator_->free(data_);
+    } catch (const std::exception& e) {
+      // The allocator does not know this block: its books and ours disagree. Say so
+      // loudly; throwing from a destructor would terminate far from the cause.
+      std::fprintf(stderr,
+                   "devmem: freeing the storage of %zu bytes at %p on %s failed: %s\n",
+                   bytes_, data_, device_.ToString().c_str(), e.what());
+    }
+  } else if (deleter_) {
+    deleter_(data_);
+  }
+}
+
+StoragePtr Storage::Allocate(std::shared_ptr<CachingAllocator> allocator, size_t bytes,
+                             Stream stream, SiteId site) {
+  const DeviceId device = allocator->device();
+  void* data = allocator->allocate(bytes, stream, site);
+  // If `new` throws, give the block back before propagating, so nothing leaks. The
+  // allocation function runs before the constructor's arguments are evaluated, so
+  // `allocator` has not been moved from when it throws; the constructor is noexcept.
+  Storage* s;
+  try {
+    s = new Storage(data, bytes, device, stream, std::move(allocator), nullptr);
+  } catch (...) {
+    allocator->free(data);
+    throw;
+  }
+  return StoragePtr(s);
+}
+
+StoragePtr Storage::WrapForeign(void* data, size_t bytes, DeviceId device,
+                                Deleter deleter, Stream stream) {
+  return StoragePtr(
+      new Storage(data, bytes, device, stream, nullptr, std::move(deleter)));
+}
+
+void Storage::record_stream(Stream stream) const {
+  if (allocator_ != nullptr && data_ != nullptr) allocator_->record_stream(data_, stream);
+}
+
+void StoragePtr::Destroy(Storage* s) noexcept { delete s; }
+
+}  // namespace devmem
