@@ -1,0 +1,945 @@
+// tests/backend_conformance_test.cc: one conformance suite over every backend, then
+// what only the sim backend and the factory promise.
+//
+//   BackendConformanceTest/{cpu,sim,cuda}  the allocator/backend.h contract, the same
+//                                          test for each backend; cuda is skipped,
+//                                          with the reason, where there is no device.
+//   SimBackendTest, SimBackendDeathTest    capacity, failure injection, latency,
+//                                          first-fit determinism, decommit on free,
+//                                          streams, virtual-memory emulation.
+//   BackendFactoryTest                     backend:sim/cpu/auto/cuda through MakeBackend.
+//
+// No test depends on an upper bound of time: latencies are checked from below only,
+// and "not yet done" is checked while the stream is provably blocked.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "allocator/backend.h"
+#include "allocator/backend_factory.h"
+#include "allocator/config.h"
+#include "allocator/sim_backend.h"
+#include "allocator/types.h"
+#include "gtest/gtest.h"
+
+namespace devmem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr size_t kSimCapacity = 256 * kMiB;
+
+Config SimConfig(size_t capacity = kSimCapacity) {
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = capacity;
+  return config;
+}
+
+std::unique_ptr<SimBackend> NewSim(size_t capacity = kSimCapacity, int index = 0) {
+  SimOptions options;
+  options.index = index;
+  options.capacity = capacity;
+  return NewSimBackend(options);
+}
+
+// The backend a conformance test runs on. Only cuda may be missing.
+absl::StatusOr<std::unique_ptr<Backend>> MakeForKind(const std::string& kind) {
+  if (kind == "cpu") return MakeCpuBackend();
+  if (kind == "sim") return MakeSimBackend(SimConfig());
+  Config config;
+  config.backend = BackendKind::kCuda;
+  return MakeBackend(config, 0);
+}
+
+// Holds a stream's worker inside a host function until Release() (or the end of the
+// scope, so a failed expectation cannot leave a worker blocked forever).
+class StreamBlocker {
+ public:
+  StreamBlocker() : future_(promise_.get_future().share()) {}
+  ~StreamBlocker() { Release(); }
+  absl::Status BlockOn(Backend& backend, Stream stream) {
+    return backend.launch_host_fn(stream, [future = future_] { future.wait(); });
+  }
+  void Release() {
+    if (!released_) promise_.set_value();
+    released_ = true;
+  }
+
+ private:
+  std::promise<void> promise_;
+  std::shared_future<void> future_;
+  bool released_ = false;
+};
+
+bool Overlap(const std::pair<uintptr_t, size_t>& a,
+             const std::pair<uintptr_t, size_t>& b) {
+  return a.first < b.first + b.second && b.first < a.first + a.second;
+}
+
+// ---------------------------------------------------------------------------------
+// The conformance suite.
+
+class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeForKind(GetParam());
+    if (!backend.ok()) {
+      ASSERT_EQ(GetParam(), "cuda")
+          << "the " << GetParam() << " backend must always exist: " << backend.status();
+      GTEST_SKIP() << "no cuda backend on this machine: " << backend.status().message();
+    }
+    backend_ = std::move(*backend);
+  }
+  // A stream of its own when the backend has streams, else the default stream.
+  Stream SomeStream() {
+    if (!backend_->caps().streams) return Stream{};
+    absl::StatusOr<Stream> stream = backend_->create_stream();
+    EXPECT_TRUE(stream.ok()) << stream.status();
+    return stream.ok() ? *stream : Stream{};
+  }
+  void DoneWith(Stream stream) {
+    if (stream.handle != 0) backend_->destroy_stream(stream);
+  }
+
+  std::unique_ptr<Backend> backend_;
+};
+
+TEST_P(BackendConformanceTest, ReportsItsKind) {
+  const std::string kind = GetParam();
+  EXPECT_EQ(DeviceTypeName(backend_->device().type), kind);
+  EXPECT_EQ(backend_->info().backend, kind);
+  EXPECT_FALSE(backend_->info().name.empty());
+  if (kind == "cuda") {
+    EXPECT_TRUE(absl::StartsWith(backend_->info().uuid, "GPU-"));
+  }
+  if (kind == "sim") {
+    EXPECT_TRUE(absl::StartsWith(backend_->info().uuid, "SIM-"));
+  }
+  if (kind == "cpu") {
+    EXPECT_EQ(backend_->info().uuid, "");
+  }
+}
+
+TEST_P(BackendConformanceTest, SegmentsRoundTripWithoutOverlap) {
+  const std::vector<size_t> sizes = {512, kMiB, 2 * kMiB + 1, 20 * kMiB};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::pair<uintptr_t, size_t>> live;
+    for (size_t bytes : sizes) {
+      absl::StatusOr<void*> p = backend_->allocate_segment(bytes);
+      ASSERT_TRUE(p.ok()) << bytes << ": " << p.status();
+      ASSERT_NE(*p, nullptr);
+      const std::pair<uintptr_t, size_t> range{reinterpret_cast<uintptr_t>(*p), bytes};
+      for (const auto& other : live) EXPECT_FALSE(Overlap(range, other));
+      live.push_back(range);
+    }
+    // Free in reverse order in round 0 and in order in round 1.
+    if (round == 0) std::reverse(live.begin(), live.end());
+    for (const auto& [p, bytes] : live) {
+      backend_->free_segment(reinterpret_cast<void*>(p), bytes);
+    }
+  }
+}
+
+TEST_P(BackendConformanceTest, SegmentsAreAligned) {
+  // The contract's 512 bytes; sim promises 2 MiB and cpu a page.
+  const size_t want = GetParam() == "sim" ? 2 * kMiB : GetParam() == "cpu" ? 4096 : 512;
+  for (size_t bytes : {size_t{1}, size_t{4097}, 3 * kMiB}) {
+    absl::StatusOr<void*> p = backend_->allocate_segment(bytes);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) % want, 0u) << *p << " for " << bytes;
+    backend_->free_segment(*p, bytes);
+  }
+}
+
+TEST_P(BackendConformanceTest, HostAccessibleMemoryHoldsData) {
+  if (!backend_->caps().host_accessible)
+    GTEST_SKIP() << "device memory is not host accessible";
+  const size_t bytes = 8 * kMiB + 123;
+  absl::StatusOr<void*> p = backend_->allocate_segment(bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto* data = static_cast<unsigned char*>(*p);
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<unsigned char>(i * 31 % 251);
+  size_t mismatches = 0;
+  for (size_t i = 0; i < bytes; ++i) {
+    mismatches += data[i] != static_cast<unsigned char>(i * 31 % 251);
+  }
+  EXPECT_EQ(mismatches, 0u);
+  backend_->free_segment(*p, bytes);
+}
+
+TEST_P(BackendConformanceTest, MemInfoIsConsistent) {
+  const MemInfo before = backend_->mem_info();
+  EXPECT_GT(before.total_bytes, 0u);
+  EXPECT_LE(before.free_bytes, before.total_bytes);
+  const size_t bytes = 8 * kMiB;
+  absl::StatusOr<void*> p = backend_->allocate_segment(bytes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const MemInfo during = backend_->mem_info();
+  EXPECT_EQ(during.total_bytes, before.total_bytes);
+  EXPECT_LE(during.free_bytes, during.total_bytes);
+  if (GetParam() == "sim") {
+    EXPECT_EQ(during.free_bytes, before.free_bytes - bytes);
+  }
+  backend_->free_segment(*p, bytes);
+  if (GetParam() == "sim") {
+    EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes);
+  }
+}
+
+TEST_P(BackendConformanceTest, ImpossibleSegmentIsResourceExhaustedAndHarmless) {
+  const MemInfo before = backend_->mem_info();
+  absl::StatusOr<void*> huge = backend_->allocate_segment(size_t{1} << 50);  // 1 PiB
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  if (GetParam() == "sim") {
+    EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes);
+  }
+  // The failure leaves nothing behind (cuda: the sticky error was cleared).
+  absl::StatusOr<void*> p = backend_->allocate_segment(kMiB);
+  ASSERT_TRUE(p.ok()) << p.status();
+  backend_->free_segment(*p, kMiB);
+}
+
+TEST_P(BackendConformanceTest, CreateStreamFollowsCaps) {
+  absl::StatusOr<Stream> a = backend_->create_stream();
+  if (!backend_->caps().streams) {
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kUnimplemented) << a.status();
+    return;
+  }
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<Stream> b = backend_->create_stream();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_NE(a->handle, 0u);
+  EXPECT_NE(*a, *b);
+  backend_->destroy_stream(*a);
+  backend_->destroy_stream(*b);
+}
+
+TEST_P(BackendConformanceTest, HostFunctionsRunInOrder) {
+  for (Stream stream : {Stream{}, SomeStream()}) {
+    // std::mutex, not absl::Mutex: Debian's abseil is not built with ThreadSanitizer,
+    // so TSan cannot see absl::Mutex's ordering and would report false races here.
+    std::mutex mu;
+    std::vector<int> order;
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_TRUE(backend_
+                      ->launch_host_fn(stream,
+                                       [&, i] {
+                                         std::lock_guard<std::mutex> lock(mu);
+                                         order.push_back(i);
+                                       })
+                      .ok());
+    }
+    backend_->synchronize_stream(stream);
+    std::lock_guard<std::mutex> lock(mu);
+    ASSERT_EQ(order.size(), 200u);
+    for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
+    DoneWith(stream);
+  }
+}
+
+TEST_P(BackendConformanceTest, SynchronizeStreamWaitsForQueuedWork) {
+  for (Stream stream : {Stream{}, SomeStream()}) {
+    std::atomic<bool> ran{false};
+    ASSERT_TRUE(backend_
+                    ->launch_host_fn(stream,
+                                     [&ran] {
+                                       std::this_thread::sleep_for(milliseconds(30));
+                                       ran.store(true);
+                                     })
+                    .ok());
+    backend_->synchronize_stream(stream);
+    EXPECT_TRUE(ran.load());
+    DoneWith(stream);
+  }
+}
+
+TEST_P(BackendConformanceTest, RecordedEventCompletes) {
+  const Event event = backend_->record_event(Stream{});
+  EXPECT_NE(event.handle, 0u);
+  backend_->synchronize_event(event);
+  EXPECT_TRUE(backend_->event_done(event));
+  backend_->release_event(event);
+}
+
+TEST_P(BackendConformanceTest, EventCompletesOnlyWhenItsStreamReachesIt) {
+  if (!backend_->caps().streams) GTEST_SKIP() << "no streams: events complete at once";
+  for (Stream stream : {Stream{}, SomeStream()}) {
+    StreamBlocker blocker;
+    ASSERT_TRUE(blocker.BlockOn(*backend_, stream).ok());
+    std::atomic<bool> after_ran{false};
+    ASSERT_TRUE(backend_->launch_host_fn(stream, [&] { after_ran.store(true); }).ok());
+    const Event event = backend_->record_event(stream);
+    // The stream is held inside the blocker's function, so it cannot have reached the
+    // event, however long we look.
+    EXPECT_FALSE(backend_->event_done(event));
+    std::this_thread::sleep_for(milliseconds(20));
+    EXPECT_FALSE(backend_->event_done(event));
+    EXPECT_FALSE(after_ran.load());
+    blocker.Release();
+    backend_->synchronize_event(event);
+    EXPECT_TRUE(backend_->event_done(event));
+    EXPECT_TRUE(after_ran.load());  // work before the event ran before it completed
+    backend_->release_event(event);
+    DoneWith(stream);
+  }
+}
+
+TEST_P(BackendConformanceTest, EventMayBeReleasedBeforeItCompletes) {
+  if (!backend_->caps().streams) GTEST_SKIP() << "no streams: events complete at once";
+  Stream stream = SomeStream();
+  StreamBlocker blocker;
+  ASSERT_TRUE(blocker.BlockOn(*backend_, stream).ok());
+  std::vector<Event> events;
+  for (int i = 0; i < 16; ++i) events.push_back(backend_->record_event(stream));
+  for (Event event : events) backend_->release_event(event);  // all still pending
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(backend_->launch_host_fn(stream, [&] { ran.store(true); }).ok());
+  blocker.Release();
+  backend_->synchronize_stream(stream);  // the stream passes the released events
+  EXPECT_TRUE(ran.load());
+  DoneWith(stream);
+}
+
+TEST_P(BackendConformanceTest, DestroyStreamRunsQueuedWork) {
+  if (!backend_->caps().streams) GTEST_SKIP() << "no streams to destroy";
+  absl::StatusOr<Stream> stream = backend_->create_stream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(backend_
+                  ->launch_host_fn(*stream,
+                                   [&ran] {
+                                     std::this_thread::sleep_for(milliseconds(30));
+                                     ran.store(true);
+                                   })
+                  .ok());
+  backend_->destroy_stream(*stream);
+  EXPECT_TRUE(ran.load());
+}
+
+// Many threads using one backend at once; meant for ThreadSanitizer as much as for
+// the checks it makes.
+TEST_P(BackendConformanceTest, ConcurrentUseIsSafe) {
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 40;
+  std::atomic<int> host_fns{0};
+  std::atomic<int> bad_data{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      Stream stream{};
+      if (backend_->caps().streams) {
+        absl::StatusOr<Stream> s = backend_->create_stream();
+        if (s.ok()) stream = *s;
+      }
+      for (int round = 0; round < kRounds; ++round) {
+        const size_t bytes = (1 + (t + round) % 3) * kMiB;
+        absl::StatusOr<void*> p = backend_->allocate_segment(bytes);
+        if (!p.ok()) {
+          ADD_FAILURE() << p.status();
+          continue;
+        }
+        if (backend_->caps().host_accessible) {
+          auto* bytes_p = static_cast<unsigned char*>(*p);
+          std::memset(bytes_p, t + 1, bytes);
+          if (bytes_p[0] != t + 1 || bytes_p[bytes - 1] != t + 1) ++bad_data;
+        }
+        EXPECT_TRUE(backend_->launch_host_fn(stream, [&] { ++host_fns; }).ok());
+        const Event event = backend_->record_event(stream);
+        (void)backend_->event_done(event);
+        backend_->synchronize_event(event);
+        EXPECT_TRUE(backend_->event_done(event));
+        backend_->release_event(event);
+        (void)backend_->mem_info();
+        backend_->free_segment(*p, bytes);
+      }
+      if (stream.handle != 0) backend_->destroy_stream(stream);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(host_fns.load(), kThreads * kRounds);
+  EXPECT_EQ(bad_data.load(), 0);
+  if (GetParam() == "sim") {
+    EXPECT_EQ(static_cast<SimBackend&>(*backend_).used_bytes(), 0u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,
+                         ::testing::Values("cpu", "sim", "cuda"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
+
+// ---------------------------------------------------------------------------------
+// The sim backend's own promises.
+
+TEST(SimBackendTest, CapacityIsEnforcedWithoutCharging) {
+  auto sim = NewSim(64 * kMiB);
+  absl::StatusOr<void*> a = sim->allocate_segment(48 * kMiB);
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<void*> b = sim->allocate_segment(32 * kMiB);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << b.status();
+  const std::string message(b.status().message());
+  EXPECT_TRUE(absl::StrContains(message, "33554432")) << message;  // the request
+  EXPECT_TRUE(absl::StrContains(message, "50331648")) << message;  // used
+  EXPECT_TRUE(absl::StrContains(message, "67108864")) << message;  // capacity
+  EXPECT_EQ(sim->used_bytes(), 48 * kMiB);
+  EXPECT_EQ(sim->mem_info().free_bytes, 16 * kMiB);
+  // Exactly the rest still fits; one byte more does not.
+  absl::StatusOr<void*> c = sim->allocate_segment(16 * kMiB);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(sim->mem_info().free_bytes, 0u);
+  EXPECT_EQ(sim->allocate_segment(1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  sim->free_segment(*a, 48 * kMiB);
+  sim->free_segment(*c, 16 * kMiB);
+  EXPECT_EQ(sim->used_bytes(), 0u);
+}
+
+TEST(SimBackendTest, CapacityCountsRequestedBytesNotRoundedOnes) {
+  auto sim = NewSim(64 * kMiB);
+  absl::StatusOr<void*> p = sim->allocate_segment(kMiB + 1);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(sim->used_bytes(), kMiB + 1);
+  EXPECT_EQ(sim->mem_info().free_bytes, 64 * kMiB - kMiB - 1);
+  sim->free_segment(*p, kMiB + 1);
+}
+
+TEST(SimBackendTest, ZeroBytesIsInvalid) {
+  auto sim = NewSim();
+  EXPECT_EQ(sim->allocate_segment(0).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SimBackendTest, FailNthFailsExactlyTheNthAttempt) {
+  SimOptions options;
+  options.capacity = 64 * kMiB;
+  options.fail_nth = 3;
+  auto sim = NewSimBackend(options);
+  std::vector<void*> live;
+  for (int attempt = 1; attempt <= 6; ++attempt) {
+    absl::StatusOr<void*> p = sim->allocate_segment(kMiB);
+    if (attempt == 3) {
+      ASSERT_EQ(p.status().code(), absl::StatusCode::kResourceExhausted) << p.status();
+      EXPECT_TRUE(absl::StrContains(p.status().message(), "injected")) << p.status();
+    } else {
+      ASSERT_TRUE(p.ok()) << "attempt " << attempt << ": " << p.status();
+      live.push_back(*p);
+    }
+  }
+  EXPECT_EQ(sim->segment_alloc_attempts(), 6u);
+  EXPECT_EQ(sim->injected_failures(), 1u);
+  EXPECT_EQ(sim->used_bytes(), 5 * kMiB);  // the injected failure charged nothing
+
+  // Counting restarts at set_failure_injection.
+  sim->set_failure_injection(2, 0, 0);
+  absl::StatusOr<void*> first = sim->allocate_segment(kMiB);
+  ASSERT_TRUE(first.ok()) << first.status();
+  live.push_back(*first);
+  EXPECT_EQ(sim->allocate_segment(kMiB).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(sim->injected_failures(), 2u);
+  EXPECT_EQ(sim->segment_alloc_attempts(), 8u);
+  for (void* p : live) sim->free_segment(p, kMiB);
+}
+
+// Which of `n` attempts fail with probability p under `seed` (true = failed).
+std::vector<bool> FailurePattern(uint64_t seed, double p, int n) {
+  SimOptions options;
+  options.capacity = 64 * kMiB;
+  options.fail_probability = p;
+  options.seed = seed;
+  auto sim = NewSimBackend(options);
+  std::vector<bool> failed;
+  for (int i = 0; i < n; ++i) {
+    absl::StatusOr<void*> segment = sim->allocate_segment(kMiB);
+    failed.push_back(!segment.ok());
+    if (segment.ok()) {
+      sim->free_segment(*segment, kMiB);
+    } else {
+      EXPECT_TRUE(absl::StrContains(segment.status().message(), "injected"));
+    }
+  }
+  EXPECT_EQ(sim->injected_failures(),
+            static_cast<uint64_t>(std::count(failed.begin(), failed.end(), true)));
+  return failed;
+}
+
+TEST(SimBackendTest, FailProbabilityIsDeterministicForASeed) {
+  const std::vector<bool> a = FailurePattern(42, 0.5, 200);
+  const std::vector<bool> b = FailurePattern(42, 0.5, 200);
+  EXPECT_EQ(a, b);
+  const auto failures = std::count(a.begin(), a.end(), true);
+  EXPECT_GT(failures, 0);
+  EXPECT_LT(failures, 200);
+  EXPECT_NE(FailurePattern(43, 0.5, 200), a);  // another seed, another pattern
+  const std::vector<bool> always = FailurePattern(1, 1.0, 20);
+  EXPECT_EQ(std::count(always.begin(), always.end(), true), 20);
+  const std::vector<bool> never = FailurePattern(1, 0.0, 20);
+  EXPECT_EQ(std::count(never.begin(), never.end(), true), 0);
+}
+
+TEST(SimBackendTest, SetFailureInjectionReseeds) {
+  SimOptions options;
+  options.capacity = 64 * kMiB;
+  auto sim = NewSimBackend(options);
+  auto pattern = [&] {
+    std::vector<bool> failed;
+    for (int i = 0; i < 64; ++i) {
+      absl::StatusOr<void*> p = sim->allocate_segment(kMiB);
+      failed.push_back(!p.ok());
+      if (p.ok()) sim->free_segment(*p, kMiB);
+    }
+    return failed;
+  };
+  sim->set_failure_injection(0, 0.5, 7);
+  const std::vector<bool> first = pattern();
+  sim->set_failure_injection(0, 0.5, 7);
+  EXPECT_EQ(pattern(), first);
+}
+
+TEST(SimBackendTest, LatencyIsApplied) {
+  SimOptions options;
+  options.capacity = 64 * kMiB;
+  options.alloc_latency_ns = 20'000'000;  // 20 ms
+  options.free_latency_ns = 30'000'000;   // 30 ms
+  auto sim = NewSimBackend(options);
+  Clock::time_point start = Clock::now();
+  absl::StatusOr<void*> p = sim->allocate_segment(kMiB);
+  EXPECT_GE(Clock::now() - start, milliseconds(20));
+  ASSERT_TRUE(p.ok());
+  start = Clock::now();
+  sim->free_segment(*p, kMiB);
+  EXPECT_GE(Clock::now() - start, milliseconds(30));
+}
+
+TEST(SimBackendTest, FirstFitFromTheLowestAddressAndCoalescing) {
+  auto sim = NewSim();
+  auto alloc = [&](size_t bytes) {
+    absl::StatusOr<void*> p = sim->allocate_segment(bytes);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return reinterpret_cast<uintptr_t>(p.value_or(nullptr));
+  };
+  const uintptr_t a = alloc(2 * kMiB);
+  const uintptr_t b = alloc(2 * kMiB);
+  const uintptr_t c = alloc(2 * kMiB + 1);  // takes 4 MiB of addresses
+  const uintptr_t d = alloc(kMiB);
+  EXPECT_EQ(b, a + 2 * kMiB);
+  EXPECT_EQ(c, b + 2 * kMiB);
+  EXPECT_EQ(d, c + 4 * kMiB);
+  sim->free_segment(reinterpret_cast<void*>(a), 2 * kMiB);
+  sim->free_segment(reinterpret_cast<void*>(b), 2 * kMiB);
+  // a and b coalesced: 4 MiB fits at a, below everything else.
+  EXPECT_EQ(alloc(4 * kMiB), a);
+  // Freed space is reused before fresh space: c's range comes back to c.
+  sim->free_segment(reinterpret_cast<void*>(c), 2 * kMiB + 1);
+  EXPECT_EQ(alloc(3 * kMiB), c);
+}
+
+// A scripted mix of allocations and frees; returns every address handed out, as an
+// offset from the first one.
+std::vector<uintptr_t> ScriptedOffsets(SimBackend& sim) {
+  std::mt19937_64 rng(1234);  // the script, not the backend, is random
+  std::vector<std::pair<void*, size_t>> live;
+  std::vector<uintptr_t> addresses;
+  for (int step = 0; step < 300; ++step) {
+    if (!live.empty() && rng() % 3 == 0) {
+      const size_t victim = rng() % live.size();
+      sim.free_segment(live[victim].first, live[victim].second);
+      live.erase(live.begin() + victim);
+      continue;
+    }
+    const size_t bytes = (1 + rng() % 12) * kMiB + rng() % 4096;
+    absl::StatusOr<void*> p = sim.allocate_segment(bytes);
+    if (!p.ok()) {
+      addresses.push_back(0);  // failures must repeat too
+      continue;
+    }
+    addresses.push_back(reinterpret_cast<uintptr_t>(*p));
+    live.emplace_back(*p, bytes);
+  }
+  for (auto& [p, bytes] : live) sim.free_segment(p, bytes);
+  std::vector<uintptr_t> offsets;
+  for (uintptr_t a : addresses)
+    offsets.push_back(a == 0 ? UINTPTR_MAX : a - addresses[0]);
+  return offsets;
+}
+
+TEST(SimBackendTest, SameCallsGiveSameOffsets) {
+  auto first = NewSim(512 * kMiB);
+  auto second = NewSim(512 * kMiB);
+  const std::vector<uintptr_t> a = ScriptedOffsets(*first);
+  const std::vector<uintptr_t> b = ScriptedOffsets(*second);
+  EXPECT_EQ(a, b);
+  // And the script did reuse freed ranges (some offset repeats), so the test covers
+  // the free-range map, not only a bump pointer.
+  std::vector<uintptr_t> sorted = a;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_NE(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+}
+
+TEST(SimBackendTest, FreedMemoryReturnsToTheOs) {
+  auto sim = NewSim();
+  absl::StatusOr<void*> p = sim->allocate_segment(2 * kMiB);
+  ASSERT_TRUE(p.ok());
+  std::memset(*p, 0xab, 2 * kMiB);
+  sim->free_segment(*p, 2 * kMiB);
+  absl::StatusOr<void*> again = sim->allocate_segment(2 * kMiB);
+  ASSERT_TRUE(again.ok());
+  ASSERT_EQ(*again, *p);  // first fit gives the same range back
+  const auto* bytes = static_cast<const unsigned char*>(*again);
+  // MADV_DONTNEED dropped the pages: they read back as zeros.
+  EXPECT_EQ(std::count(bytes, bytes + 2 * kMiB, 0), static_cast<long>(2 * kMiB));
+  sim->free_segment(*again, 2 * kMiB);
+}
+
+TEST(SimBackendTest, InfoIsStablePerIndex) {
+  auto a = NewSim(kSimCapacity, 3);
+  auto b = NewSim(kSimCapacity, 3);
+  auto c = NewSim(kSimCapacity, 4);
+  EXPECT_EQ(a->device(), (DeviceId{DeviceType::kSim, 3}));
+  EXPECT_EQ(a->info().name, "devmem simulated device");
+  EXPECT_EQ(a->info().backend, "sim");
+  EXPECT_EQ(a->info().uuid, b->info().uuid);
+  EXPECT_NE(a->info().uuid, c->info().uuid);
+  EXPECT_EQ(a->info().uuid.size(),
+            std::string("SIM-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx").size());
+  const Capabilities caps = a->caps();
+  EXPECT_TRUE(caps.streams);
+  EXPECT_TRUE(caps.virtual_memory);
+  EXPECT_TRUE(caps.host_accessible);
+}
+
+TEST(SimBackendTest, StreamHandlesCountUpAndDieWithDestroy) {
+  auto sim = NewSim();
+  for (uintptr_t want = 1; want <= 3; ++want) {
+    absl::StatusOr<Stream> s = sim->create_stream();
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s->handle, want);
+  }
+  absl::Status unknown = sim->launch_host_fn(Stream{99}, [] {});
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(unknown.message(), "99")) << unknown;
+  sim->destroy_stream(Stream{2});
+  EXPECT_EQ(sim->launch_host_fn(Stream{2}, [] {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(sim->launch_host_fn(Stream{3}, [] {}).ok());
+  absl::StatusOr<Stream> next = sim->create_stream();
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->handle, 4u);  // handles are never reused
+}
+
+TEST(SimBackendTest, EachStreamHasItsOwnWorker) {
+  auto sim = NewSim();
+  absl::StatusOr<Stream> a = sim->create_stream();
+  absl::StatusOr<Stream> b = sim->create_stream();
+  ASSERT_TRUE(a.ok() && b.ok());
+  // Stream a is held; b and the default stream still run their work.
+  StreamBlocker blocker;
+  ASSERT_TRUE(blocker.BlockOn(*sim, *a).ok());
+  std::atomic<bool> a_ran{false};
+  ASSERT_TRUE(sim->launch_host_fn(*a, [&] { a_ran.store(true); }).ok());
+  std::thread::id b_thread, default_thread;
+  ASSERT_TRUE(
+      sim->launch_host_fn(*b, [&] { b_thread = std::this_thread::get_id(); }).ok());
+  ASSERT_TRUE(
+      sim->launch_host_fn(Stream{}, [&] { default_thread = std::this_thread::get_id(); })
+          .ok());
+  sim->synchronize_stream(*b);
+  sim->synchronize_stream(Stream{});
+  EXPECT_FALSE(a_ran.load());
+  EXPECT_NE(b_thread, std::thread::id());
+  EXPECT_NE(b_thread, std::this_thread::get_id());
+  EXPECT_NE(default_thread, std::this_thread::get_id());
+  EXPECT_NE(default_thread, b_thread);
+  blocker.Release();
+  sim->synchronize_stream(*a);
+  EXPECT_TRUE(a_ran.load());
+}
+
+TEST(SimBackendTest, DestructorRunsQueuedWork) {
+  auto sim = NewSim();
+  absl::StatusOr<Stream> s = sim->create_stream();
+  ASSERT_TRUE(s.ok());
+  std::atomic<int> ran{0};
+  for (Stream stream : {Stream{}, *s}) {
+    ASSERT_TRUE(sim->launch_host_fn(stream,
+                                    [&ran] {
+                                      std::this_thread::sleep_for(milliseconds(20));
+                                      ++ran;
+                                    })
+                    .ok());
+  }
+  sim.reset();
+  EXPECT_EQ(ran.load(), 2);
+}
+
+TEST(SimBackendTest, VirtualMemoryMapChargesAndUnmapReleases) {
+  auto sim = NewSim(64 * kMiB);
+  const size_t g = sim->granularity();
+  ASSERT_EQ(g, 2 * kMiB);
+  absl::StatusOr<void*> r = sim->reserve_address(8 * g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto* base = static_cast<char*>(*r);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % g, 0u);
+  EXPECT_EQ(sim->used_bytes(), 0u);  // reserving charges nothing
+
+  ASSERT_TRUE(sim->map(base, 2 * g).ok());
+  EXPECT_EQ(sim->used_bytes(), 2 * g);
+  EXPECT_EQ(sim->mem_info().free_bytes, 64 * kMiB - 2 * g);
+  std::memset(base, 0x5a, 2 * g);
+  ASSERT_TRUE(sim->map(base + 2 * g, g).ok());  // growing next to a mapping
+  std::memset(base + 2 * g, 0x5a, g);
+  EXPECT_EQ(sim->used_bytes(), 3 * g);
+
+  // Unmap part of it: the charge drops and the pages come back as zeros.
+  sim->unmap(base + g, 2 * g);
+  EXPECT_EQ(sim->used_bytes(), g);
+  EXPECT_EQ(static_cast<unsigned char>(base[0]), 0x5a);
+  ASSERT_TRUE(sim->map(base + g, g).ok());
+  EXPECT_EQ(base[g], 0);
+  sim->unmap(base, 2 * g);
+  EXPECT_EQ(sim->used_bytes(), 0u);
+
+  sim->release_address(base, 8 * g);
+  // The range went back: first fit hands the same addresses out again.
+  absl::StatusOr<void*> again = sim->reserve_address(8 * g);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *r);
+  sim->release_address(*again, 8 * g);
+}
+
+TEST(SimBackendTest, VirtualMemoryRejectsBadArgumentsNamingThePointer) {
+  auto sim = NewSim(64 * kMiB);
+  const size_t g = sim->granularity();
+  EXPECT_EQ(sim->reserve_address(g + 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->reserve_address(0).status().code(), absl::StatusCode::kInvalidArgument);
+  // More address space than the reservation holds: exhausted, not a crash.
+  EXPECT_EQ(sim->reserve_address(size_t{1} << 60).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<void*> r = sim->reserve_address(4 * g);
+  ASSERT_TRUE(r.ok());
+  auto* base = static_cast<char*>(*r);
+  absl::StatusOr<void*> segment = sim->allocate_segment(g);
+  ASSERT_TRUE(segment.ok());
+
+  auto expect_invalid = [&](void* p, size_t bytes) {
+    absl::Status status = sim->map(p, bytes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << p << " " << bytes;
+    EXPECT_TRUE(absl::StrContains(status.message(), absl::StrFormat("%p", p))) << status;
+  };
+  expect_invalid(base + 4096, g);       // misaligned address
+  expect_invalid(base, 4096);           // size not a multiple of the granularity
+  expect_invalid(base, 0);              // empty
+  expect_invalid(base + 3 * g, 2 * g);  // runs past the end of the reservation
+  expect_invalid(*segment, g);          // not reserved at all
+  ASSERT_TRUE(sim->map(base, 2 * g).ok());
+  expect_invalid(base + g, 2 * g);      // overlaps a mapping
+  EXPECT_EQ(sim->used_bytes(), 3 * g);  // errors charged nothing
+
+  sim->unmap(base, 2 * g);
+  sim->release_address(base, 4 * g);
+  sim->free_segment(*segment, g);
+}
+
+TEST(SimBackendTest, VirtualMemoryMapIsBoundedByCapacity) {
+  auto sim = NewSim(8 * kMiB);
+  const size_t g = sim->granularity();
+  absl::StatusOr<void*> r = sim->reserve_address(32 * kMiB);  // more than capacity: fine
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto* base = static_cast<char*>(*r);
+  ASSERT_TRUE(sim->map(base, 8 * kMiB).ok());
+  absl::Status over = sim->map(base + 8 * kMiB, g);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  EXPECT_EQ(sim->used_bytes(), 8 * kMiB);
+  // Segments and mappings share the one capacity.
+  EXPECT_EQ(sim->allocate_segment(kMiB).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  sim->unmap(base, 8 * kMiB);
+  sim->release_address(base, 32 * kMiB);
+}
+
+TEST(SimBackendTest, ConcurrentSegmentsNeverOverlap) {
+  auto sim = NewSim(512 * kMiB);
+  std::atomic<int> corrupted{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      std::vector<std::pair<unsigned char*, size_t>> live;
+      for (int i = 0; i < 150; ++i) {
+        if (live.size() > 4 || (!live.empty() && rng() % 2 == 0)) {
+          auto [p, bytes] = live.back();
+          live.pop_back();
+          // Every page still holds this thread's mark: no one else got this memory.
+          // (One byte a page: overlapping segments share whole pages, and touching
+          // every byte is slow under ThreadSanitizer.)
+          for (size_t i = 0; i < bytes; i += 4096) {
+            if (p[i] != static_cast<unsigned char>(t + 1)) ++corrupted;
+          }
+          sim->free_segment(p, bytes);
+          continue;
+        }
+        const size_t bytes = (1 + rng() % 4) * kMiB;
+        absl::StatusOr<void*> p = sim->allocate_segment(bytes);
+        ASSERT_TRUE(p.ok()) << p.status();
+        auto* data = static_cast<unsigned char*>(*p);
+        for (size_t i = 0; i < bytes; i += 4096)
+          data[i] = static_cast<unsigned char>(t + 1);
+        live.emplace_back(static_cast<unsigned char*>(*p), bytes);
+      }
+      for (auto [p, bytes] : live) sim->free_segment(p, bytes);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(corrupted.load(), 0);
+  EXPECT_EQ(sim->used_bytes(), 0u);
+}
+
+// Contract violations end the process with a message (they are devmem bugs).
+class SimBackendDeathTest : public ::testing::Test {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_F(SimBackendDeathTest, UseAfterFreeCrashes) {
+  auto sim = NewSim();
+  absl::StatusOr<void*> p = sim->allocate_segment(2 * kMiB);
+  ASSERT_TRUE(p.ok());
+  auto* bytes = static_cast<volatile unsigned char*>(*p);
+  bytes[0] = 1;  // fine while allocated
+  sim->free_segment(*p, 2 * kMiB);
+  EXPECT_DEATH(bytes[0] = 2, "");
+}
+
+TEST_F(SimBackendDeathTest, BadFreesAreFatal) {
+  auto sim = NewSim();
+  absl::StatusOr<void*> p = sim->allocate_segment(2 * kMiB);
+  ASSERT_TRUE(p.ok());
+  EXPECT_DEATH(sim->free_segment(static_cast<char*>(*p) + 4096, 2 * kMiB),
+               "not a live segment");
+  EXPECT_DEATH(sim->free_segment(*p, kMiB), "allocated with");
+  sim->free_segment(*p, 2 * kMiB);
+  EXPECT_DEATH(sim->free_segment(*p, 2 * kMiB), "not a live segment");  // double free
+}
+
+TEST_F(SimBackendDeathTest, BadUnmapAndReleaseAreFatal) {
+  auto sim = NewSim();
+  const size_t g = sim->granularity();
+  absl::StatusOr<void*> r = sim->reserve_address(4 * g);
+  ASSERT_TRUE(r.ok());
+  auto* base = static_cast<char*>(*r);
+  EXPECT_DEATH(sim->unmap(base, g), "not entirely mapped");
+  ASSERT_TRUE(sim->map(base, g).ok());
+  EXPECT_DEATH(sim->unmap(base, 2 * g), "not entirely mapped");
+  EXPECT_DEATH(sim->release_address(base, 4 * g), "still mapped");
+  sim->unmap(base, g);
+  EXPECT_DEATH(sim->release_address(base, 2 * g), "not a range reserve_address returned");
+  sim->release_address(base, 4 * g);
+}
+
+// ---------------------------------------------------------------------------------
+// The factory.
+
+TEST(BackendFactoryTest, MakesSimFromConfig) {
+  Config config = SimConfig(128 * kMiB);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config, 2);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->device(), (DeviceId{DeviceType::kSim, 2}));
+  EXPECT_EQ((*backend)->info().backend, "sim");
+  EXPECT_EQ((*backend)->mem_info().total_bytes, 128 * kMiB);
+}
+
+TEST(BackendFactoryTest, PassesSimKnobsThrough) {
+  Config config = SimConfig(64 * kMiB);
+  config.sim_fail_nth = 2;
+  config.sim_alloc_latency_ns = 15'000'000;  // 15 ms
+  std::unique_ptr<Backend> sim = MakeSimBackend(config);
+  absl::StatusOr<void*> first = sim->allocate_segment(kMiB);
+  ASSERT_TRUE(first.ok());
+  const Clock::time_point start = Clock::now();
+  absl::StatusOr<void*> second = sim->allocate_segment(kMiB);
+  EXPECT_GE(Clock::now() - start, milliseconds(15));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(second.status().message(), "injected"));
+  sim->free_segment(*first, kMiB);
+
+  // Probability and seed reach the backend too: the same pattern as a direct one.
+  config = SimConfig(64 * kMiB);
+  config.sim_fail_probability = 0.5;
+  config.sim_seed = 42;
+  std::unique_ptr<Backend> from_config = MakeSimBackend(config);
+  std::vector<bool> failed;
+  for (int i = 0; i < 200; ++i) {
+    absl::StatusOr<void*> p = from_config->allocate_segment(kMiB);
+    failed.push_back(!p.ok());
+    if (p.ok()) from_config->free_segment(*p, kMiB);
+  }
+  EXPECT_EQ(failed, FailurePattern(42, 0.5, 200));
+}
+
+TEST(BackendFactoryTest, MakesCpu) {
+  Config config;
+  config.backend = BackendKind::kCpu;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->device(), (DeviceId{DeviceType::kCpu, 0}));
+  EXPECT_EQ((*backend)->info().name, "host (jemalloc)");
+  EXPECT_FALSE(MakeBackend(config, 1).ok());  // cpu has only index 0
+}
+
+TEST(BackendFactoryTest, RejectsNegativeIndex) {
+  EXPECT_EQ(MakeBackend(SimConfig(), -1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BackendFactoryTest, AutoMakesWhatResolveAutoBackendSays) {
+  std::string why;
+  const BackendKind kind = ResolveAutoBackend(&why);
+  ASSERT_TRUE(kind == BackendKind::kCuda || kind == BackendKind::kSim);
+  EXPECT_EQ(ResolveAutoBackend(), kind);  // computed once
+  if (kind == BackendKind::kSim) {
+    EXPECT_FALSE(why.empty());
+  }
+  Config config;
+  config.backend = BackendKind::kAuto;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->device().type,
+            kind == BackendKind::kCuda ? DeviceType::kCuda : DeviceType::kSim);
+}
+
+TEST(BackendFactoryTest, CudaWithoutADeviceIsAnErrorWithTheReason) {
+  std::string why;
+  if (ResolveAutoBackend(&why) == BackendKind::kCuda)
+    GTEST_SKIP() << "a CUDA device exists";
+#ifdef DEVMEM_HAVE_CUDA
+  // cuda/ registered itself (whole-archive link), so the reason is the driver's.
+  EXPECT_TRUE(absl::StrContains(why, "cudaGetDeviceCount")) << why;
+#else
+  EXPECT_TRUE(absl::StrContains(why, "without CUDA support")) << why;
+#endif
+  Config config;
+  config.backend = BackendKind::kCuda;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_TRUE(absl::StrContains(backend.status().message(), why)) << backend.status();
+}
+
+}  // namespace
+}  // namespace devmem
