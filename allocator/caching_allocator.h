@@ -25,7 +25,8 @@
 //   * when a new segment cannot be had: (1) release unused cached segments, largest
 //     first, until as many bytes as the new segment are released, retry;
 //     (2) synchronize every pending event, release every unused segment, retry;
-//     (3) throw OutOfMemoryError with an OomReport;
+//     (3) large pool only: try a segment of just the request rounded to 2 MiB;
+//     (4) throw OutOfMemoryError with an OomReport;
 //   * with expandable_segments (and a backend with virtual memory) each (stream, pool)
 //     has one growable reservation: misses map granules at its tail, releases unmap
 //     its free tail;

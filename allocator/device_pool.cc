@@ -191,6 +191,16 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
     ++stats_.cache_misses;
     return b;
   }
+  // Last resort for the large pool: a segment of just the request (rounded to 2 MiB)
+  // when the standard 20 MiB one does not fit in what the device has left. Kept last
+  // because small segments fragment the device; it is only ever worth an OOM.
+  const size_t exact = (size + kRoundLarge - 1) & ~(kRoundLarge - 1);
+  if (!small && exact < segment_size) {
+    if (Block* b = try_new_segment(size, exact, small, stream)) {
+      ++stats_.cache_misses;
+      return b;
+    }
+  }
   fill_oom_report(requested, size, segment_size, stream, site, report);
   return nullptr;
 }

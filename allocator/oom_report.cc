@@ -129,7 +129,7 @@ std::string RealUseRemedy(const OomReport& r) {
       const SiteUsage& u = r.top_sites[i];
       holders.push_back(absl::StrCat(SiteName(u.site), " holds ", FormatBytes(u.live_bytes),
                                      " (", Percent(Share(u.live_bytes, r.allocated)),
-                                     ") in ", u.live_count, " buffers"));
+                                     ") in ", u.live_count, u.live_count == 1 ? " buffer" : " buffers"));
     }
     absl::StrAppend(&out, " Largest holders: ", absl::StrJoin(holders, "; "), ".");
   }
@@ -215,9 +215,9 @@ std::string OomReport::ToString() const {
     absl::StrAppend(&out, "  top sites by live bytes:\n");
     for (size_t i = 0; i < top_sites.size(); ++i) {
       const SiteUsage& u = top_sites[i];
-      absl::StrAppendFormat(&out, "    %2d. %s: %s in %d buffers (%s)\n", i + 1,
+      absl::StrAppendFormat(&out, "    %2d. %s: %s in %d %s (%s)\n", i + 1,
                             SiteName(u.site), FormatBytes(u.live_bytes), u.live_count,
-                            Percent(Share(u.live_bytes, allocated)));
+                            u.live_count == 1 ? "buffer" : "buffers", Percent(Share(u.live_bytes, allocated)));
     }
   }
   absl::StrAppend(&out, "  created by clone/contiguous/to: ", FormatBytes(copy_bytes), " (",

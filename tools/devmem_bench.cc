@@ -27,9 +27,7 @@
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
-#ifdef DEVMEM_HAVE_TENSOR
 #include "tensor/bench_kernels.h"
-#endif
 
 namespace devmem {
 namespace {
@@ -127,10 +125,8 @@ int Main(int argc, char** argv) {
   const PairFigures mixed = MeasurePairs(LogUniformSizes(512, 64 * kMiB, 2));
   const double ratio_small = small.devmem_ns / small.jemalloc_ns;
   const double ratio_mixed = mixed.devmem_ns / mixed.jemalloc_ns;
-#ifdef DEVMEM_HAVE_TENSOR
   const double tensor_copy_ns = bench::TensorCopyNs();
   const double slice_ns = bench::SliceNs();
-#endif
   if (json) {
     std::printf("{\"pair_ns_small\": %.1f, \"jemalloc_pair_ns_small\": %.1f, "
                 "\"ratio_small\": %.3f, \"pair_ns_mixed\": %.1f, "
@@ -140,10 +136,8 @@ int Main(int argc, char** argv) {
                 mixed.jemalloc_ns, ratio_mixed,
                 static_cast<long long>(small.timed_segment_allocs +
                                        mixed.timed_segment_allocs));
-#ifdef DEVMEM_HAVE_TENSOR
     std::printf(", \"tensor_copy_ns\": %.2f, \"slice_ns\": %.2f", tensor_copy_ns,
                 slice_ns);
-#endif
     std::printf("}\n");
     return 0;
   }
@@ -159,11 +153,9 @@ int Main(int argc, char** argv) {
               "hit)\n",
               static_cast<long long>(small.timed_segment_allocs +
                                      mixed.timed_segment_allocs));
-#ifdef DEVMEM_HAVE_TENSOR
   std::printf("tensor handle copy+destroy: %.2f ns (target <= 10); 2-D slice view: "
               "%.2f ns (target <= 60)\n",
               tensor_copy_ns, slice_ns);
-#endif
   return 0;
 }
 
