@@ -2,6 +2,7 @@
 #include "tensor/bench_kernels.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <vector>
 
@@ -46,6 +47,18 @@ int64_t BenchSlice2D(const Tensor& t, int64_t iterations) {
   return checksum;
 }
 
+int64_t BenchAtomicPair(const Tensor& t, int64_t iterations) {
+  // The same two read-modify-writes a handle copy and destroy do, with nothing else.
+  std::atomic<uint64_t> count{1};
+  int64_t checksum = 0;
+  for (int64_t i = 0; i < iterations; ++i) {
+    count.fetch_add(1, std::memory_order_relaxed);
+    Escape(&count);
+    checksum += static_cast<int64_t>(count.fetch_sub(1, std::memory_order_acq_rel));
+  }
+  return checksum + t.offset();
+}
+
 namespace bench {
 namespace {
 
@@ -73,6 +86,7 @@ double MedianNs(Body body) {
 
 double TensorCopyNs() { return MedianNs(BenchTensorCopy); }
 double SliceNs() { return MedianNs(BenchSlice2D); }
+double AtomicPairNs() { return MedianNs(BenchAtomicPair); }
 
 }  // namespace bench
 }  // namespace devmem

@@ -37,6 +37,11 @@ int64_t BenchTensorCopy(const Tensor& t, int64_t iterations);
 // least 32 rows (throws InvalidArgumentError otherwise).
 int64_t BenchSlice2D(const Tensor& t, int64_t iterations);
 
+// The floor of BenchTensorCopy on this CPU: `iterations` times, one relaxed atomic
+// increment and one acq_rel decrement of a counter, nothing else. `t` is unused but for
+// the signature the timing harness shares.
+int64_t BenchAtomicPair(const Tensor& t, int64_t iterations);
+
 namespace bench {
 
 // ns per BenchTensorCopy iteration: the median of 9 timed passes of 2^21 iterations
@@ -45,6 +50,9 @@ namespace bench {
 double TensorCopyNs();
 // The same for BenchSlice2D.
 double SliceNs();
+// The same for BenchAtomicPair: what any thread-safe reference count pays per
+// copy+destroy here. devmem-bench prints tensor_copy_ns beside it as a ratio.
+double AtomicPairNs();
 
 }  // namespace bench
 
