@@ -96,7 +96,7 @@ struct BlockLess {
 inline constexpr size_t kMinBlockSize = 512;           // rounding granule, alignment
 inline constexpr size_t kSmallSize = size_t{1} << 20;  // largest small-pool request
 inline constexpr size_t kSmallBuffer = size_t{2} << 20;   // small-pool segment size
-inline constexpr size_t kLargeBuffer = size_t{20} << 20;  // segment for 1-10 MiB
+inline constexpr size_t kLargeBuffer = size_t{20} << 20;  // segment for 1 MiB < request < 10 MiB
 inline constexpr size_t kMinLargeAlloc = size_t{10} << 20;
 inline constexpr size_t kRoundLarge = size_t{2} << 20;
 

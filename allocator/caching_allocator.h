@@ -10,7 +10,7 @@
 //
 // Policy (docs/architecture.md has the reasoning and the figures):
 //   * sizes round up to 512 B; requests up to 1 MiB come from the small pool (2 MiB
-//     segments), larger ones from the large pool (20 MiB segments for requests up to
+//     segments), larger ones from the large pool (20 MiB segments for requests below
 //     10 MiB, else the request rounded up to 2 MiB);
 //   * best fit over the free blocks of the same pool and stream, ordered by
 //     (stream, size, address); a block is split when the rest is worth keeping

@@ -116,7 +116,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
       Add(stats_.requested_bytes, small, static_cast<int64_t>(requested));
       Add(stats_.active, small, 1);
       Add(stats_.active_bytes, small, static_cast<int64_t>(b->size));
-      if (b->size >= config_.max_split_size) stats_.oversize_allocations.increase(1);
+      if (b->segment->oversize) stats_.oversize_allocations.increase(1);
       if (site >= site_stats_.size()) site_stats_.resize(site + 1);
       SiteStats& ss = site_stats_[site];
       ss.live_bytes += static_cast<int64_t>(b->size);
@@ -424,7 +424,7 @@ void DevicePool::free(void* ptr) {
   Sub(stats_.allocation, small, 1);
   Sub(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
   Sub(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
-  if (b->size >= config_.max_split_size) stats_.oversize_allocations.decrease(1);
+  if (b->segment->oversize) stats_.oversize_allocations.decrease(1);
   ++stats_.num_frees;
   SiteStats& ss = site_stats_[b->site];
   ss.live_bytes -= static_cast<int64_t>(b->size);

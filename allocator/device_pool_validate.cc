@@ -131,7 +131,7 @@ absl::Status DevicePool::validate() const {
           Recount::add(rc.requested_bytes, small, static_cast<int64_t>(b->requested));
           Recount::add(rc.active, small, 1);
           Recount::add(rc.active_bytes, small, size);
-          if (b->size >= config_.max_split_size) ++rc.oversize_allocations;
+          if (s->oversize) ++rc.oversize_allocations;
           if (b->site >= site_recount.size()) {
             return Violation(absl::StrFormat("block %#x has site %u with no stats",
                                              b->addr, b->site));

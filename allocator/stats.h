@@ -58,7 +58,7 @@ struct DeviceStats {
   StatArray inactive_split_bytes;
   StatArray requested_bytes;
   StatArray pending_bytes;        // freed by the user, waiting for events
-  // oversize blocks (>= max_split_size)
+  // blocks and segments of oversize segments (made for requests >= max_split_size)
   Stat oversize_allocations;
   Stat oversize_segments;
   // events
