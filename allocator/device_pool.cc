@@ -654,29 +654,13 @@ DeviceStats DevicePool::stats() const {
 
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
-  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active,
-                       &stats_.inactive_split, &stats_.allocated_bytes,
-                       &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes,
-                       &stats_.pending_bytes}) {
-    for (Stat& s : *a) s.reset_peak();
-  }
-  stats_.oversize_allocations.reset_peak();
-  stats_.oversize_segments.reset_peak();
+  ForEachStat(stats_, [](Stat& s) { s.reset_peak(); });
   for (SiteStats& s : site_stats_) s.peak_live_bytes = s.live_bytes;
 }
 
 void DevicePool::reset_accumulated_stats() {
   MutexLock lock(&mu_);
-  for (StatArray* a : {&stats_.allocation, &stats_.segment, &stats_.active,
-                       &stats_.inactive_split, &stats_.allocated_bytes,
-                       &stats_.reserved_bytes, &stats_.active_bytes,
-                       &stats_.inactive_split_bytes, &stats_.requested_bytes,
-                       &stats_.pending_bytes}) {
-    for (Stat& s : *a) s.reset_accumulated();
-  }
-  stats_.oversize_allocations.reset_accumulated();
-  stats_.oversize_segments.reset_accumulated();
+  ForEachStat(stats_, [](Stat& s) { s.reset_accumulated(); });
   stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = 0;
   stats_.num_device_free = stats_.num_sync_all_streams = 0;
   stats_.cache_hits = stats_.cache_misses = stats_.num_frees = 0;

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <array>
+#include <initializer_list>
 #include <cstdint>
 #include <string>
 
@@ -79,6 +80,20 @@ struct DeviceStats {
   // A readable multi-line table (the shape of torch.cuda.memory_summary()).
   std::string ToString() const;
 };
+
+// Calls fn(Stat&) on every Stat of `stats` (each pool of each StatArray, and the
+// oversize Stats), for operations that treat them all alike (resets).
+template <typename Fn>
+void ForEachStat(DeviceStats& stats, Fn&& fn) {
+  for (StatArray* a : {&stats.allocation, &stats.segment, &stats.active,
+                       &stats.inactive_split, &stats.allocated_bytes, &stats.reserved_bytes,
+                       &stats.active_bytes, &stats.inactive_split_bytes,
+                       &stats.requested_bytes, &stats.pending_bytes}) {
+    for (Stat& s : *a) fn(s);
+  }
+  fn(stats.oversize_allocations);
+  fn(stats.oversize_segments);
+}
 
 // Per call site (see allocator/site.h), kept by each allocator.
 struct SiteStats {
