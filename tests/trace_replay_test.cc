@@ -1,0 +1,159 @@
+// tests/trace_replay_test.cc: trace parsing, replay figures, determinism, and the
+// minimum-capacity search (tools/trace_replay.h).
+#include "tools/trace_replay.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "allocator/config.h"
+#include "allocator/types.h"
+#include "tests/text_assertions.h"
+
+namespace devmem {
+namespace {
+
+std::string Alloc(uint64_t addr, uint64_t size, uint64_t stream = 0) {
+  return "{\"action\":\"alloc\",\"addr\":" + std::to_string(addr) +
+         ",\"size\":" + std::to_string(size) + ",\"stream\":" + std::to_string(stream) +
+         ",\"time_ns\":0}\n";
+}
+std::string Free(uint64_t addr) {
+  return "{\"action\":\"free\",\"addr\":" + std::to_string(addr) + ",\"stream\":0}\n";
+}
+
+TEST(TraceParseTest, CountsPeakRequestedAndReusesAddresses) {
+  const std::string text = Alloc(1, 1000) + Alloc(2, 2000) + Free(1) + Alloc(1, 500) +
+                           "{\"action\":\"segment_alloc\",\"addr\":9,\"size\":4096}\n" +
+                           Free(2) + Free(1) + Free(77);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->lines, 8u);
+  EXPECT_EQ(t->allocations, 3u);
+  EXPECT_EQ(t->ops.size(), 6u);        // segment_alloc ignored, unmatched free skipped
+  EXPECT_EQ(t->unmatched_frees, 1u);
+  EXPECT_EQ(t->peak_requested, 3000u);  // 1000 + 2000 live together; then 2500
+  EXPECT_EQ(t->streams, 1u);
+}
+
+TEST(TraceParseTest, ErrorsNameTheFileTheLineAndWhatWasExpected) {
+  struct Case {
+    std::string text;
+    std::string needle;
+  } cases[] = {
+      {Alloc(1, 10) + "not json\n", "t.jsonl:2: not JSON"},
+      {Alloc(1, 10) + "[1,2]\n", "t.jsonl:2: expected a JSON object"},
+      {"{\"action\":\"alloc\",\"size\":5}\n", "t.jsonl:1: missing field \"addr\""},
+      {"{\"action\":\"alloc\",\"addr\":5}\n", "t.jsonl:1: alloc without field \"size\""},
+      {"{\"addr\":5}\n", "t.jsonl:1: missing field \"action\""},
+      {"{\"action\":\"alloc\",\"addr\":5,\"size\":\"big\"}\n",
+       "t.jsonl:1: field \"size\": expected an unsigned integer"},
+      {"{\"action\":7,\"addr\":5}\n", "field \"action\": expected a string"},
+      {"{\"action\":\"free\",\"addr\":-5}\n", "field \"addr\": expected an unsigned integer"},
+      {"{\"action\":\"free\",\"addr\":5} trailing\n", "t.jsonl:1: not JSON"},
+      {"{\"action\":\"alloc\",\"addr\":5,\"size\":10\n", "t.jsonl:1: not JSON"},
+      {Alloc(1, 10) + Alloc(1, 10), "t.jsonl:2: alloc of addr 1, which is already live"},
+      {Alloc(1, uint64_t{1} << 60), "absurd"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<Trace> t = ParseTrace(c.text, "t.jsonl");
+    ASSERT_FALSE(t.ok()) << c.text;
+    EXPECT_CONTAINS(std::string(t.status().message()), c.needle);
+  }
+}
+
+TEST(TraceParseTest, MissingFileIsNamed) {
+  absl::StatusOr<Trace> t = ReadTrace("/nonexistent/trace.jsonl");
+  ASSERT_FALSE(t.ok());
+  EXPECT_CONTAINS(std::string(t.status().message()), "/nonexistent/trace.jsonl");
+}
+
+TEST(TraceReplayTest, FiguresFollowThePolicyAndAreDeterministic) {
+  // Four 1 MiB requests: small pool, two per 2 MiB segment.
+  std::string text;
+  for (int i = 1; i <= 4; ++i) text += Alloc(i, kMiB);
+  for (int i = 1; i <= 4; ++i) text += Free(i);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const ReplayResult a = Replay(*t, Config{}, kUnboundedCapacity);
+  EXPECT_EQ(a.peak_requested_bytes, 4 * kMiB);
+  EXPECT_EQ(a.peak_reserved_bytes, 4 * kMiB);
+  EXPECT_DOUBLE_EQ(a.reserved_over_requested, 1.0);
+  EXPECT_EQ(a.device_allocs, 2);
+  EXPECT_EQ(a.ooms, 0);
+  EXPECT_EQ(a.ops, 8u);
+  const ReplayResult b = Replay(*t, Config{}, kUnboundedCapacity);
+  EXPECT_EQ(b.peak_reserved_bytes, a.peak_reserved_bytes);
+  EXPECT_EQ(b.device_allocs, a.device_allocs);
+}
+
+TEST(TraceReplayTest, TooSmallADeviceCountsOomsAndSkipsTheirFrees) {
+  std::string text = Alloc(1, 8 * kMiB) + Alloc(2, 8 * kMiB) + Alloc(3, 8 * kMiB) + Free(1) +
+                     Free(2) + Free(3);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const ReplayResult r = Replay(*t, Config{}, 20 * kMiB);
+  EXPECT_GE(r.ooms, 1);
+  EXPECT_LE(r.peak_reserved_bytes, 20 * kMiB);
+}
+
+TEST(TraceReplayTest, StreamsKeepTheirOwnSegments) {
+  // The same size on two streams cannot share a block: two segments.
+  std::string text = Alloc(1, 4096, 0) + Free(1) + Alloc(2, 4096, 7) + Free(2);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->streams, 2u);
+  EXPECT_EQ(Replay(*t, Config{}, kUnboundedCapacity).device_allocs, 2);
+}
+
+TEST(MinCapacityTest, OneLargeAllocationNeedsItsRoundedSegment) {
+  absl::StatusOr<Trace> t = ParseTrace(Alloc(1, 20 * kMiB) + Free(1), "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const MinCapacity m = FindMinCapacity(*t, Config{});
+  EXPECT_GE(m.bytes, 20 * kMiB);
+  EXPECT_LT(m.bytes, 21 * kMiB);
+  EXPECT_TRUE(m.monotonic);
+  EXPECT_EQ(Replay(*t, Config{}, m.bytes).ooms, 0);
+  EXPECT_GT(Replay(*t, Config{}, m.bytes - kMiB).ooms, 0);
+}
+
+TEST(MinCapacityTest, TheAnswerFitsAndEverythingBelowThePeakFails) {
+  // A fragmentation pattern: 8 x 3 MiB, free every other one, then 4 x 5 MiB.
+  std::string text;
+  for (int i = 1; i <= 8; ++i) text += Alloc(i, 3 * kMiB);
+  for (int i = 1; i <= 8; i += 2) text += Free(i);
+  for (int i = 11; i <= 14; ++i) text += Alloc(i, 5 * kMiB);
+  for (int i = 2; i <= 8; i += 2) text += Free(i);
+  for (int i = 11; i <= 14; ++i) text += Free(i);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const MinCapacity m = FindMinCapacity(*t, Config{});
+  EXPECT_EQ(Replay(*t, Config{}, m.bytes).ooms, 0);
+  EXPECT_GE(m.bytes, t->peak_requested);
+  EXPECT_GT(Replay(*t, Config{}, t->peak_requested - 1).ooms, 0);
+  EXPECT_GE(m.over_peak_requested, 1.0);
+  EXPECT_GT(m.runs, 2);
+}
+
+// The real PyTorch traces in ../shared/traces (skipped where they are not present).
+TEST(RealTraceTest, ResNet18FiguresMatchTheTraceReadme) {
+  const std::filesystem::path path =
+      std::filesystem::path(DEVMEM_SOURCE_DIR) / ".." / "shared" / "traces" / "resnet18_train.jsonl";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not present";
+  absl::StatusOr<Trace> t = ReadTrace(path.string());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->lines, 29332u);
+  EXPECT_EQ(t->unmatched_frees, 0u);
+  // The README of ../shared/traces says 353.4 MiB.
+  EXPECT_NEAR(static_cast<double>(t->peak_requested) / kMiB, 353.4, 0.05);
+  const ReplayResult a = Replay(*t, Config{}, kUnboundedCapacity);
+  const ReplayResult b = Replay(*t, Config{}, kUnboundedCapacity);
+  EXPECT_EQ(a.peak_reserved_bytes, b.peak_reserved_bytes);
+  EXPECT_EQ(a.device_allocs, b.device_allocs);
+  EXPECT_EQ(a.ooms, 0);
+  EXPECT_GE(a.peak_reserved_bytes, a.peak_requested_bytes);
+}
+
+}  // namespace
+}  // namespace devmem

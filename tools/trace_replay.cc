@@ -1,0 +1,247 @@
+// tools/trace_replay.cc: trace parsing (simdjson's DOM parser, one line at a time so
+// that errors name the line) and replay through CachingAllocator on a sim device.
+#include "tools/trace_replay.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_format.h"
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+
+namespace devmem {
+namespace {
+
+constexpr uint64_t kMaxSize = uint64_t{1} << 50;  // 1 PiB: beyond any device
+constexpr uint32_t kMaxStreams = 65535;
+
+absl::Status LineError(const std::string& name, uint64_t line, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
+}
+
+std::string Printable(std::string_view text) {
+  std::string out(text.substr(0, 80));
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  }
+  if (text.size() > 80) out += "...";
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name) {
+  // One padded copy of the whole text: every line's view then has the rest of the
+  // buffer (and the padding) after it, as simdjson requires.
+  simdjson::padded_string buffer(text);
+  simdjson::dom::parser parser;
+  Trace trace;
+  absl::flat_hash_map<uint64_t, uint32_t> live;    // addr -> dense id
+  absl::flat_hash_map<uint64_t, uint16_t> streams; // trace stream -> dense index
+  std::vector<uint64_t> sizes;                      // by id, while live
+  uint64_t requested = 0;
+  const char* const data = buffer.data();
+  const size_t total = buffer.size();
+  uint64_t line_no = 0;
+  for (size_t pos = 0; pos < total;) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = total;
+    ++line_no;
+    std::string_view line(data + pos, end - pos);
+    const size_t line_start = pos;
+    pos = end + 1;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    if (line.empty()) continue;
+    // The DOM parser validates the whole line (trailing garbage is an error). The
+    // line's view has the rest of the padded buffer after it, so no copy is needed.
+    simdjson::dom::element doc;
+    if (auto err = parser.parse(data + line_start, line.size(), /*realloc_if_needed=*/false)
+                       .get(doc);
+        err) {
+      return LineError(name, line_no, absl::StrFormat("not JSON (%s): %s",
+                                                      simdjson::error_message(err),
+                                                      Printable(line)));
+    }
+    simdjson::dom::object obj;
+    if (doc.get_object().get(obj)) {
+      return LineError(name, line_no, "expected a JSON object with \"action\" and \"addr\"");
+    }
+    std::string_view action;
+    uint64_t addr = 0, size = 0, stream = 0;
+    bool has_addr = false, has_size = false;
+    for (const auto [key, value] : obj) {
+      simdjson::error_code err = simdjson::SUCCESS;
+      if (key == "action") {
+        err = value.get_string().get(action);
+      } else if (key == "addr") {
+        err = value.get_uint64().get(addr);
+        has_addr = true;
+      } else if (key == "size") {
+        err = value.get_uint64().get(size);
+        has_size = true;
+      } else if (key == "stream") {
+        err = value.get_uint64().get(stream);
+      }
+      if (err) {
+        return LineError(name, line_no,
+                         absl::StrFormat("field \"%s\": expected %s (%s)", std::string(key),
+                                         key == "action" ? "a string" : "an unsigned integer",
+                                         simdjson::error_message(err)));
+      }
+    }
+    ++trace.lines;
+    if (action.empty()) return LineError(name, line_no, "missing field \"action\"");
+    const bool is_alloc = action == "alloc";
+    if (!is_alloc && action != "free") continue;  // other actions are not replayed
+    if (!has_addr) return LineError(name, line_no, "missing field \"addr\"");
+    auto [sit, new_stream] = streams.try_emplace(stream, static_cast<uint16_t>(streams.size()));
+    if (new_stream && streams.size() > kMaxStreams) {
+      return LineError(name, line_no, absl::StrFormat("more than %d streams", kMaxStreams));
+    }
+    if (is_alloc) {
+      if (!has_size) return LineError(name, line_no, "alloc without field \"size\"");
+      if (size > kMaxSize) {
+        return LineError(name, line_no,
+                         absl::StrFormat("size %d is absurd (more than 2^50 bytes)", size));
+      }
+      if (trace.allocations == UINT32_MAX) {
+        return LineError(name, line_no, "more than 2^32 allocations");
+      }
+      const uint32_t id = trace.allocations++;
+      if (!live.try_emplace(addr, id).second) {
+        return LineError(name, line_no,
+                         absl::StrFormat("alloc of addr %d, which is already live", addr));
+      }
+      sizes.push_back(size);
+      requested += size;
+      trace.peak_requested = std::max(trace.peak_requested, requested);
+      trace.ops.push_back(Trace::Op{size, id, sit->second, true});
+    } else {
+      auto it = live.find(addr);
+      if (it == live.end()) {
+        ++trace.unmatched_frees;
+        continue;
+      }
+      const uint32_t id = it->second;
+      live.erase(it);
+      requested -= sizes[id];
+      trace.ops.push_back(Trace::Op{0, id, sit->second, false});
+    }
+  }
+  trace.streams = static_cast<uint16_t>(streams.size());
+  return trace;
+}
+
+absl::StatusOr<Trace> ReadTrace(const std::string& path) {
+  simdjson::padded_string text;
+  if (auto err = simdjson::padded_string::load(path).get(text); err) {
+    return absl::NotFoundError(
+        absl::StrFormat("%s: cannot read (%s)", path, simdjson::error_message(err)));
+  }
+  return ParseTrace(std::string_view(text.data(), text.size()), path);
+}
+
+ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity) {
+  Config config = policy;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = capacity;
+  config.sim_alloc_latency_ns = config.sim_free_latency_ns = 0;
+  config.sim_fail_nth = 0;
+  config.sim_fail_probability = 0;
+  CachingAllocator alloc(MakeSimBackend(config), config);
+  std::vector<void*> ptrs(trace.allocations, nullptr);
+  int64_t ooms = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (const Trace::Op& op : trace.ops) {
+    // Stream handles only key the free lists here (no events are recorded), so the
+    // dense index serves as the handle without creating backend streams.
+    if (op.alloc) {
+      try {
+        ptrs[op.id] = alloc.allocate(op.size, Stream{op.stream});
+      } catch (const OutOfMemoryError&) {
+        ++ooms;
+      }
+    } else if (ptrs[op.id] != nullptr) {
+      alloc.free(ptrs[op.id]);
+      ptrs[op.id] = nullptr;
+    }
+  }
+  const auto stop = std::chrono::steady_clock::now();
+  for (void*& p : ptrs) {
+    if (p != nullptr) alloc.free(p);  // allocations the trace never freed
+  }
+  const DeviceStats s = alloc.stats();
+  ReplayResult r;
+  r.capacity = capacity;
+  r.peak_requested_bytes = trace.peak_requested;
+  r.peak_reserved_bytes = static_cast<uint64_t>(s.reserved_bytes[kAggregatePool].peak);
+  r.reserved_over_requested =
+      trace.peak_requested == 0
+          ? 0.0
+          : static_cast<double>(r.peak_reserved_bytes) / static_cast<double>(trace.peak_requested);
+  r.device_allocs = s.num_device_alloc;
+  r.device_frees = s.num_device_free;
+  r.ooms = ooms;
+  r.alloc_retries = s.num_alloc_retries;
+  r.ops = trace.ops.size();
+  r.ns_per_op = trace.ops.empty()
+                    ? 0.0
+                    : std::chrono::duration<double, std::nano>(stop - start).count() /
+                          static_cast<double>(trace.ops.size());
+  return r;
+}
+
+MinCapacity FindMinCapacity(const Trace& trace, const Config& config, uint64_t resolution,
+                            int max_scan) {
+  MinCapacity m;
+  if (trace.peak_requested == 0) return m;
+  resolution = std::max<uint64_t>(resolution, 1);
+  auto fits = [&](uint64_t capacity) {
+    ++m.runs;
+    return Replay(trace, config, capacity).ooms == 0;
+  };
+  ++m.runs;
+  const uint64_t lo = trace.peak_requested;
+  const uint64_t hi = std::max(Replay(trace, config, kUnboundedCapacity).peak_reserved_bytes, lo);
+  // Bisection. Invariant: `good` fits; every capacity below `bad + 1` is assumed not to.
+  uint64_t bad = lo - 1, good = hi;
+  while (good - bad > resolution) {
+    const uint64_t mid = bad + (good - bad) / 2;
+    if (fits(mid)) {
+      good = mid;
+    } else {
+      bad = mid;
+    }
+  }
+  m.smallest_fitting_bytes = good;
+  // The downward scan from hi (which fits) to the first failure.
+  m.step = std::max<uint64_t>(resolution, (hi - lo) / static_cast<uint64_t>(std::max(max_scan, 1)));
+  uint64_t safe = hi;
+  while (safe >= lo + m.step && fits(safe - m.step)) safe -= m.step;
+  if (safe >= m.step && good < safe - m.step) {
+    // A fitting capacity below a failing one (safe - step): not monotonic. The safe
+    // threshold is the answer; the island below is reported beside it.
+    m.monotonic = false;
+    m.bytes = safe;
+    m.smallest_fitting_bytes = good;
+  } else if (good > safe) {
+    // Bisection saw a failure above `safe` (off the scan's grid): not monotonic, and
+    // `good` is the conservative answer.
+    m.monotonic = false;
+    m.bytes = good;
+    m.smallest_fitting_bytes = safe;
+  } else {
+    // Consistent with a single threshold in (safe - step, good]: bisection is precise.
+    m.bytes = good;
+    m.smallest_fitting_bytes = good;
+  }
+  m.over_peak_requested = static_cast<double>(m.bytes) / static_cast<double>(lo);
+  return m;
+}
+
+}  // namespace devmem
