@@ -12,6 +12,7 @@ PACKAGES=(
   libjemalloc-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev
+  libcivetweb-dev prometheus
 )
 
 missing=()

@@ -10,8 +10,9 @@
 //   ScopedAllocatorOverride use(alloc);  // sim:7 -> alloc until the scope ends
 //   Tensor t = zeros({4, 4}, {.device = DeviceId{DeviceType::kSim, 7}});
 //
-// This registry is local to the tensor layer for now; the runtime layer will own the
-// process-wide one, and this file will then forward to it.
+// These functions forward to the runtime's process-wide registry (runtime/runtime.h),
+// so tensors share their allocators (and the trace, metrics and OOM dumps) with
+// everything else in the process.
 //
 // One allocator per device, created on first use from the configuration in DEVMEM_CONF
 // (ConfigFromEnv): cpu gets the cpu backend, sim:N the simulated device N, cuda:N the
@@ -23,9 +24,8 @@
 // Every Storage also holds a shared_ptr to its allocator, so an overridden allocator
 // lives as long as the last tensor it backs.
 //
-// Thread-safety: every function may be called from any thread. One mutex guards the
-// table; it is held while a device's allocator is created (so each is created once)
-// and never while an allocator method runs.
+// Thread-safety: every function may be called from any thread (the runtime's registry
+// lock is held while a device's allocator is created, never while one runs).
 #pragma once
 
 #include <memory>
@@ -50,6 +50,9 @@ std::shared_ptr<CachingAllocator> AllocatorFor(DeviceId device);
 // be null: InvalidArgumentError); on
 // destruction the previous one (or none: created on next use) is back. Tensors
 // created meanwhile keep using `allocator` until they die.
+//
+// The runtime's observer (trace, OOM dumps and callbacks) is set on `allocator`,
+// replacing any it had (Runtime::exchange_allocator).
 //
 // Scoped: overrides of one device must end in the reverse order of their creation,
 // and not concurrently with another override of the same device. Not copyable or

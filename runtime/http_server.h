@@ -1,0 +1,56 @@
+// runtime/http_server.h: devmem's one HTTP listener (civetweb), off unless configured.
+//
+//   DEVMEM_CONF="http:127.0.0.1:0"        port 0 picks a free port (logged, and port())
+//
+// Endpoints:
+//   /metrics          Prometheus text format (runtime/metrics.h)
+//   /healthz          "ok"
+//   /debug/buffers    live buffers as JSON; ?device=sim:0&site=...&min_bytes=N&limit=N
+//   /debug/snapshot   the snapshot JSON (runtime/json.h)
+//   /debug/trace      trace events as JSON Lines; ?since=N (events with seq > N)&limit=N;
+//                     headers X-Devmem-Next-Since (the seq to ask after next) and
+//                     X-Devmem-Missed (events overwritten before this read); 404 when
+//                     trace_entries is 0
+// Every endpoint answers GET only (405 otherwise, with Allow: GET); an unknown or
+// repeated query parameter is a 400 naming it, like a bad value.
+// With http_token_file set, /debug/* needs "Authorization: Bearer <token>" (401
+// otherwise). Binding a non-loopback address needs http_token_file or
+// http_allow_remote:true, and logs a warning. Malformed requests, unknown paths and bad
+// parameters get a 4xx with a message. Handlers take snapshots under the allocators'
+// locks for as long as a copy takes, and write to the client after releasing them, so
+// a slow or broken client never blocks allocation.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+
+namespace devmem {
+
+class Runtime;
+
+class HttpServer {
+ public:
+  // Starts listening on config.http. The error names the address (bad syntax, port in
+  // use, remote address without a token or http_allow_remote, unreadable token file).
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const Config& config,
+                                                           Runtime* runtime);
+  ~HttpServer();  // stops the listener and joins its threads
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // The port actually bound (useful with port 0).
+  int port() const;
+  // "http://127.0.0.1:PORT"
+  std::string url() const;
+
+ private:
+  HttpServer() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace devmem

@@ -1,0 +1,684 @@
+// runtime/json.cc: devmem's JSON formats, written and read with nlohmann::json (the
+// formats are documented field by field in docs/formats.md).
+//
+// Writers build nlohmann::ordered_json so that files list fields in a readable order
+// ("schema" first). Readers parse into nlohmann::json and walk it with the helpers
+// below, which throw ReadError naming the path of the offending field and what was
+// expected; the public functions turn that into absl::InvalidArgumentError. The stats
+// tables (kStatArrays, kStats, kCounters) drive both directions, so a field written is
+// a field read.
+#include "runtime/json.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "allocator/snapshot.h"
+#include "allocator/stats.h"
+#include "nlohmann/json.hpp"
+
+namespace devmem {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using json = nlohmann::json;
+
+// Debian's absl::string_view does not convert from std::string_view.
+absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+// --- the stats tables -----------------------------------------------------------------
+
+struct StatArrayField {
+  const char* name;
+  StatArray DeviceStats::*member;
+};
+constexpr StatArrayField kStatArrays[] = {
+    {"allocation", &DeviceStats::allocation},
+    {"segment", &DeviceStats::segment},
+    {"active", &DeviceStats::active},
+    {"inactive_split", &DeviceStats::inactive_split},
+    {"allocated_bytes", &DeviceStats::allocated_bytes},
+    {"reserved_bytes", &DeviceStats::reserved_bytes},
+    {"active_bytes", &DeviceStats::active_bytes},
+    {"inactive_split_bytes", &DeviceStats::inactive_split_bytes},
+    {"requested_bytes", &DeviceStats::requested_bytes},
+    {"pending_bytes", &DeviceStats::pending_bytes},
+};
+struct StatField {
+  const char* name;
+  Stat DeviceStats::*member;
+};
+constexpr StatField kStats[] = {
+    {"oversize_allocations", &DeviceStats::oversize_allocations},
+    {"oversize_segments", &DeviceStats::oversize_segments},
+};
+struct CounterField {
+  const char* name;
+  int64_t DeviceStats::*member;
+};
+constexpr CounterField kCounters[] = {
+    {"num_alloc_retries", &DeviceStats::num_alloc_retries},
+    {"num_ooms", &DeviceStats::num_ooms},
+    {"num_device_alloc", &DeviceStats::num_device_alloc},
+    {"num_device_free", &DeviceStats::num_device_free},
+    {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
+    {"cache_hits", &DeviceStats::cache_hits},
+    {"cache_misses", &DeviceStats::cache_misses},
+    {"num_frees", &DeviceStats::num_frees},
+    {"max_split_size", &DeviceStats::max_split_size},
+};
+constexpr const char* kPoolNames[kNumStatPools] = {"all", "small", "large"};
+
+// --- writing --------------------------------------------------------------------------
+
+ojson StatToJson(const Stat& s) {
+  ojson j;
+  j["current"] = s.current;
+  j["peak"] = s.peak;
+  j["allocated"] = s.allocated;
+  j["freed"] = s.freed;
+  return j;
+}
+
+ojson StatsToJson(const DeviceStats& stats) {
+  ojson j = ojson::object();
+  for (const StatArrayField& f : kStatArrays) {
+    ojson pools;
+    for (int p = 0; p < kNumStatPools; ++p) {
+      pools[kPoolNames[p]] = StatToJson((stats.*f.member)[p]);
+    }
+    j[f.name] = std::move(pools);
+  }
+  for (const StatField& f : kStats) j[f.name] = StatToJson(stats.*f.member);
+  for (const CounterField& f : kCounters) j[f.name] = stats.*f.member;
+  return j;
+}
+
+ojson SiteToJson(SiteId id, const SiteInfo& info) {
+  ojson j;
+  j["id"] = id;
+  j["file"] = info.file;
+  j["line"] = info.line;
+  j["function"] = info.function;
+  j["tag"] = info.tag;
+  j["kind"] = std::string(SiteKindName(info.kind));
+  return j;
+}
+
+ojson SiteTableToJson(const std::set<SiteId>& ids) {
+  ojson sites = ojson::array();
+  for (SiteId id : ids) sites.push_back(SiteToJson(id, GetSite(id)));
+  return sites;
+}
+
+// Ages are relative to the device snapshot's time; blocks without an allocation time
+// (free ones) have no "age_ns".
+void PutAge(ojson& j, const BlockInfo& b, int64_t now_ns) {
+  if (b.alloc_time_ns != 0) j["age_ns"] = now_ns - b.alloc_time_ns;
+}
+
+ojson BlockToJson(const BlockInfo& b, int64_t now_ns) {
+  ojson j;
+  j["addr"] = static_cast<uint64_t>(b.addr);
+  j["size"] = static_cast<uint64_t>(b.size);
+  j["requested"] = static_cast<uint64_t>(b.requested);
+  j["state"] = std::string(BlockStateName(b.state));
+  j["stream"] = static_cast<uint64_t>(b.stream.handle);
+  j["site"] = b.site;
+  PutAge(j, b, now_ns);
+  return j;
+}
+
+ojson LiveBufferToJson(const BlockInfo& b, int64_t now_ns) {
+  ojson j;
+  j["addr"] = static_cast<uint64_t>(b.addr);
+  j["size"] = static_cast<uint64_t>(b.size);
+  j["requested"] = static_cast<uint64_t>(b.requested);
+  j["stream"] = static_cast<uint64_t>(b.stream.handle);
+  j["site"] = b.site;
+  PutAge(j, b, now_ns);
+  return j;
+}
+
+ojson DeviceToJson(const AllocatorSnapshot& d, std::set<SiteId>* sites) {
+  ojson j;
+  j["device"] = d.device.ToString();
+  j["time_ns"] = d.time_ns;
+  j["info"] = ojson{{"name", d.info.name}, {"uuid", d.info.uuid}, {"backend", d.info.backend}};
+  j["mem_info"] = ojson{{"free_bytes", static_cast<uint64_t>(d.mem_info.free_bytes)},
+                        {"total_bytes", static_cast<uint64_t>(d.mem_info.total_bytes)}};
+  j["stats"] = StatsToJson(d.stats);
+  ojson segments = ojson::array();
+  ojson live = ojson::array();
+  for (const SegmentInfo& s : d.segments) {
+    ojson seg;
+    seg["addr"] = static_cast<uint64_t>(s.addr);
+    seg["size"] = static_cast<uint64_t>(s.size);
+    seg["stream"] = static_cast<uint64_t>(s.stream.handle);
+    seg["pool"] = s.small_pool ? "small" : "large";
+    seg["expandable"] = s.expandable;
+    ojson blocks = ojson::array();
+    for (const BlockInfo& b : s.blocks) {
+      blocks.push_back(BlockToJson(b, d.time_ns));
+      if (b.site != kUnknownSite) sites->insert(b.site);
+      if (b.state == BlockState::kAllocated) live.push_back(LiveBufferToJson(b, d.time_ns));
+    }
+    seg["blocks"] = std::move(blocks);
+    segments.push_back(std::move(seg));
+  }
+  j["segments"] = std::move(segments);
+  j["live_buffers"] = std::move(live);
+  return j;
+}
+
+ojson TraceEventToObject(const TraceEvent& e) {
+  ojson j;
+  j["seq"] = e.seq;
+  j["time_ns"] = e.time_ns;
+  j["action"] = std::string(AllocActionName(e.action));
+  j["device"] = e.device.ToString();
+  j["stream"] = static_cast<uint64_t>(e.stream.handle);
+  j["addr"] = static_cast<uint64_t>(e.addr);
+  j["size"] = static_cast<uint64_t>(e.size);
+  j["requested"] = static_cast<uint64_t>(e.requested);
+  j["site"] = e.site;
+  j["thread"] = e.thread;
+  return j;
+}
+
+ojson SnapshotObject(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace,
+                     std::set<SiteId>* sites) {
+  ojson j;
+  j["schema"] = kSnapshotSchema;
+  j["time_ns"] = snap.time_ns;
+  j["unix_time_ns"] = snap.unix_time_ns;
+  ojson devices = ojson::array();
+  for (const AllocatorSnapshot& d : snap.devices) devices.push_back(DeviceToJson(d, sites));
+  j["devices"] = std::move(devices);
+  if (trace != nullptr) {
+    ojson events = ojson::array();
+    for (const TraceEvent& e : *trace) {
+      events.push_back(TraceEventToObject(e));
+      if (e.site != kUnknownSite) sites->insert(e.site);
+    }
+    j["trace"] = std::move(events);
+  }
+  return j;
+}
+
+// --- reading --------------------------------------------------------------------------
+
+// Thrown by the helpers below; caught at the entry points.
+struct ReadError {
+  std::string message;
+};
+
+std::string Sub(const std::string& path, std::string_view key) {
+  return path.empty() ? std::string(key) : absl::StrCat(path, ".", Av(key));
+}
+std::string Idx(const std::string& path, size_t i) { return absl::StrCat(path, "[", i, "]"); }
+
+[[noreturn]] void Expected(const std::string& path, std::string_view what, const json& got) {
+  throw ReadError{absl::StrCat(path, ": expected ", Av(what), ", got ", got.type_name())};
+}
+
+const json& Field(const json& obj, std::string_view key, const std::string& path) {
+  auto it = obj.find(std::string(key));
+  if (it == obj.end()) {
+    throw ReadError{absl::StrCat(Sub(path, key), ": missing (expected a field \"",
+                                 Av(key), "\")")};
+  }
+  return *it;
+}
+
+const json& Object(const json& v, const std::string& path) {
+  if (!v.is_object()) Expected(path, "an object", v);
+  return v;
+}
+const json& Array(const json& v, const std::string& path) {
+  if (!v.is_array()) Expected(path, "an array", v);
+  return v;
+}
+uint64_t U64(const json& v, const std::string& path) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<uint64_t>();
+  Expected(path, "a non-negative integer", v);
+}
+int64_t I64(const json& v, const std::string& path) {
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(INT64_MAX)) {
+      throw ReadError{absl::StrCat(path, ": expected a 64-bit signed integer, got ", u)};
+    }
+    return static_cast<int64_t>(u);
+  }
+  if (v.is_number_integer()) return v.get<int64_t>();
+  Expected(path, "an integer", v);
+}
+uint32_t U32(const json& v, const std::string& path) {
+  const uint64_t u = U64(v, path);
+  if (u > UINT32_MAX) {
+    throw ReadError{absl::StrCat(path, ": expected a 32-bit unsigned integer, got ", u)};
+  }
+  return static_cast<uint32_t>(u);
+}
+std::string Str(const json& v, const std::string& path) {
+  if (!v.is_string()) Expected(path, "a string", v);
+  return v.get<std::string>();
+}
+bool Bool(const json& v, const std::string& path) {
+  if (!v.is_boolean()) Expected(path, "true or false", v);
+  return v.get<bool>();
+}
+
+uint64_t U64F(const json& obj, std::string_view key, const std::string& path) {
+  return U64(Field(obj, key, path), Sub(path, key));
+}
+int64_t I64F(const json& obj, std::string_view key, const std::string& path) {
+  return I64(Field(obj, key, path), Sub(path, key));
+}
+std::string StrF(const json& obj, std::string_view key, const std::string& path) {
+  return Str(Field(obj, key, path), Sub(path, key));
+}
+
+DeviceId DeviceF(const json& obj, const std::string& path) {
+  const std::string text = StrF(obj, "device", path);
+  absl::StatusOr<DeviceId> d = ParseDeviceId(text);
+  if (!d.ok()) {
+    throw ReadError{absl::StrCat(Sub(path, "device"),
+                                 ": expected a device (\"cpu\", \"sim:N\", \"cuda:N\"), got \"",
+                                 text, "\"")};
+  }
+  return *d;
+}
+
+// Names to enums: the inverse of the *Name functions.
+template <typename Enum, typename NameFn>
+Enum EnumF(const json& obj, std::string_view key, const std::string& path, int count,
+           NameFn name, std::string_view what) {
+  const std::string text = StrF(obj, key, path);
+  std::string choices;
+  for (int i = 0; i < count; ++i) {
+    const std::string_view n = name(static_cast<Enum>(i));
+    if (n == text) return static_cast<Enum>(i);
+    absl::StrAppend(&choices, i == 0 ? "" : ", ", Av(n));
+  }
+  throw ReadError{absl::StrCat(Sub(path, key), ": expected ", Av(what), " (one of ", choices,
+                               "), got \"", text, "\"")};
+}
+
+// Checks "schema": same family, same major version (any minor).
+void CheckSchema(const json& root, std::string_view expected, std::string_view what) {
+  if (!root.is_object()) Expected(std::string(what), "a JSON object", root);
+  auto it = root.find("schema");
+  if (it == root.end() || !it->is_string()) {
+    throw ReadError{absl::StrCat(Av(what), ": missing \"schema\" (expected \"", Av(expected),
+                                 "\")")};
+  }
+  const std::string found = it->get<std::string>();
+  // "devmem.snapshot/1" accepts "devmem.snapshot/1" and "devmem.snapshot/1.N".
+  const bool same = found == expected ||
+                    (found.size() > expected.size() + 1 &&
+                     std::string_view(found).substr(0, expected.size()) == expected &&
+                     found[expected.size()] == '.');
+  if (!same) {
+    throw ReadError{absl::StrCat(Av(what), ": schema \"", found,
+                                 "\" is not supported (this reader reads \"", Av(expected),
+                                 "\"; other major versions are refused)")};
+  }
+}
+
+json Parse(std::string_view text, std::string_view what) {
+  try {
+    return json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    throw ReadError{absl::StrCat(Av(what), ": not valid JSON (", e.what(), ")")};
+  }
+}
+
+Stat StatFrom(const json& v, const std::string& path) {
+  Object(v, path);
+  Stat s;
+  s.current = I64F(v, "current", path);
+  s.peak = I64F(v, "peak", path);
+  s.allocated = I64F(v, "allocated", path);
+  s.freed = I64F(v, "freed", path);
+  return s;
+}
+
+DeviceStats StatsFrom(const json& v, const std::string& path) {
+  Object(v, path);
+  DeviceStats stats;
+  for (const StatArrayField& f : kStatArrays) {
+    const std::string p = Sub(path, f.name);
+    const json& pools = Object(Field(v, f.name, path), p);
+    for (int i = 0; i < kNumStatPools; ++i) {
+      (stats.*f.member)[i] = StatFrom(Field(pools, kPoolNames[i], p), Sub(p, kPoolNames[i]));
+    }
+  }
+  for (const StatField& f : kStats) {
+    stats.*f.member = StatFrom(Field(v, f.name, path), Sub(path, f.name));
+  }
+  for (const CounterField& f : kCounters) stats.*f.member = I64F(v, f.name, path);
+  return stats;
+}
+
+BlockInfo BlockFrom(const json& v, const std::string& path, int64_t now_ns) {
+  Object(v, path);
+  BlockInfo b;
+  b.addr = static_cast<uintptr_t>(U64F(v, "addr", path));
+  b.size = static_cast<size_t>(U64F(v, "size", path));
+  b.requested = static_cast<size_t>(U64F(v, "requested", path));
+  b.state = EnumF<BlockState>(v, "state", path, 3, BlockStateName, "a block state");
+  b.stream.handle = static_cast<uintptr_t>(U64F(v, "stream", path));
+  b.site = U32(Field(v, "site", path), Sub(path, "site"));
+  if (auto it = v.find("age_ns"); it != v.end() && !it->is_null()) {
+    b.alloc_time_ns = now_ns - I64(*it, Sub(path, "age_ns"));
+  }
+  return b;
+}
+
+AllocatorSnapshot DeviceFrom(const json& v, const std::string& path) {
+  Object(v, path);
+  AllocatorSnapshot d;
+  d.device = DeviceF(v, path);
+  d.time_ns = I64F(v, "time_ns", path);
+  const std::string ip = Sub(path, "info");
+  const json& info = Object(Field(v, "info", path), ip);
+  d.info.name = StrF(info, "name", ip);
+  d.info.uuid = StrF(info, "uuid", ip);
+  d.info.backend = StrF(info, "backend", ip);
+  const std::string mp = Sub(path, "mem_info");
+  const json& mem = Object(Field(v, "mem_info", path), mp);
+  d.mem_info.free_bytes = static_cast<size_t>(U64F(mem, "free_bytes", mp));
+  d.mem_info.total_bytes = static_cast<size_t>(U64F(mem, "total_bytes", mp));
+  d.stats = StatsFrom(Field(v, "stats", path), Sub(path, "stats"));
+  const std::string sp = Sub(path, "segments");
+  const json& segments = Array(Field(v, "segments", path), sp);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const std::string p = Idx(sp, i);
+    const json& s = Object(segments[i], p);
+    SegmentInfo seg;
+    seg.addr = static_cast<uintptr_t>(U64F(s, "addr", p));
+    seg.size = static_cast<size_t>(U64F(s, "size", p));
+    seg.stream.handle = static_cast<uintptr_t>(U64F(s, "stream", p));
+    const std::string pool = StrF(s, "pool", p);
+    if (pool != "small" && pool != "large") {
+      throw ReadError{absl::StrCat(Sub(p, "pool"), ": expected \"small\" or \"large\", got \"",
+                                   pool, "\"")};
+    }
+    seg.small_pool = pool == "small";
+    seg.expandable = Bool(Field(s, "expandable", p), Sub(p, "expandable"));
+    const std::string bp = Sub(p, "blocks");
+    const json& blocks = Array(Field(s, "blocks", p), bp);
+    for (size_t k = 0; k < blocks.size(); ++k) {
+      seg.blocks.push_back(BlockFrom(blocks[k], Idx(bp, k), d.time_ns));
+    }
+    d.segments.push_back(std::move(seg));
+  }
+  return d;
+}
+
+void SitesFrom(const json& v, const std::string& path, SiteMap* out) {
+  Array(v, path);
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string p = Idx(path, i);
+    const json& s = Object(v[i], p);
+    const SiteId id = U32(Field(s, "id", p), Sub(p, "id"));
+    SiteInfo info;
+    info.file = StrF(s, "file", p);
+    info.line = U32(Field(s, "line", p), Sub(p, "line"));
+    info.function = StrF(s, "function", p);
+    info.tag = StrF(s, "tag", p);
+    info.kind = EnumF<SiteKind>(s, "kind", p, kNumSiteKinds, SiteKindName, "a site kind");
+    (*out)[id] = std::move(info);
+  }
+}
+
+TraceEvent EventFrom(const json& v, const std::string& path) {
+  Object(v, path);
+  TraceEvent e;
+  e.seq = U64F(v, "seq", path);
+  e.time_ns = I64F(v, "time_ns", path);
+  e.action = EnumF<AllocAction>(v, "action", path, kNumAllocActions, AllocActionName,
+                                "an action");
+  e.device = DeviceF(v, path);
+  e.stream.handle = static_cast<uintptr_t>(U64F(v, "stream", path));
+  e.addr = static_cast<uintptr_t>(U64F(v, "addr", path));
+  e.size = static_cast<size_t>(U64F(v, "size", path));
+  e.requested = static_cast<size_t>(U64F(v, "requested", path));
+  e.site = U32(Field(v, "site", path), Sub(path, "site"));
+  e.thread = U32(Field(v, "thread", path), Sub(path, "thread"));
+  return e;
+}
+
+ojson OomToJson(const OomReport& r) {
+  ojson j;
+  j["device"] = r.device.ToString();
+  j["stream"] = static_cast<uint64_t>(r.stream.handle);
+  j["site"] = r.site;
+  j["requested_bytes"] = static_cast<uint64_t>(r.requested_bytes);
+  j["rounded_bytes"] = static_cast<uint64_t>(r.rounded_bytes);
+  j["segment_bytes"] = static_cast<uint64_t>(r.segment_bytes);
+  j["device_total"] = static_cast<uint64_t>(r.device_total);
+  j["driver_free"] = static_cast<uint64_t>(r.driver_free);
+  j["memory_limit"] = static_cast<uint64_t>(r.memory_limit);
+  j["allocated"] = static_cast<uint64_t>(r.allocated);
+  j["reserved"] = static_cast<uint64_t>(r.reserved);
+  j["pending"] = static_cast<uint64_t>(r.pending);
+  j["reserved_unallocated"] = static_cast<uint64_t>(r.reserved_unallocated);
+  j["largest_free_block"] = static_cast<uint64_t>(r.largest_free_block);
+  j["free_blocks"] = static_cast<uint64_t>(r.free_blocks);
+  j["fragmentation"] = r.fragmentation;
+  j["segment_count"] = static_cast<uint64_t>(r.segment_count);
+  ojson top = ojson::array();
+  for (const SiteUsage& u : r.top_sites) {
+    const SiteInfo info = GetSite(u.site);
+    ojson t;
+    t["site"] = u.site;
+    t["where"] = info.ToString();
+    t["kind"] = std::string(SiteKindName(info.kind));
+    t["copy"] = IsCopyKind(info.kind);
+    t["live_bytes"] = static_cast<uint64_t>(u.live_bytes);
+    t["live_count"] = static_cast<uint64_t>(u.live_count);
+    top.push_back(std::move(t));
+  }
+  j["top_sites"] = std::move(top);
+  j["copy_bytes"] = static_cast<uint64_t>(r.copy_bytes);
+  j["copy_share"] = r.allocated == 0 ? 0.0
+                                     : static_cast<double>(r.copy_bytes) /
+                                           static_cast<double>(r.allocated);
+  j["cause"] = std::string(OomCauseName(r.cause));
+  j["remedy"] = r.remedy;
+  j["message"] = r.ToString();
+  return j;
+}
+
+}  // namespace
+
+std::string SnapshotToJson(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace) {
+  std::set<SiteId> sites;
+  ojson j = SnapshotObject(snap, trace, &sites);
+  j["sites"] = SiteTableToJson(sites);
+  return j.dump();
+}
+
+std::string OomDumpToJson(const RuntimeSnapshot& snap, const OomReport& report,
+                          const std::vector<TraceEvent>* trace) {
+  std::set<SiteId> sites;
+  ojson j = SnapshotObject(snap, trace, &sites);
+  if (report.site != kUnknownSite) sites.insert(report.site);
+  for (const SiteUsage& u : report.top_sites) {
+    if (u.site != kUnknownSite) sites.insert(u.site);
+  }
+  j["sites"] = SiteTableToJson(sites);
+  j["oom"] = OomToJson(report);
+  return j.dump(1);
+}
+
+absl::StatusOr<RuntimeSnapshot> SnapshotFromJson(std::string_view text, SiteMap* sites,
+                                                 std::vector<TraceEvent>* trace) {
+  try {
+    const json root = Parse(text, "snapshot");
+    CheckSchema(root, kSnapshotSchema, "snapshot");
+    RuntimeSnapshot snap;
+    snap.time_ns = I64F(root, "time_ns", "");
+    snap.unix_time_ns = I64F(root, "unix_time_ns", "");
+    const json& devices = Array(Field(root, "devices", ""), "devices");
+    for (size_t i = 0; i < devices.size(); ++i) {
+      snap.devices.push_back(DeviceFrom(devices[i], Idx("devices", i)));
+    }
+    SiteMap table;
+    SitesFrom(Field(root, "sites", ""), "sites", &table);
+    std::vector<TraceEvent> events;
+    if (auto it = root.find("trace"); it != root.end()) {
+      Array(*it, "trace");
+      for (size_t i = 0; i < it->size(); ++i) {
+        events.push_back(EventFrom((*it)[i], Idx("trace", i)));
+      }
+    }
+    if (sites != nullptr) *sites = std::move(table);
+    if (trace != nullptr) *trace = std::move(events);
+    return snap;
+  } catch (const ReadError& e) {
+    return absl::InvalidArgumentError(
+        e.message.rfind("snapshot", 0) == 0 ? e.message : absl::StrCat("snapshot: ", e.message));
+  }
+}
+
+std::string TraceEventToJson(const TraceEvent& event) { return TraceEventToObject(event).dump(); }
+
+absl::StatusOr<TraceEvent> TraceEventFromJson(std::string_view line) {
+  try {
+    return EventFrom(Parse(line, "trace event"), "trace event");
+  } catch (const ReadError& e) {
+    return absl::InvalidArgumentError(e.message);
+  }
+}
+
+std::string TraceHeaderToJson(const std::vector<TraceEvent>& events) {
+  std::set<SiteId> sites;
+  for (const TraceEvent& e : events) {
+    if (e.site != kUnknownSite) sites.insert(e.site);
+  }
+  ojson j;
+  j["schema"] = kTraceSchema;
+  j["sites"] = SiteTableToJson(sites);
+  return j.dump();
+}
+
+absl::Status WriteTraceFile(const std::string& path, const std::vector<TraceEvent>& events) {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  if (!out) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot write trace file ", path, ": ", std::strerror(errno)));
+  }
+  out << TraceHeaderToJson(events) << '\n';
+  for (const TraceEvent& e : events) out << TraceEventToJson(e) << '\n';
+  out.flush();
+  if (!out) {
+    return absl::UnavailableError(absl::StrCat("error writing trace file ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<TraceEvent>> TraceFromJsonl(std::string_view text, SiteMap* sites) {
+  std::vector<TraceEvent> events;
+  SiteMap table;
+  size_t line_no = 0;
+  size_t pos = 0;
+  try {
+    while (pos < text.size()) {
+      size_t nl = text.find('\n', pos);
+      if (nl == std::string_view::npos) nl = text.size();
+      const std::string_view line = text.substr(pos, nl - pos);
+      pos = nl + 1;
+      ++line_no;
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      const std::string where = absl::StrCat("trace line ", line_no);
+      const json v = Parse(line, where);
+      if (v.is_object() && v.contains("schema")) {  // the header line
+        CheckSchema(v, kTraceSchema, where);
+        if (auto it = v.find("sites"); it != v.end()) SitesFrom(*it, Sub(where, "sites"), &table);
+        continue;
+      }
+      events.push_back(EventFrom(v, where));
+    }
+  } catch (const ReadError& e) {
+    return absl::InvalidArgumentError(e.message);
+  }
+  if (sites != nullptr) *sites = std::move(table);
+  return events;
+}
+
+std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& filter) {
+  struct Buffer {
+    const AllocatorSnapshot* device;
+    const BlockInfo* block;
+  };
+  std::map<SiteId, SiteInfo> infos;  // looked up once per site
+  auto info_of = [&](SiteId id) -> const SiteInfo& {
+    auto it = infos.find(id);
+    if (it == infos.end()) it = infos.emplace(id, GetSite(id)).first;
+    return it->second;
+  };
+  auto site_matches = [&](SiteId id) {
+    if (!filter.site) return true;
+    const SiteInfo& info = info_of(id);
+    const std::string file_line = absl::StrCat(info.file, ":", info.line);
+    return file_line.find(*filter.site) != std::string::npos ||
+           (!info.tag.empty() && info.tag.find(*filter.site) != std::string::npos);
+  };
+  std::vector<Buffer> matched;
+  uint64_t matched_bytes = 0;
+  for (const AllocatorSnapshot& d : snap.devices) {
+    if (filter.device && d.device != *filter.device) continue;
+    for (const SegmentInfo& s : d.segments) {
+      for (const BlockInfo& b : s.blocks) {
+        if (b.state != BlockState::kAllocated || b.size < filter.min_bytes) continue;
+        if (!site_matches(b.site)) continue;
+        matched.push_back({&d, &b});
+        matched_bytes += b.size;
+      }
+    }
+  }
+  std::stable_sort(matched.begin(), matched.end(), [](const Buffer& a, const Buffer& b) {
+    if (a.block->size != b.block->size) return a.block->size > b.block->size;
+    return a.block->addr < b.block->addr;
+  });
+  const size_t count = std::min(matched.size(), filter.limit);
+  ojson buffers = ojson::array();
+  std::set<SiteId> sites;
+  for (size_t i = 0; i < count; ++i) {
+    const BlockInfo& b = *matched[i].block;
+    ojson j;
+    j["device"] = matched[i].device->device.ToString();
+    j["addr"] = static_cast<uint64_t>(b.addr);
+    j["size"] = static_cast<uint64_t>(b.size);
+    j["requested"] = static_cast<uint64_t>(b.requested);
+    j["stream"] = static_cast<uint64_t>(b.stream.handle);
+    j["site"] = b.site;
+    j["where"] = info_of(b.site).ToString();
+    PutAge(j, b, matched[i].device->time_ns);
+    buffers.push_back(std::move(j));
+    if (b.site != kUnknownSite) sites.insert(b.site);
+  }
+  ojson j;
+  j["schema"] = kBuffersSchema;
+  j["time_ns"] = snap.time_ns;
+  j["matched"] = static_cast<uint64_t>(matched.size());
+  j["matched_bytes"] = matched_bytes;
+  j["returned"] = static_cast<uint64_t>(count);
+  j["buffers"] = std::move(buffers);
+  j["sites"] = SiteTableToJson(sites);
+  return j.dump();
+}
+
+}  // namespace devmem

@@ -1,0 +1,87 @@
+// runtime/json.h: devmem's JSON formats (documented in docs/formats.md).
+//
+//   snapshot   {"schema": "devmem.snapshot/1", ...}: per device its stats, segments
+//              with their blocks (allocated / free / pending), live buffers (address,
+//              size, requested size, stream, site, age), the site table, optionally
+//              the trace.
+//   trace      JSON Lines: a header line {"schema": "devmem.trace/1", "sites": [...]},
+//              then one event an object: {"seq", "time_ns", "action", "device",
+//              "stream", "addr", "size", "requested", "site", "thread"}.
+//   buffers    {"schema": "devmem.buffers/1", "buffers": [...]} (what /debug/buffers
+//              serves), filtered and largest first.
+//   OOM dump   a snapshot of the failing device plus {"oom": <OomReport>}.
+// Snapshots and traces describe buffers, never their contents. Written and read with
+// nlohmann::json. Readers accept any minor version of their major version
+// ("devmem.snapshot/1" and "devmem.snapshot/1.3") and refuse other majors, naming the
+// schema they found and the one they read; unknown fields are ignored.
+//
+// Thread-safety: every function is a pure function of its arguments, except that the
+// writers read the process's site table (allocator/site.h), which is thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "allocator/oom_report.h"
+#include "allocator/site.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
+
+namespace devmem {
+
+inline constexpr const char* kSnapshotSchema = "devmem.snapshot/1";
+inline constexpr const char* kBuffersSchema = "devmem.buffers/1";
+inline constexpr const char* kTraceSchema = "devmem.trace/1";
+
+// A site table as files carry it: the writer's site ids and what they name. Ids are the
+// writing process's; a reader keeps them as they are and looks names up here.
+using SiteMap = std::map<SiteId, SiteInfo>;
+
+// The snapshot of `snap`, with the site table of every site its blocks name and, when
+// `trace` is given, its events.
+std::string SnapshotToJson(const RuntimeSnapshot& snap,
+                           const std::vector<TraceEvent>* trace = nullptr);
+
+// Reads a snapshot back. `sites` (if given) receives the site table, `trace` (if given)
+// the events ("trace" absent: empty). InvalidArgument on malformed input, naming the
+// field (as a path, "devices[0].segments[2].size") and what was expected there, or
+// the schema found and the one expected.
+absl::StatusOr<RuntimeSnapshot> SnapshotFromJson(std::string_view json,
+                                                 SiteMap* sites = nullptr,
+                                                 std::vector<TraceEvent>* trace = nullptr);
+
+// An OOM dump: SnapshotToJson(snap, trace) plus "oom": the report (docs/formats.md).
+std::string OomDumpToJson(const RuntimeSnapshot& snap, const OomReport& report,
+                          const std::vector<TraceEvent>* trace = nullptr);
+
+// One trace event as one line of JSON (no trailing newline).
+std::string TraceEventToJson(const TraceEvent& event);
+// Reads one event line back; the error names the field and what was expected.
+absl::StatusOr<TraceEvent> TraceEventFromJson(std::string_view line);
+// The header line of a trace file (no trailing newline): the schema and the site table
+// of every site `events` name.
+std::string TraceHeaderToJson(const std::vector<TraceEvent>& events);
+// Writes `events` as JSON Lines to `path` (created or truncated): the header line, then
+// one line per event. The error names the path.
+absl::Status WriteTraceFile(const std::string& path, const std::vector<TraceEvent>& events);
+// Reads a trace file's text (header line optional; blank lines skipped). The error
+// names the line number, the field and what was expected.
+absl::StatusOr<std::vector<TraceEvent>> TraceFromJsonl(std::string_view text,
+                                                       SiteMap* sites = nullptr);
+
+// Live buffers of a snapshot, filtered as /debug/buffers and memtrace do.
+struct BufferFilter {
+  std::optional<DeviceId> device;
+  std::optional<std::string> site;  // substring of the site's "file:line" or tag
+  size_t min_bytes = 0;
+  size_t limit = SIZE_MAX;
+};
+std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& filter);
+
+}  // namespace devmem

@@ -1,0 +1,310 @@
+// runtime/runtime.cc: the process-wide device registry (see runtime.h).
+//
+// Structure: Runtime::State holds the configuration, the trace ring, the OOM dumper and
+// callbacks (all fixed at construction; the allocation-size histogram is the process's
+// SizeHistogram::Process()), the device -> allocator table and the
+// observers installed on them (under `mu`), the HTTP server, and the poller thread.
+//
+// Creation: g_runtime is published once, under g_create_mu; Get() reads it with one
+// acquire load after that. The HTTP server starts at the end of the constructor, when
+// the state it serves is complete.
+//
+// Locks: `mu` (the registry) is taken before a device lock only while an allocator is
+// created and its observer set; otherwise it is released before any allocator method
+// runs (allocators() copies the table). `poll_mu` guards the poller's stop flag only.
+#include "runtime/runtime.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/backend_factory.h"
+#include "allocator/errors.h"
+#include "allocator/mutex.h"
+#include "runtime/device_observer.h"
+#include "runtime/http_server.h"
+#include "runtime/oom.h"
+#include "runtime/size_histogram.h"
+#include "runtime/trace.h"
+
+namespace devmem {
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(5);
+
+int64_t UnixNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string Sv(absl::string_view s) { return std::string(s.data(), s.size()); }
+
+DeviceId ComputeDefaultDevice(const Config& config) {
+  switch (config.backend) {
+    case BackendKind::kCuda: return DeviceId{DeviceType::kCuda, 0};
+    case BackendKind::kSim: return DeviceId{DeviceType::kSim, 0};
+    case BackendKind::kCpu: return DeviceId{DeviceType::kCpu, 0};
+    case BackendKind::kAuto: break;
+  }
+  return ResolveAutoBackend() == BackendKind::kCuda ? DeviceId{DeviceType::kCuda, 0}
+                                                    : DeviceId{DeviceType::kSim, 0};
+}
+
+// Makes the allocator of `device` with the policy keys of `config`. Throws
+// InvalidArgumentError naming the device when it cannot be had.
+std::shared_ptr<CachingAllocator> CreateAllocator(const Config& base, DeviceId device) {
+  if (device.index < 0 || (device.type == DeviceType::kCpu && device.index != 0)) {
+    throw InvalidArgumentError(absl::StrCat("devmem runtime: no device ", device.ToString(),
+                                            " (cpu has index 0 only; indices are >= 0)"));
+  }
+  Config config = base;
+  switch (device.type) {
+    case DeviceType::kCpu: config.backend = BackendKind::kCpu; break;
+    case DeviceType::kSim: config.backend = BackendKind::kSim; break;
+    case DeviceType::kCuda: config.backend = BackendKind::kCuda; break;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config, device.index);
+  if (!backend.ok()) {
+    throw InvalidArgumentError(absl::StrCat("device ", device.ToString(),
+                                            " is not available: ", backend.status().message()));
+  }
+  return std::make_shared<CachingAllocator>(*std::move(backend), config);
+}
+
+}  // namespace
+
+struct Runtime::State {
+  explicit State(const Config& c)
+      : config(c),
+        default_device(ComputeDefaultDevice(c)),
+        trace(c.trace_entries > 0 ? std::make_unique<TraceRing>(c.trace_entries) : nullptr),
+        dumper(c.oom_dump_dir.empty() ? nullptr : std::make_unique<OomDumper>(c.oom_dump_dir)) {}
+
+  // Fixed at construction.
+  const Config config;
+  const DeviceId default_device;
+  const std::unique_ptr<TraceRing> trace;
+  const std::unique_ptr<OomDumper> dumper;
+  OomCallbackList callbacks;
+
+  mutable Mutex mu;
+  std::map<DeviceId, std::shared_ptr<CachingAllocator>> allocators ABSL_GUARDED_BY(mu);
+  // One per allocator ever installed, kept for the process's life: an allocator may
+  // outlive its place in the table (in tensors) and keeps calling its observer.
+  std::deque<std::unique_ptr<DeviceObserver>> observers ABSL_GUARDED_BY(mu);
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+
+  // Set at construction, reset by Shutdown; read without `mu` by http() (documented:
+  // valid until Shutdown).
+  std::atomic<HttpServer*> http_ptr{nullptr};
+  std::unique_ptr<HttpServer> http ABSL_GUARDED_BY(mu);
+
+  // The poller (see runtime.h). Started under `mu` by the first allocator that needs
+  // it; joined by Shutdown.
+  std::thread poller ABSL_GUARDED_BY(mu);
+  std::mutex poll_mu;
+  std::condition_variable poll_cv;
+  bool poll_stop = false;  // guarded by poll_mu
+
+  // Attaches the runtime's observer to `allocator` and starts the poller if needed.
+  void Install(const std::shared_ptr<CachingAllocator>& allocator)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    observers.push_back(std::make_unique<DeviceObserver>(
+        allocator.get(), trace.get(), dumper.get(), &callbacks, &SizeHistogram::Process()));
+    allocator->set_observer(observers.back().get());
+    const bool needs_poller =
+        config.garbage_collection_threshold > 0 || allocator->backend().caps().streams;
+    if (needs_poller && !shut_down && !poller.joinable()) {
+      poller = std::thread([this] { Poll(); });
+    }
+  }
+
+  void Poll() {
+    std::unique_lock<std::mutex> lock(poll_mu);
+    while (!poll_stop) {
+      lock.unlock();
+      std::vector<std::shared_ptr<CachingAllocator>> list;
+      {
+        MutexLock registry(&mu);
+        for (const auto& [device, a] : allocators) list.push_back(a);
+      }
+      for (const auto& a : list) a->process_events();
+      list.clear();
+      lock.lock();
+      poll_cv.wait_for(lock, kPollInterval, [this] { return poll_stop; });
+    }
+  }
+};
+
+namespace {
+
+std::atomic<Runtime*> g_runtime{nullptr};
+Mutex g_create_mu;
+
+void ShutdownAtExit() {
+  if (Runtime* r = g_runtime.load(std::memory_order_acquire)) r->Shutdown();
+}
+
+}  // namespace
+
+Runtime::Runtime(const Config& config) : state_(std::make_unique<State>(config)) {
+  if (!config.http.empty()) {
+    absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(config, this);
+    if (!server.ok()) {
+      const std::string message =
+          absl::StrCat("devmem runtime: cannot serve http on ", config.http, ": ",
+                       server.status().message());
+      if (absl::IsInvalidArgument(server.status())) throw InvalidArgumentError(message);
+      throw std::runtime_error(message);
+    }
+    MutexLock lock(&state_->mu);
+    state_->http = *std::move(server);
+    state_->http_ptr.store(state_->http.get(), std::memory_order_release);
+  }
+}
+
+// Never runs (the runtime is never destroyed, see runtime.h); defined for unique_ptr.
+Runtime::~Runtime() { Shutdown(); }
+
+Runtime& Runtime::Get() {
+  if (Runtime* r = g_runtime.load(std::memory_order_acquire)) return *r;
+  MutexLock lock(&g_create_mu);
+  if (Runtime* r = g_runtime.load(std::memory_order_acquire)) return *r;
+  absl::StatusOr<Config> config = ConfigFromEnv();
+  if (!config.ok()) throw InvalidArgumentError(Sv(config.status().message()));
+  Runtime* r = new Runtime(*config);
+  g_runtime.store(r, std::memory_order_release);
+  std::atexit(ShutdownAtExit);
+  return *r;
+}
+
+absl::Status Runtime::Init(const Config& config) {
+  MutexLock lock(&g_create_mu);
+  if (Runtime* r = g_runtime.load(std::memory_order_acquire)) {
+    if (r->config() == config) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "devmem runtime: already created with configuration \"", ToString(r->config()),
+        "\"; Init(\"", ToString(config), "\") must come before its first use"));
+  }
+  try {
+    Runtime* r = new Runtime(config);
+    g_runtime.store(r, std::memory_order_release);
+    std::atexit(ShutdownAtExit);
+    return absl::OkStatus();
+  } catch (const std::invalid_argument& e) {
+    return absl::InvalidArgumentError(e.what());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(e.what());
+  }
+}
+
+const Config& Runtime::config() const { return state_->config; }
+
+DeviceId Runtime::default_device() const { return state_->default_device; }
+
+std::shared_ptr<CachingAllocator> Runtime::allocator(DeviceId device) {
+  State& s = *state_;
+  MutexLock lock(&s.mu);
+  auto it = s.allocators.find(device);
+  if (it != s.allocators.end()) return it->second;
+  // Created under the registry lock so that each device gets exactly one; the device
+  // lock is taken inside (lock order: registry -> device).
+  std::shared_ptr<CachingAllocator> made = CreateAllocator(s.config, device);
+  s.Install(made);
+  s.allocators.emplace(device, made);
+  return made;
+}
+
+std::vector<std::shared_ptr<CachingAllocator>> Runtime::allocators() const {
+  MutexLock lock(&state_->mu);
+  std::vector<std::shared_ptr<CachingAllocator>> out;
+  out.reserve(state_->allocators.size());
+  for (const auto& [device, a] : state_->allocators) out.push_back(a);
+  return out;
+}
+
+void Runtime::set_allocator(std::shared_ptr<CachingAllocator> allocator) {
+  if (allocator == nullptr) throw InvalidArgumentError("Runtime::set_allocator: null allocator");
+  const DeviceId device = allocator->device();
+  std::shared_ptr<CachingAllocator> previous = exchange_allocator(device, std::move(allocator));
+  // `previous` is released here, outside the registry lock (it may be the last owner).
+}
+
+std::shared_ptr<CachingAllocator> Runtime::exchange_allocator(
+    DeviceId device, std::shared_ptr<CachingAllocator> allocator) {
+  if (allocator != nullptr && allocator->device() != device) {
+    throw InvalidArgumentError(absl::StrCat("Runtime::exchange_allocator: allocator of ",
+                                            allocator->device().ToString(),
+                                            " given for device ", device.ToString()));
+  }
+  State& s = *state_;
+  MutexLock lock(&s.mu);
+  std::shared_ptr<CachingAllocator> previous;
+  auto it = s.allocators.find(device);
+  if (it != s.allocators.end()) {
+    previous = std::move(it->second);
+    s.allocators.erase(it);
+  }
+  if (allocator != nullptr) {
+    if (allocator != previous) s.Install(allocator);
+    s.allocators.emplace(device, std::move(allocator));
+  }
+  return previous;
+}
+
+int Runtime::add_oom_callback(OomCallback callback) {
+  return state_->callbacks.add(std::move(callback));
+}
+
+bool Runtime::remove_oom_callback(int id) { return state_->callbacks.remove(id); }
+
+TraceRing* Runtime::trace() const { return state_->trace.get(); }
+
+HttpServer* Runtime::http() const { return state_->http_ptr.load(std::memory_order_acquire); }
+
+RuntimeSnapshot Runtime::snapshot() const {
+  RuntimeSnapshot snap;
+  const std::vector<std::shared_ptr<CachingAllocator>> list = allocators();
+  snap.time_ns = NowNs();
+  snap.unix_time_ns = UnixNowNs();
+  snap.devices.reserve(list.size());
+  for (const auto& a : list) snap.devices.push_back(a->snapshot());
+  return snap;
+}
+
+void Runtime::Shutdown() {
+  State& s = *state_;
+  std::unique_ptr<HttpServer> http;
+  std::thread poller;
+  {
+    MutexLock lock(&s.mu);
+    if (s.shut_down) return;
+    s.shut_down = true;
+    s.http_ptr.store(nullptr, std::memory_order_release);
+    http = std::move(s.http);
+    poller = std::move(s.poller);
+  }
+  // Outside the registry lock: HTTP handlers and the poller take it.
+  http.reset();  // stops the listener and joins its threads
+  if (poller.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(s.poll_mu);
+      s.poll_stop = true;
+    }
+    s.poll_cv.notify_all();
+    poller.join();
+  }
+}
+
+}  // namespace devmem

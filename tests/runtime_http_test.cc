@@ -1,0 +1,471 @@
+// tests/runtime_http_test.cc: runtime/http_server.h over real loopback HTTP.
+//
+// Every endpoint, the access rules (token, loopback, methods), bad parameters, and
+// scrapes running while two threads allocate and free as fast as they can.
+//
+// The runtime is process-wide: these tests install a fresh sim allocator with
+// Runtime::set_allocator and start their own HttpServer with their own Config. The
+// runtime they use is created with trace_entries on; when another test of the same
+// process created it first without tracing (running the binary by hand, not through
+// ctest, which runs each test in its own process), the trace test skips and says why.
+#include "runtime/http_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/ascii.h"
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
+#include "tests/metrics_test_util.h"
+#include "tests/test_util.h"
+
+namespace devmem {
+namespace {
+
+using testutil::ParsePrometheusText;
+using testutil::PromtoolCheck;
+using testutil::SampleValue;
+
+struct HttpResponse {
+  int status = 0;  // 0: no response (connection failed or closed early)
+  std::map<std::string, std::string> headers;  // names lower-cased
+  std::string body;
+};
+
+int Connect(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  timeval tv{10, 0};  // a hung server fails the test instead of hanging it
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `raw` as is and reads the response until the server closes.
+HttpResponse RawRequest(int port, const std::string& raw) {
+  HttpResponse r;
+  const int fd = Connect(port);
+  if (fd < 0) return r;
+  size_t sent = 0;
+  while (sent < raw.size()) {
+    const ssize_t n = send(fd, raw.data() + sent, raw.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<size_t>(n);
+  }
+  std::string data;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  const size_t end = data.find("\r\n\r\n");
+  // "HTTP/1.1 200 OK" (civetweb's own errors may say HTTP/1.0, or echo the version).
+  const size_t space = data.find(' ');
+  if (end == std::string::npos || data.compare(0, 5, "HTTP/") != 0 || space > end) return r;
+  r.status = std::atoi(data.c_str() + space + 1);
+  size_t line = data.find("\r\n") + 2;
+  while (line < end) {
+    const size_t eol = data.find("\r\n", line);
+    const std::string header = data.substr(line, eol - line);
+    const size_t colon = header.find(':');
+    if (colon != std::string::npos) {
+      r.headers[absl::AsciiStrToLower(header.substr(0, colon))] =
+          std::string(absl::StripAsciiWhitespace(header.substr(colon + 1)));
+    }
+    line = eol + 2;
+  }
+  r.body = data.substr(end + 4);
+  return r;
+}
+
+HttpResponse Get(int port, const std::string& target, const std::string& extra_headers = "",
+                 const std::string& method = "GET") {
+  return RawRequest(port, method + " " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                              extra_headers + "Connection: close\r\n\r\n");
+}
+
+// The runtime these tests share (see the file comment), with a fresh sim:0 allocator.
+Runtime& FreshRuntime() {
+  Config config = testutil::MakeSimConfig("trace_entries:4096");
+  (void)Runtime::Init(config);  // FailedPrecondition: created before; use that one
+  Runtime& rt = Runtime::Get();
+  Config sim = testutil::MakeSimConfig("sim_capacity:1GiB");
+  rt.set_allocator(std::make_shared<CachingAllocator>(MakeSimBackend(sim, 0), sim));
+  return rt;
+}
+
+Config HttpConfig(std::string_view conf = "") {
+  Config config = testutil::MakeSimConfig(conf);
+  if (config.http.empty()) config.http = "127.0.0.1:0";
+  return config;
+}
+
+std::unique_ptr<HttpServer> StartOrDie(const Config& config, Runtime& rt) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(config, &rt);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? std::move(*server) : nullptr;
+}
+
+std::string WriteTempFile(const std::string& contents) {
+  char path[] = "/tmp/devmem_token_XXXXXX";
+  const int fd = mkstemp(path);
+  EXPECT_GE(fd, 0);
+  close(fd);
+  std::ofstream(path) << contents;
+  return path;
+}
+
+SiteId TestSite(uint32_t line) {
+  return InternNamedSite("tests/runtime_http_test.cc", line, "Test", SiteKind::kAlloc);
+}
+
+TEST(HttpServerTest, PortZeroPicksARealPortAndHealthzAnswers) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  EXPECT_GT(server->port(), 0);
+  EXPECT_EQ(server->url(), "http://127.0.0.1:" + std::to_string(server->port()));
+  HttpResponse r = Get(server->port(), "/healthz");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "ok\n");
+  EXPECT_EQ(r.headers["content-length"], "3");
+}
+
+TEST(HttpServerTest, MetricsAreServedAndPromtoolClean) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  void* p = a->allocate(5000, {}, TestSite(__LINE__));
+  HttpResponse r = Get(server->port(), "/metrics");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
+  EXPECT_EQ(PromtoolCheck(r.body), "");
+  const auto samples = ParsePrometheusText(r.body);
+  EXPECT_EQ(SampleValue(samples, "devmem_allocations_total",
+                        {{"device", "sim:0"}, {"pool", "small"}}),
+            1);
+  EXPECT_EQ(SampleValue(samples, "devmem_device_info", {{"device", "sim:0"}}), 1);
+  EXPECT_NE(testutil::FindSample(samples, "devmem_allocation_size_bytes_count",
+                                 {{"device", "sim:0"}}),
+            nullptr);
+  EXPECT_EQ(Get(server->port(), "/metrics?x=1").status, 400);
+  a->free(p);
+}
+
+// The runtime's observer forwards alloc events to SizeHistogram::Process(), which the
+// served /metrics reads (runtime/size_histogram.h, "Wiring").
+TEST(HttpServerTest, RuntimeAllocationsReachTheSizeHistogram) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  const std::map<std::string, std::string> sim0 = {{"device", "sim:0"}};
+  const double before = SampleValue(ParsePrometheusText(Get(server->port(), "/metrics").body),
+                                    "devmem_allocation_size_bytes_count", sim0);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  a->free(a->allocate(5000, {}, TestSite(__LINE__)));
+  const double after = SampleValue(ParsePrometheusText(Get(server->port(), "/metrics").body),
+                                   "devmem_allocation_size_bytes_count", sim0);
+  EXPECT_EQ(after, before + 1)
+      << "the runtime's DeviceObserver::on_event must forward to SizeHistogram::Process()";
+}
+
+TEST(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  void* small = a->allocate(1000, {}, TestSite(1001));
+  void* big = a->allocate(3 * kMiB, {}, TestSite(1002));
+  const int port = server->port();
+
+  HttpResponse r = Get(port, "/debug/buffers");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["content-type"], "application/json");
+  nlohmann::json j = nlohmann::json::parse(r.body);
+  EXPECT_EQ(j["schema"], "devmem.buffers/1");
+  EXPECT_EQ(j["buffers"].size(), 2u);
+
+  r = Get(port, "/debug/buffers?device=sim:0&min_bytes=1MiB&limit=10");
+  ASSERT_EQ(r.status, 200) << r.body;
+  j = nlohmann::json::parse(r.body);
+  ASSERT_EQ(j["buffers"].size(), 1u);
+  EXPECT_EQ(j["buffers"][0]["size"], 3 * kMiB);
+  r = Get(port, "/debug/buffers?limit=1");
+  EXPECT_EQ(nlohmann::json::parse(r.body)["buffers"].size(), 1u);
+  r = Get(port, "/debug/buffers?device=sim%3A1");  // encoded ':'; no such device yet
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(nlohmann::json::parse(r.body)["buffers"].size(), 0u);
+
+  struct Bad {
+    const char* query;
+    const char* names;
+  };
+  for (const Bad& bad : {Bad{"device=gpu:0", "device"}, Bad{"min_bytes=lots", "min_bytes"},
+                         Bad{"limit=-1", "limit"}, Bad{"limit=ten", "limit"},
+                         Bad{"site=", "site"}, Bad{"min_byte=5", "min_byte"},
+                         Bad{"limit=1&limit=2", "limit"}, Bad{"device=%zz", ""}}) {
+    r = Get(port, std::string("/debug/buffers?") + bad.query);
+    EXPECT_EQ(r.status, 400) << bad.query;
+    EXPECT_NE(r.body.find(bad.names), std::string::npos) << bad.query << ": " << r.body;
+  }
+  a->free(small);
+  a->free(big);
+}
+
+TEST(HttpServerTest, DebugSnapshotIsJson) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  HttpResponse r = Get(server->port(), "/debug/snapshot");
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.headers["content-type"], "application/json");
+  EXPECT_EQ(nlohmann::json::parse(r.body)["schema"], "devmem.snapshot/1");
+  EXPECT_EQ(Get(server->port(), "/debug/snapshot?all=1").status, 400);
+}
+
+TEST(HttpServerTest, DebugTraceServesEventsSinceN) {
+  Runtime& rt = FreshRuntime();
+  if (rt.trace() == nullptr) {
+    GTEST_SKIP() << "the process's runtime was created without trace_entries by another "
+                    "test; run this test alone (ctest does)";
+  }
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  const uint64_t start = rt.trace()->next_seq() - 1;
+  a->free(a->allocate(2048, {}, TestSite(__LINE__)));
+  HttpResponse r = Get(server->port(), "/debug/trace?since=" + std::to_string(start));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<std::string> actions;
+  uint64_t last = start;
+  for (size_t pos = 0; pos < r.body.size();) {
+    const size_t eol = r.body.find('\n', pos);
+    const nlohmann::json e = nlohmann::json::parse(r.body.substr(pos, eol - pos));
+    actions.push_back(e["action"]);
+    EXPECT_GT(e["seq"].get<uint64_t>(), last);
+    last = e["seq"];
+    pos = eol + 1;
+  }
+  // segment_alloc, alloc, free (at least; other devices may add their own).
+  EXPECT_NE(std::find(actions.begin(), actions.end(), "alloc"), actions.end());
+  EXPECT_NE(std::find(actions.begin(), actions.end(), "free"), actions.end());
+  EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(last));
+  // Nothing after the last one.
+  r = Get(server->port(), "/debug/trace?since=" + std::to_string(last));
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "");
+  EXPECT_EQ(Get(server->port(), "/debug/trace?since=-3").status, 400);
+  EXPECT_EQ(Get(server->port(), "/debug/trace?since=abc").status, 400);
+}
+
+TEST(HttpServerTest, UnknownPathsAndMethodsAndMalformedRequestsGet4xx) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  HttpResponse r = Get(port, "/nope");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_NE(r.body.find("/nope"), std::string::npos) << r.body;
+  EXPECT_EQ(Get(port, "/debug/").status, 404);
+  EXPECT_EQ(Get(port, "/").status, 404);
+  r = Get(port, "/metrics", "Content-Length: 0\r\n", "POST");
+  EXPECT_EQ(r.status, 405);
+  EXPECT_EQ(r.headers["allow"], "GET");
+  EXPECT_EQ(Get(port, "/debug/snapshot", "", "DELETE").status, 405);
+  for (const char* raw : {"GARBAGE\r\n\r\n", "GET\r\n\r\n", "GET /metrics HTTP/9.9\r\n\r\n",
+                          "GET /metrics HTTP/1.1\r\nNo colon here\r\n\r\n"}) {
+    r = RawRequest(port, raw);
+    // civetweb answers these itself: 400, or 505 for an HTTP version it does not speak.
+    EXPECT_TRUE(r.status == 400 || r.status == 505) << raw << ": " << r.status;
+  }
+  // Still serving after all that.
+  EXPECT_EQ(Get(port, "/healthz").status, 200);
+}
+
+TEST(HttpServerTest, TokenGuardsDebugEndpointsOnly) {
+  Runtime& rt = FreshRuntime();
+  const std::string token_file = WriteTempFile("  s3cret-token\n");
+  Config config = HttpConfig();
+  config.http_token_file = token_file;
+  std::unique_ptr<HttpServer> server = StartOrDie(config, rt);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  for (const char* path : {"/debug/snapshot", "/debug/buffers", "/debug/trace",
+                           "/debug/nope"}) {
+    SCOPED_TRACE(path);
+    HttpResponse r = Get(port, path);
+    EXPECT_EQ(r.status, 401);
+    EXPECT_EQ(r.headers["www-authenticate"], "Bearer realm=\"devmem\"");
+    EXPECT_EQ(Get(port, path, "Authorization: Bearer wrong\r\n").status, 401);
+    EXPECT_EQ(Get(port, path, "Authorization: Bearer s3cret-toke\r\n").status, 401);
+    EXPECT_EQ(Get(port, path, "Authorization: Bearer s3cret-token2\r\n").status, 401);
+    EXPECT_EQ(Get(port, path, "Authorization: Basic s3cret-token\r\n").status, 401);
+    EXPECT_EQ(Get(port, path, "Authorization: s3cret-token\r\n").status, 401);
+  }
+  EXPECT_EQ(Get(port, "/debug/snapshot", "Authorization: Bearer s3cret-token\r\n").status,
+            200);
+  EXPECT_EQ(Get(port, "/debug/buffers", "Authorization: bearer s3cret-token\r\n").status,
+            200);
+  EXPECT_EQ(Get(port, "/debug/nope", "Authorization: Bearer s3cret-token\r\n").status, 404);
+  // /metrics and /healthz stay open (Prometheus scrapes without credentials).
+  EXPECT_EQ(Get(port, "/metrics").status, 200);
+  EXPECT_EQ(Get(port, "/healthz").status, 200);
+  server.reset();
+  unlink(token_file.c_str());
+}
+
+TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
+  Runtime& rt = FreshRuntime();
+  Config config = HttpConfig();
+  config.http_token_file = "/nonexistent/devmem-token";
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start(config, &rt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("/nonexistent/devmem-token"), std::string::npos)
+      << s.status();
+
+  const std::string empty = WriteTempFile(" \n");
+  config.http_token_file = empty;
+  s = HttpServer::Start(config, &rt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find(empty), std::string::npos) << s.status();
+  unlink(empty.c_str());
+
+  config = HttpConfig("http:0.0.0.0:0");
+  s = HttpServer::Start(config, &rt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("http_allow_remote"), std::string::npos)
+      << s.status();
+  config.http_allow_remote = true;
+  s = HttpServer::Start(config, &rt);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(Get((*s)->port(), "/healthz").status, 200);  // 0.0.0.0 includes loopback
+  s->reset();
+
+  // A port in use.
+  std::unique_ptr<HttpServer> first = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(first, nullptr);
+  config = HttpConfig("http:127.0.0.1:" + std::to_string(first->port()));
+  s = HttpServer::Start(config, &rt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find(config.http), std::string::npos) << s.status();
+}
+
+TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  // Half a request, never finished, and a finished one whose response is never read.
+  const int stalled = Connect(server->port());
+  ASSERT_GE(stalled, 0);
+  ASSERT_GT(send(stalled, "GET /debug/snap", 15, MSG_NOSIGNAL), 0);
+  const int unread = Connect(server->port());
+  ASSERT_GE(unread, 0);
+  const std::string req = "GET /debug/snapshot HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_GT(send(unread, req.data(), req.size(), MSG_NOSIGNAL), 0);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 10000; ++i) a->free(a->allocate(4096));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(Get(server->port(), "/metrics").status, 200);
+  close(stalled);
+  close(unread);
+}
+
+TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  // Bounded: 2 s or 100k operations per thread, whichever comes first.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> ops{0};
+  auto storm = [&](uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::vector<void*> held;
+    for (int i = 0; i < 100000 && !stop.load(std::memory_order_relaxed); ++i) {
+      if (held.size() < 64 && (held.empty() || rng() % 2 == 0)) {
+        const size_t sizes[] = {512, 4000, 65536, 1 << 20, 3 << 20};
+        held.push_back(a->allocate(sizes[rng() % 5], {}, TestSite(2000 + rng() % 16)));
+      } else {
+        const size_t k = rng() % held.size();
+        a->free(held[k]);
+        held[k] = held.back();
+        held.pop_back();
+      }
+      ops.fetch_add(1, std::memory_order_relaxed);
+      if (std::chrono::steady_clock::now() > deadline) break;
+    }
+    for (void* p : held) a->free(p);
+  };
+  std::thread t1(storm, 1);
+  std::thread t2(storm, 2);
+  // Two scrapers, so that scrapes also race each other (the collector's own state).
+  std::atomic<int> scrapes{0};
+  auto scrape = [&] {
+    double last_allocations = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+      HttpResponse m = Get(server->port(), "/metrics");
+      EXPECT_EQ(m.status, 200);
+      if (m.status != 200) break;
+      const auto samples = ParsePrometheusText(m.body);
+      const double allocations = SampleValue(samples, "devmem_allocations_total",
+                                             {{"device", "sim:0"}, {"pool", "small"}});
+      EXPECT_GE(allocations, last_allocations);  // counters never go down
+      last_allocations = allocations;
+      EXPECT_EQ(Get(server->port(), "/debug/buffers?limit=5").status, 200);
+      EXPECT_EQ(Get(server->port(), "/debug/snapshot").status, 200);
+      scrapes.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  std::thread s1(scrape);
+  std::thread s2(scrape);
+  s1.join();
+  s2.join();
+  stop = true;
+  t1.join();
+  t2.join();
+  EXPECT_GT(scrapes.load(), 0);
+  EXPECT_GT(ops.load(), 0);
+  EXPECT_TRUE(a->validate().ok()) << a->validate();
+  HttpResponse m = Get(server->port(), "/metrics");
+  EXPECT_EQ(PromtoolCheck(m.body), "");
+  EXPECT_EQ(SampleValue(ParsePrometheusText(m.body), "devmem_allocated_bytes",
+                        {{"device", "sim:0"}, {"pool", "small"}}),
+            0);
+}
+
+}  // namespace
+}  // namespace devmem

@@ -1,0 +1,358 @@
+// tests/runtime_json_test.cc: the snapshot and buffers formats (runtime/json.h):
+// SnapshotToJson -> SnapshotFromJson gives back exactly what was written (stats,
+// segments, blocks in every state, ages, sites, trace), readers refuse other schemas
+// and name what they expected on malformed input, and LiveBuffersToJson filters and
+// orders as documented.
+#include <gtest/gtest.h>
+
+#include <source_location>
+#include <string>
+#include <vector>
+
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "allocator/snapshot.h"
+#include "nlohmann/json.hpp"
+#include "runtime/json.h"
+
+namespace devmem {
+namespace {
+
+void ExpectStatsEq(const DeviceStats& a, const DeviceStats& b) {
+  EXPECT_EQ(a.allocation, b.allocation);
+  EXPECT_EQ(a.segment, b.segment);
+  EXPECT_EQ(a.active, b.active);
+  EXPECT_EQ(a.inactive_split, b.inactive_split);
+  EXPECT_EQ(a.allocated_bytes, b.allocated_bytes);
+  EXPECT_EQ(a.reserved_bytes, b.reserved_bytes);
+  EXPECT_EQ(a.active_bytes, b.active_bytes);
+  EXPECT_EQ(a.inactive_split_bytes, b.inactive_split_bytes);
+  EXPECT_EQ(a.requested_bytes, b.requested_bytes);
+  EXPECT_EQ(a.pending_bytes, b.pending_bytes);
+  EXPECT_EQ(a.oversize_allocations, b.oversize_allocations);
+  EXPECT_EQ(a.oversize_segments, b.oversize_segments);
+  EXPECT_EQ(a.num_alloc_retries, b.num_alloc_retries);
+  EXPECT_EQ(a.num_ooms, b.num_ooms);
+  EXPECT_EQ(a.num_device_alloc, b.num_device_alloc);
+  EXPECT_EQ(a.num_device_free, b.num_device_free);
+  EXPECT_EQ(a.num_sync_all_streams, b.num_sync_all_streams);
+  EXPECT_EQ(a.cache_hits, b.cache_hits);
+  EXPECT_EQ(a.cache_misses, b.cache_misses);
+  EXPECT_EQ(a.num_frees, b.num_frees);
+  EXPECT_EQ(a.max_split_size, b.max_split_size);
+}
+
+void ExpectSnapshotsEq(const RuntimeSnapshot& a, const RuntimeSnapshot& b) {
+  EXPECT_EQ(a.time_ns, b.time_ns);
+  EXPECT_EQ(a.unix_time_ns, b.unix_time_ns);
+  ASSERT_EQ(a.devices.size(), b.devices.size());
+  for (size_t d = 0; d < a.devices.size(); ++d) {
+    const AllocatorSnapshot& x = a.devices[d];
+    const AllocatorSnapshot& y = b.devices[d];
+    EXPECT_EQ(x.device, y.device);
+    EXPECT_EQ(x.time_ns, y.time_ns);
+    EXPECT_EQ(x.info.name, y.info.name);
+    EXPECT_EQ(x.info.uuid, y.info.uuid);
+    EXPECT_EQ(x.info.backend, y.info.backend);
+    EXPECT_EQ(x.mem_info.free_bytes, y.mem_info.free_bytes);
+    EXPECT_EQ(x.mem_info.total_bytes, y.mem_info.total_bytes);
+    ExpectStatsEq(x.stats, y.stats);
+    ASSERT_EQ(x.segments.size(), y.segments.size());
+    for (size_t s = 0; s < x.segments.size(); ++s) {
+      const SegmentInfo& p = x.segments[s];
+      const SegmentInfo& q = y.segments[s];
+      EXPECT_EQ(p.addr, q.addr);
+      EXPECT_EQ(p.size, q.size);
+      EXPECT_EQ(p.stream, q.stream);
+      EXPECT_EQ(p.small_pool, q.small_pool);
+      EXPECT_EQ(p.expandable, q.expandable);
+      ASSERT_EQ(p.blocks.size(), q.blocks.size());
+      for (size_t k = 0; k < p.blocks.size(); ++k) {
+        SCOPED_TRACE(testing::Message() << "device " << d << " segment " << s << " block " << k);
+        EXPECT_EQ(p.blocks[k].addr, q.blocks[k].addr);
+        EXPECT_EQ(p.blocks[k].size, q.blocks[k].size);
+        EXPECT_EQ(p.blocks[k].requested, q.blocks[k].requested);
+        EXPECT_EQ(p.blocks[k].state, q.blocks[k].state);
+        EXPECT_EQ(p.blocks[k].stream, q.blocks[k].stream);
+        EXPECT_EQ(p.blocks[k].site, q.blocks[k].site);
+        EXPECT_EQ(p.blocks[k].alloc_time_ns, q.blocks[k].alloc_time_ns);
+      }
+    }
+  }
+}
+
+// Every statistic distinct and non-zero, so that a field read into the wrong place
+// shows.
+DeviceStats DistinctStats() {
+  DeviceStats s;
+  int64_t v = 1;
+  auto fill = [&](Stat& st) {
+    st.current = v++;
+    st.peak = v++;
+    st.allocated = v++;
+    st.freed = v++;
+  };
+  for (StatArray* a : {&s.allocation, &s.segment, &s.active, &s.inactive_split,
+                       &s.allocated_bytes, &s.reserved_bytes, &s.active_bytes,
+                       &s.inactive_split_bytes, &s.requested_bytes, &s.pending_bytes}) {
+    for (Stat& st : *a) fill(st);
+  }
+  fill(s.oversize_allocations);
+  fill(s.oversize_segments);
+  for (int64_t* c : {&s.num_alloc_retries, &s.num_ooms, &s.num_device_alloc,
+                     &s.num_device_free, &s.num_sync_all_streams, &s.cache_hits,
+                     &s.cache_misses, &s.num_frees}) {
+    *c = v++;
+  }
+  s.max_split_size = INT64_MAX;
+  return s;
+}
+
+// A hand-made device with a block in each state, a huge address and an expandable
+// segment, plus a real allocator's snapshot.
+RuntimeSnapshot MakeSnapshot(SiteId site_a, SiteId site_b, CachingAllocator& real) {
+  RuntimeSnapshot snap;
+  snap.time_ns = 5'000'000'000;
+  snap.unix_time_ns = 1'700'000'000'000'000'000;
+  AllocatorSnapshot d;
+  d.device = DeviceId{DeviceType::kCuda, 2};
+  d.info = DeviceInfo{"NVIDIA H200", "GPU-1234", "cuda"};
+  d.mem_info = MemInfo{100 * kMiB, 141 * kGiB};
+  d.stats = DistinctStats();
+  d.time_ns = 4'000'000'000;
+  SegmentInfo seg;
+  seg.addr = uintptr_t{0xfffe000000000000};
+  seg.size = 6 * kMiB;
+  seg.stream = Stream{77};
+  seg.small_pool = false;
+  seg.expandable = true;
+  seg.blocks.push_back(BlockInfo{seg.addr, 2 * kMiB, 2 * kMiB - 3, BlockState::kAllocated,
+                                 Stream{77}, site_a, 3'000'000'000});
+  seg.blocks.push_back(BlockInfo{seg.addr + 2 * kMiB, 2 * kMiB, 0, BlockState::kPending,
+                                 Stream{77}, site_b, 3'500'000'000});
+  seg.blocks.push_back(BlockInfo{seg.addr + 4 * kMiB, 2 * kMiB, 0, BlockState::kFree,
+                                 Stream{77}, kUnknownSite, 0});
+  d.segments.push_back(seg);
+  snap.devices.push_back(d);
+  snap.devices.push_back(real.snapshot());
+  return snap;
+}
+
+class SnapshotJsonTest : public ::testing::Test {
+ protected:
+  SnapshotJsonTest() : alloc_(MakeSimBackend(SmallSim(), 32), SmallSim()) {
+    site_a_ = InternSite(std::source_location::current(), SiteKind::kClone, "json-a");
+    site_b_ = InternSite(std::source_location::current(), SiteKind::kAlloc);
+    p_ = alloc_.allocate(1000, {}, site_a_);
+    q_ = alloc_.allocate(3 * kMiB, {}, site_b_);
+    void* r = alloc_.allocate(5000, {}, site_b_);
+    alloc_.free(r);  // a free block inside a split segment
+  }
+  ~SnapshotJsonTest() override {
+    alloc_.free(p_);
+    alloc_.free(q_);
+  }
+  static Config SmallSim() {
+    Config c;
+    c.backend = BackendKind::kSim;
+    c.sim_capacity = 64 * kMiB;
+    return c;
+  }
+  CachingAllocator alloc_;
+  SiteId site_a_ = 0, site_b_ = 0;
+  void* p_ = nullptr;
+  void* q_ = nullptr;
+};
+
+TEST_F(SnapshotJsonTest, RoundTripIsExactIncludingSites) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  const std::string text = SnapshotToJson(snap);
+  SiteMap sites;
+  std::vector<TraceEvent> trace{TraceEvent{}};
+  absl::StatusOr<RuntimeSnapshot> back = SnapshotFromJson(text, &sites, &trace);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSnapshotsEq(snap, *back);
+  EXPECT_TRUE(trace.empty());  // written without a trace
+  // The site table holds every site the blocks name, as GetSite describes it.
+  ASSERT_EQ(sites.size(), 2u);
+  for (SiteId id : {site_a_, site_b_}) {
+    ASSERT_EQ(sites.count(id), 1u) << id;
+    const SiteInfo want = GetSite(id);
+    EXPECT_EQ(sites[id].file, want.file);
+    EXPECT_EQ(sites[id].line, want.line);
+    EXPECT_EQ(sites[id].function, want.function);
+    EXPECT_EQ(sites[id].tag, want.tag);
+    EXPECT_EQ(sites[id].kind, want.kind);
+  }
+  EXPECT_EQ(sites[site_a_].tag, "json-a");
+  EXPECT_EQ(sites[site_a_].kind, SiteKind::kClone);
+}
+
+TEST_F(SnapshotJsonTest, DocumentShape) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  const nlohmann::json j = nlohmann::json::parse(SnapshotToJson(snap));
+  EXPECT_EQ(j["schema"], "devmem.snapshot/1");
+  const nlohmann::json& d = j["devices"][0];
+  EXPECT_EQ(d["device"], "cuda:2");
+  EXPECT_EQ(d["info"]["uuid"], "GPU-1234");
+  EXPECT_EQ(d["mem_info"]["total_bytes"], 141 * kGiB);
+  // Every DeviceStats field: 10 stat arrays, 2 stats, 9 counters.
+  EXPECT_EQ(d["stats"].size(), 21u);
+  EXPECT_EQ(d["stats"]["reserved_bytes"]["large"]["peak"],
+            snap.devices[0].stats.reserved_bytes[kLargePool].peak);
+  EXPECT_EQ(d["stats"]["max_split_size"], INT64_MAX);
+  const nlohmann::json& seg = d["segments"][0];
+  EXPECT_TRUE(seg["addr"].is_number_unsigned());
+  EXPECT_EQ(seg["addr"].get<uint64_t>(), uint64_t{0xfffe000000000000});
+  EXPECT_EQ(seg["pool"], "large");
+  EXPECT_EQ(seg["expandable"], true);
+  EXPECT_EQ(seg["blocks"][0]["state"], "allocated");
+  EXPECT_EQ(seg["blocks"][0]["age_ns"], 1'000'000'000);  // device time - alloc time
+  EXPECT_EQ(seg["blocks"][1]["state"], "pending");
+  EXPECT_EQ(seg["blocks"][2]["state"], "free");
+  EXPECT_FALSE(seg["blocks"][2].contains("age_ns"));
+  // Live buffers: the allocated blocks only.
+  ASSERT_EQ(d["live_buffers"].size(), 1u);
+  EXPECT_EQ(d["live_buffers"][0]["requested"], 2 * kMiB - 3);
+  EXPECT_EQ(j["devices"][1]["live_buffers"].size(), 2u);  // p_ and q_
+  EXPECT_FALSE(j.contains("trace"));
+}
+
+TEST_F(SnapshotJsonTest, TraceTravelsWithTheSnapshot) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  TraceEvent e;
+  e.seq = 5;
+  e.action = AllocAction::kFree;
+  e.device = DeviceId{DeviceType::kSim, 32};
+  e.addr = 4096;
+  e.size = 512;
+  e.site = site_a_;
+  e.thread = 2;
+  const std::vector<TraceEvent> trace{e};
+  SiteMap sites;
+  std::vector<TraceEvent> back_trace;
+  absl::StatusOr<RuntimeSnapshot> back =
+      SnapshotFromJson(SnapshotToJson(snap, &trace), &sites, &back_trace);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back_trace.size(), 1u);
+  EXPECT_EQ(back_trace[0].seq, 5u);
+  EXPECT_EQ(back_trace[0].action, AllocAction::kFree);
+  EXPECT_EQ(back_trace[0].site, site_a_);
+  EXPECT_EQ(back_trace[0].thread, 2u);
+}
+
+TEST_F(SnapshotJsonTest, OtherSchemasAreRefusedByName) {
+  std::string text = SnapshotToJson(MakeSnapshot(site_a_, site_b_, alloc_));
+  auto with_schema = [&](std::string_view schema) {
+    std::string t = text;
+    const std::string from = "\"devmem.snapshot/1\"";
+    t.replace(t.find(from), from.size(), std::string("\"") + std::string(schema) + "\"");
+    return t;
+  };
+  absl::StatusOr<RuntimeSnapshot> r = SnapshotFromJson(with_schema("devmem.snapshot/2"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
+  EXPECT_NE(r.status().message().find("\"devmem.snapshot/2\""), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("devmem.snapshot/1"), std::string::npos) << r.status();
+  EXPECT_FALSE(SnapshotFromJson(with_schema("devmem.buffers/1")).ok());
+  EXPECT_FALSE(SnapshotFromJson(with_schema("devmem.snapshot/10")).ok());
+  // A minor version of the same major is read (it may only add fields).
+  EXPECT_TRUE(SnapshotFromJson(with_schema("devmem.snapshot/1.4")).ok());
+  r = SnapshotFromJson(R"({"devices": []})");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("missing \"schema\""), std::string::npos) << r.status();
+}
+
+TEST_F(SnapshotJsonTest, MalformedInputNamesWhatWasExpected) {
+  const std::string text = SnapshotToJson(MakeSnapshot(site_a_, site_b_, alloc_));
+  auto message = [](const std::string& t) {
+    absl::StatusOr<RuntimeSnapshot> r = SnapshotFromJson(t);
+    EXPECT_FALSE(r.ok());
+    return std::string(r.status().message());
+  };
+  // Truncated.
+  std::string m = message(text.substr(0, text.size() / 2));
+  EXPECT_NE(m.find("snapshot: not valid JSON"), std::string::npos) << m;
+  m = message("");
+  EXPECT_NE(m.find("not valid JSON"), std::string::npos) << m;
+  m = message("[1, 2]");
+  EXPECT_NE(m.find("expected a JSON object"), std::string::npos) << m;
+  // Wrong types, named by path.
+  nlohmann::json j = nlohmann::json::parse(text);
+  nlohmann::json bad = j;
+  bad["devices"][0]["segments"][0]["blocks"][1]["size"] = "big";
+  m = message(bad.dump());
+  EXPECT_NE(m.find("devices[0].segments[0].blocks[1].size: "
+                   "expected a non-negative integer, got string"),
+            std::string::npos)
+      << m;
+  bad = j;
+  bad["devices"][0]["segments"][0]["blocks"][0]["state"] = "lost";
+  m = message(bad.dump());
+  EXPECT_NE(m.find("state: expected a block state (one of allocated, free, pending), got \"lost\""),
+            std::string::npos)
+      << m;
+  bad = j;
+  bad["devices"][1]["stats"]["reserved_bytes"].erase("small");
+  m = message(bad.dump());
+  EXPECT_NE(m.find("devices[1].stats.reserved_bytes.small: missing"), std::string::npos) << m;
+  bad = j;
+  bad["devices"][0]["device"] = "gpu:0";
+  m = message(bad.dump());
+  EXPECT_NE(m.find("devices[0].device: expected a device"), std::string::npos) << m;
+  bad = j;
+  bad["devices"][0]["segments"][0]["addr"] = -1;
+  m = message(bad.dump());
+  EXPECT_NE(m.find("devices[0].segments[0].addr: expected a non-negative integer"),
+            std::string::npos)
+      << m;
+  bad = j;
+  bad["sites"][0]["kind"] = 3;
+  m = message(bad.dump());
+  EXPECT_NE(m.find("sites[0].kind: expected a string, got number"), std::string::npos) << m;
+  bad = j;
+  bad["devices"] = nlohmann::json::object();
+  m = message(bad.dump());
+  EXPECT_NE(m.find("devices: expected an array, got object"), std::string::npos) << m;
+}
+
+TEST_F(SnapshotJsonTest, LiveBuffersAreFilteredAndLargestFirst) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  auto parse = [](const std::string& s) { return nlohmann::json::parse(s); };
+  nlohmann::json all = parse(LiveBuffersToJson(snap, BufferFilter{}));
+  EXPECT_EQ(all["schema"], "devmem.buffers/1");
+  ASSERT_EQ(all["buffers"].size(), 3u);  // one on cuda:2, p_ and q_ on sim:32
+  EXPECT_EQ(all["matched"], 3u);
+  EXPECT_GE(all["buffers"][0]["size"], all["buffers"][1]["size"]);
+  EXPECT_GE(all["buffers"][1]["size"], all["buffers"][2]["size"]);
+
+  BufferFilter on_sim;
+  on_sim.device = DeviceId{DeviceType::kSim, 32};
+  nlohmann::json sim = parse(LiveBuffersToJson(snap, on_sim));
+  ASSERT_EQ(sim["buffers"].size(), 2u);
+  EXPECT_EQ(sim["buffers"][0]["addr"].get<uint64_t>(), reinterpret_cast<uintptr_t>(q_));
+  EXPECT_EQ(sim["buffers"][0]["device"], "sim:32");
+
+  BufferFilter big;
+  big.min_bytes = 2 * kMiB;
+  big.limit = 1;
+  nlohmann::json b = parse(LiveBuffersToJson(snap, big));
+  EXPECT_EQ(b["matched"], 2u);
+  EXPECT_EQ(b["returned"], 1u);
+  ASSERT_EQ(b["buffers"].size(), 1u);
+  EXPECT_EQ(b["buffers"][0]["size"], 3 * kMiB);  // q_
+
+  BufferFilter tagged;
+  tagged.site = "json-a";
+  nlohmann::json t = parse(LiveBuffersToJson(snap, tagged));
+  ASSERT_EQ(t["buffers"].size(), 2u);  // the cuda:2 block and p_
+  for (const auto& buf : t["buffers"]) EXPECT_EQ(buf["site"], site_a_);
+  EXPECT_NE(t["buffers"][0]["where"].get<std::string>().find("json-a @"), std::string::npos);
+  BufferFilter nowhere;
+  nowhere.site = "no-such-file.cc";
+  EXPECT_EQ(parse(LiveBuffersToJson(snap, nowhere))["buffers"].size(), 0u);
+}
+
+}  // namespace
+}  // namespace devmem

@@ -1,0 +1,399 @@
+// tests/runtime_metrics_test.cc: the Prometheus families of runtime/metrics.h, the
+// size histogram of runtime/size_histogram.h, and label hygiene, against allocators
+// on simulated devices (no runtime, no HTTP: runtime_http_test.cc serves them).
+#include "runtime/metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/errors.h"
+#include "allocator/site.h"
+#include "runtime/size_histogram.h"
+#include "tests/metrics_test_util.h"
+#include "tests/test_util.h"
+
+namespace devmem {
+namespace {
+
+using testutil::FindSample;
+using testutil::ParsePrometheusText;
+using testutil::PromtoolCheck;
+using testutil::Sample;
+using testutil::SamplesOf;
+using testutil::SampleValue;
+
+// One sim allocator, its histogram and a collector over it.
+struct Fixture {
+  explicit Fixture(std::string_view conf = "", int top_k = 10) {
+    testutil::SimAllocator t = testutil::MakeSimAllocator(conf);
+    alloc = std::shared_ptr<CachingAllocator>(std::move(t.alloc));
+    alloc->set_observer(&sizes);
+    collector = std::make_unique<MetricsCollector>(
+        [a = alloc] { return std::vector<std::shared_ptr<CachingAllocator>>{a}; },
+        MetricsOptions{.site_top_k = top_k, .sizes = &sizes});
+  }
+  ~Fixture() { alloc->set_observer(nullptr); }
+  std::vector<Sample> Scrape() const { return ParsePrometheusText(collector->Text()); }
+
+  SizeHistogram sizes;
+  std::shared_ptr<CachingAllocator> alloc;
+  std::unique_ptr<MetricsCollector> collector;
+};
+
+SiteId Site(uint32_t line, SiteKind kind = SiteKind::kAlloc, std::string_view tag = {}) {
+  return InternNamedSite("tests/runtime_metrics_test.cc", line, "Test", kind, tag);
+}
+
+bool IsValidUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3
+                                                    : (c & 0xF8) == 0xF0 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    }
+    i += n;
+  }
+  return true;
+}
+
+// Every family docs/metrics.md lists: name, type, label names of each series.
+struct FamilySpec {
+  const char* name;
+  const char* type;
+  std::set<std::string> labels;
+};
+const std::vector<FamilySpec>& Families() {
+  static const auto* families = new std::vector<FamilySpec>{
+      {"devmem_allocated_bytes", "gauge", {"device", "pool"}},
+      {"devmem_reserved_bytes", "gauge", {"device", "pool"}},
+      {"devmem_active_bytes", "gauge", {"device", "pool"}},
+      {"devmem_cached_bytes", "gauge", {"device", "pool"}},
+      {"devmem_pending_bytes", "gauge", {"device", "pool"}},
+      {"devmem_requested_bytes", "gauge", {"device", "pool"}},
+      {"devmem_inactive_split_bytes", "gauge", {"device", "pool"}},
+      {"devmem_live_buffers", "gauge", {"device", "pool"}},
+      {"devmem_segments", "gauge", {"device", "pool"}},
+      {"devmem_largest_free_block_bytes", "gauge", {"device", "pool"}},
+      {"devmem_fragmentation_ratio", "gauge", {"device", "pool"}},
+      {"devmem_allocations_total", "counter", {"device", "pool"}},
+      {"devmem_frees_total", "counter", {"device", "pool"}},
+      {"devmem_allocated_bytes_total", "counter", {"device", "pool"}},
+      {"devmem_peak_allocated_bytes", "gauge", {"device"}},
+      {"devmem_peak_reserved_bytes", "gauge", {"device"}},
+      {"devmem_device_total_bytes", "gauge", {"device"}},
+      {"devmem_device_free_bytes", "gauge", {"device"}},
+      {"devmem_device_allocations_total", "counter", {"device"}},
+      {"devmem_device_frees_total", "counter", {"device"}},
+      {"devmem_cache_hits_total", "counter", {"device"}},
+      {"devmem_cache_misses_total", "counter", {"device"}},
+      {"devmem_alloc_retries_total", "counter", {"device"}},
+      {"devmem_ooms_total", "counter", {"device"}},
+      {"devmem_device_info", "gauge", {"device", "uuid", "name", "backend"}},
+      {"devmem_site_live_bytes", "gauge", {"device", "site"}},
+      {"devmem_site_live_buffers", "gauge", {"device", "site"}},
+      {"devmem_clones_total", "counter", {"device", "site", "kind"}},
+      {"devmem_clone_bytes_total", "counter", {"device", "site", "kind"}},
+      {"devmem_allocation_size_bytes", "histogram", {"device"}},
+  };
+  return *families;
+}
+
+TEST(MetricsTest, EveryFamilyIsPresentWithItsTypeAndLabels) {
+  Fixture f;
+  void* p = f.alloc->allocate(4096, {}, Site(10));
+  void* q = f.alloc->allocate(3 * kMiB, {}, Site(11, SiteKind::kClone));
+  const std::string text = f.collector->Text();
+  const std::vector<Sample> samples = ParsePrometheusText(text);
+  for (const FamilySpec& family : Families()) {
+    SCOPED_TRACE(family.name);
+    EXPECT_NE(text.find(std::string("# TYPE ") + family.name + " " + family.type + "\n"),
+              std::string::npos);
+    EXPECT_NE(text.find(std::string("# HELP ") + family.name + " "), std::string::npos);
+    const std::string base = family.name;
+    int series = 0;
+    for (const Sample& s : samples) {
+      const bool histogram_part = s.name == base + "_bucket" || s.name == base + "_sum" ||
+                                  s.name == base + "_count";
+      if (s.name != base && !histogram_part) continue;
+      ++series;
+      std::set<std::string> names;
+      for (const auto& [k, v] : s.labels) names.insert(k);
+      if (s.name == base + "_bucket") names.erase("le");
+      EXPECT_EQ(names, family.labels) << s.name;
+      EXPECT_EQ(s.labels.at("device"), "sim:0");
+      if (family.labels.contains("pool")) {
+        EXPECT_TRUE(s.labels.at("pool") == "small" || s.labels.at("pool") == "large");
+      }
+    }
+    EXPECT_GT(series, 0);
+  }
+  // Nothing outside the list (docs/metrics.md and this list are kept together).
+  for (const Sample& s : samples) {
+    bool listed = false;
+    for (const FamilySpec& family : Families()) {
+      const std::string base = family.name;
+      listed = listed || s.name == base || s.name == base + "_bucket" ||
+               s.name == base + "_sum" || s.name == base + "_count";
+    }
+    EXPECT_TRUE(listed) << s.name << " is not in docs/metrics.md's list";
+  }
+  EXPECT_EQ(SampleValue(samples, "devmem_device_info",
+                        {{"device", "sim:0"}, {"backend", "sim"}}),
+            1);
+  f.alloc->free(p);
+  f.alloc->free(q);
+}
+
+TEST(MetricsTest, PromtoolFindsNothingToComplainAbout) {
+  Fixture f("", /*top_k=*/2);
+  std::vector<void*> held;
+  for (uint32_t line = 20; line < 26; ++line) {
+    held.push_back(f.alloc->allocate(line * 1000, {}, Site(line)));
+    held.push_back(f.alloc->allocate(line * 1000, {}, Site(line, SiteKind::kContiguous)));
+  }
+  // A file name with quotes, a backslash, a newline and invalid UTF-8.
+  held.push_back(f.alloc->allocate(
+      1000, {}, InternNamedSite("we\"ird\\na\nme\xff\xfe.cc", 7, "f", SiteKind::kToDevice)));
+  EXPECT_EQ(PromtoolCheck(f.collector->Text()), "");
+  for (void* p : held) f.alloc->free(p);
+  EXPECT_EQ(PromtoolCheck(f.collector->Text()), "");
+}
+
+TEST(MetricsTest, CountersAndGaugesFollowTheAllocator) {
+  Fixture f;
+  const std::vector<Sample> before = f.Scrape();
+  const std::map<std::string, std::string> small = {{"device", "sim:0"}, {"pool", "small"}};
+  const std::map<std::string, std::string> large = {{"device", "sim:0"}, {"pool", "large"}};
+  const std::map<std::string, std::string> dev = {{"device", "sim:0"}};
+  EXPECT_EQ(SampleValue(before, "devmem_allocations_total", small), 0);
+  EXPECT_EQ(SampleValue(before, "devmem_reserved_bytes", small), 0);
+
+  std::vector<void*> held;
+  for (int i = 0; i < 5; ++i) held.push_back(f.alloc->allocate(1000, {}, Site(30)));
+  void* big = f.alloc->allocate(3 * kMiB, {}, Site(31));
+  std::vector<Sample> now = f.Scrape();
+  EXPECT_EQ(SampleValue(now, "devmem_allocations_total", small), 5);
+  EXPECT_EQ(SampleValue(now, "devmem_allocations_total", large), 1);
+  EXPECT_EQ(SampleValue(now, "devmem_live_buffers", small), 5);
+  EXPECT_EQ(SampleValue(now, "devmem_allocated_bytes", small), 5 * 1024);
+  EXPECT_EQ(SampleValue(now, "devmem_requested_bytes", small), 5 * 1000);
+  EXPECT_EQ(SampleValue(now, "devmem_allocated_bytes", large), 3 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_reserved_bytes", small), 2 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_reserved_bytes", large), 20 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_cached_bytes", large), 17 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_largest_free_block_bytes", large), 17 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_fragmentation_ratio", large), 0);
+  EXPECT_EQ(SampleValue(now, "devmem_device_allocations_total", dev), 2);
+  EXPECT_EQ(SampleValue(now, "devmem_cache_misses_total", dev), 2);
+  EXPECT_EQ(SampleValue(now, "devmem_cache_hits_total", dev), 4);
+  EXPECT_EQ(SampleValue(now, "devmem_peak_allocated_bytes", dev), 5 * 1024 + 3 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_device_total_bytes", dev), kGiB);
+  EXPECT_EQ(SampleValue(now, "devmem_device_free_bytes", dev), kGiB - 22 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_allocation_size_bytes_count", dev), 6);
+  EXPECT_EQ(SampleValue(now, "devmem_allocation_size_bytes_sum", dev), 5 * 1000 + 3 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_allocation_size_bytes_bucket",
+                        {{"device", "sim:0"}, {"le", "1024"}}),
+            5);
+  EXPECT_EQ(SampleValue(now, "devmem_allocation_size_bytes_bucket",
+                        {{"device", "sim:0"}, {"le", "2097152"}}),
+            5);
+  EXPECT_EQ(SampleValue(now, "devmem_allocation_size_bytes_bucket",
+                        {{"device", "sim:0"}, {"le", "4194304"}}),
+            6);
+
+  // Free every other small block: two free holes of 1 KiB and the segment's tail.
+  f.alloc->free(held[1]);
+  f.alloc->free(held[3]);
+  f.alloc->free(big);
+  now = f.Scrape();
+  EXPECT_EQ(SampleValue(now, "devmem_frees_total", small), 2);
+  EXPECT_EQ(SampleValue(now, "devmem_frees_total", large), 1);
+  EXPECT_EQ(SampleValue(now, "devmem_peak_allocated_bytes", dev), 5 * 1024 + 3 * kMiB);
+  EXPECT_EQ(SampleValue(now, "devmem_allocated_bytes", large), 0);
+  const double tail = 2 * kMiB - 5 * 1024;
+  EXPECT_EQ(SampleValue(now, "devmem_largest_free_block_bytes", small), tail);
+  EXPECT_DOUBLE_EQ(SampleValue(now, "devmem_fragmentation_ratio", small),
+                   1.0 - tail / (tail + 2 * 1024));
+  f.alloc->empty_cache();
+  now = f.Scrape();
+  EXPECT_EQ(SampleValue(now, "devmem_device_frees_total", dev), 1);
+  EXPECT_EQ(SampleValue(now, "devmem_reserved_bytes", large), 0);
+  for (void* p : {held[0], held[2], held[4]}) f.alloc->free(p);
+}
+
+TEST(MetricsTest, OomsAndRetriesAreCounted) {
+  Fixture f("sim_capacity:64MiB");
+  void* p = f.alloc->allocate(40 * kMiB);
+  EXPECT_THROW(f.alloc->allocate(40 * kMiB), OutOfMemoryError);
+  const std::vector<Sample> now = f.Scrape();
+  EXPECT_EQ(SampleValue(now, "devmem_ooms_total", {{"device", "sim:0"}}), 1);
+  EXPECT_GE(SampleValue(now, "devmem_alloc_retries_total", {{"device", "sim:0"}}), 1);
+  f.alloc->free(p);
+}
+
+TEST(MetricsTest, SiteLabelIsBoundedToTopKPlusOther) {
+  constexpr int kTopK = 3;
+  Fixture f("", kTopK);
+  // Ten sites; site 40+i holds (i + 1) blocks of 4 KiB.
+  std::vector<void*> held;
+  for (uint32_t i = 0; i < 10; ++i) {
+    for (uint32_t n = 0; n <= i; ++n) held.push_back(f.alloc->allocate(4096, {}, Site(40 + i)));
+  }
+  std::vector<Sample> now = f.Scrape();
+  std::vector<Sample> live = SamplesOf(now, "devmem_site_live_bytes");
+  ASSERT_EQ(live.size(), kTopK + 1u);
+  double other = -1;
+  std::set<std::string> sites;
+  for (const Sample& s : live) {
+    sites.insert(s.labels.at("site"));
+    if (s.labels.at("site") == "other") other = s.value;
+  }
+  for (uint32_t line : {47u, 48u, 49u}) {
+    EXPECT_TRUE(sites.contains(GetSite(Site(line)).ToString())) << line;
+  }
+  EXPECT_EQ(other, (1 + 2 + 3 + 4 + 5 + 6 + 7) * 4096.0);
+  EXPECT_EQ(SampleValue(now, "devmem_site_live_buffers",
+                        {{"site", GetSite(Site(49)).ToString()}}),
+            10);
+
+  // Copy sites: five clone sites, then a larger one later. The counters' site set is
+  // the first K (largest first) and stays; "other" only grows.
+  std::vector<void*> copies;
+  for (uint32_t i = 0; i < 5; ++i) {
+    copies.push_back(f.alloc->allocate(4096 * (i + 1), {}, Site(60 + i, SiteKind::kClone)));
+  }
+  now = f.Scrape();
+  std::vector<Sample> clones = SamplesOf(now, "devmem_clones_total");
+  // K labelled sites plus "other" for each of the three copy kinds.
+  ASSERT_EQ(clones.size(), kTopK + 3u);
+  const std::map<std::string, std::string> other_clone = {{"site", "other"},
+                                                          {"kind", "clone"}};
+  EXPECT_EQ(SampleValue(now, "devmem_clones_total", other_clone), 2);
+  EXPECT_EQ(SampleValue(now, "devmem_clone_bytes_total", other_clone), 3 * 4096);
+  for (uint32_t line : {62u, 63u, 64u}) {
+    EXPECT_EQ(SampleValue(now, "devmem_clones_total",
+                          {{"site", GetSite(Site(line, SiteKind::kClone)).ToString()},
+                           {"kind", "clone"}}),
+              1);
+  }
+  copies.push_back(f.alloc->allocate(kMiB, {}, Site(70, SiteKind::kClone)));
+  now = f.Scrape();
+  EXPECT_EQ(SamplesOf(now, "devmem_clones_total").size(), kTopK + 3u);
+  EXPECT_EQ(SampleValue(now, "devmem_clones_total", other_clone), 3);
+  EXPECT_EQ(SampleValue(now, "devmem_clone_bytes_total", other_clone), 3 * 4096 + kMiB);
+  for (void* p : held) f.alloc->free(p);
+  for (void* p : copies) f.alloc->free(p);
+  // Counters stay after the buffers die; live bytes drop to zero.
+  now = f.Scrape();
+  EXPECT_EQ(SampleValue(now, "devmem_clones_total", other_clone), 3);
+  EXPECT_EQ(SamplesOf(now, "devmem_site_live_bytes").size(), 1u);
+  EXPECT_EQ(SampleValue(now, "devmem_site_live_bytes", {{"site", "other"}}), 0);
+}
+
+TEST(MetricsTest, SitesThatReadTheSameShareOneSeries) {
+  Fixture f;
+  // Two ids, one description: same file, line and kind, different function.
+  const SiteId a = InternNamedSite("tests/same.cc", 5, "f<int>", SiteKind::kClone);
+  const SiteId b = InternNamedSite("tests/same.cc", 5, "f<float>", SiteKind::kClone);
+  ASSERT_NE(a, b);
+  ASSERT_EQ(GetSite(a).ToString(), GetSite(b).ToString());
+  void* p = f.alloc->allocate(1024, {}, a);
+  void* q = f.alloc->allocate(2048, {}, b);
+  const std::string text = f.collector->Text();
+  EXPECT_EQ(PromtoolCheck(text), "");
+  const std::vector<Sample> now = ParsePrometheusText(text);
+  EXPECT_EQ(SampleValue(now, "devmem_site_live_bytes", {{"site", GetSite(a).ToString()}}),
+            3072);
+  EXPECT_EQ(SampleValue(now, "devmem_clones_total", {{"site", GetSite(a).ToString()}}), 2);
+  f.alloc->free(p);
+  f.alloc->free(q);
+}
+
+TEST(MetricsTest, EveryDeviceGetsItsOwnSeries) {
+  Config config = testutil::MakeSimConfig("");
+  auto a0 = std::make_shared<CachingAllocator>(MakeSimBackend(config, 0), config);
+  auto a1 = std::make_shared<CachingAllocator>(MakeSimBackend(config, 1), config);
+  MetricsCollector collector([&] { return std::vector{a0, a1}; }, {});
+  void* p = a1->allocate(1000);
+  const std::vector<Sample> now = ParsePrometheusText(collector.Text());
+  EXPECT_EQ(SampleValue(now, "devmem_allocations_total", {{"device", "sim:0"}, {"pool", "small"}}), 0);
+  EXPECT_EQ(SampleValue(now, "devmem_allocations_total", {{"device", "sim:1"}, {"pool", "small"}}), 1);
+  EXPECT_EQ(SamplesOf(now, "devmem_device_info").size(), 2u);
+  // No histogram without a SizeHistogram.
+  EXPECT_EQ(FindSample(now, "devmem_allocation_size_bytes_count", {}), nullptr);
+  a1->free(p);
+}
+
+TEST(SanitizeLabelValueTest, KeepsValidTextAndRepairsTheRest) {
+  EXPECT_EQ(SanitizeLabelValue("tensor/ops.cc:40 (clone)"), "tensor/ops.cc:40 (clone)");
+  EXPECT_EQ(SanitizeLabelValue("caf\xC3\xA9"), "caf\xC3\xA9");       // é stays
+  EXPECT_EQ(SanitizeLabelValue("a\xFF" "b"), "a\xEF\xBF\xBD" "b");     // stray byte
+  EXPECT_EQ(SanitizeLabelValue("a\xC3"), "a\xEF\xBF\xBD");            // cut sequence
+  EXPECT_EQ(SanitizeLabelValue("\xC0\xAF"), "\xEF\xBF\xBD\xEF\xBF\xBD");  // overlong
+  EXPECT_EQ(SanitizeLabelValue("\xED\xA0\x80"),                        // surrogate
+            "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(SanitizeLabelValue("a\nb\tc\x7F"), "a b c ");
+}
+
+TEST(SanitizeLabelValueTest, BoundsTheLengthOnCharacterBoundaries) {
+  std::string long_name;
+  for (int i = 0; i < 100; ++i) long_name += "dir\xC3\xA9/";  // 6 bytes each
+  long_name += "file.cc:120 (clone)";
+  const std::string s = SanitizeLabelValue(long_name, 64);
+  EXPECT_LE(s.size(), 64u);
+  EXPECT_TRUE(IsValidUtf8(s)) << s;
+  EXPECT_NE(s.find("..."), std::string::npos);
+  EXPECT_TRUE(s.starts_with("dir\xC3\xA9/")) << s;
+  EXPECT_TRUE(s.ends_with("file.cc:120 (clone)")) << s;
+  for (size_t max : {16u, 17u, 18u, 19u, 20u, 33u, 160u}) {
+    const std::string t = SanitizeLabelValue(long_name, max);
+    EXPECT_LE(t.size(), max);
+    EXPECT_TRUE(IsValidUtf8(t)) << max;
+  }
+}
+
+TEST(SizeHistogramTest, BucketsArePowersOfTwo) {
+  EXPECT_EQ(SizeHistogram::BucketOf(0), 0);
+  EXPECT_EQ(SizeHistogram::BucketOf(1), 0);
+  EXPECT_EQ(SizeHistogram::BucketOf(512), 0);
+  EXPECT_EQ(SizeHistogram::BucketOf(513), 1);
+  EXPECT_EQ(SizeHistogram::BucketOf(1024), 1);
+  EXPECT_EQ(SizeHistogram::BucketOf(kMiB), 11);
+  EXPECT_EQ(SizeHistogram::BucketOf(kMiB + 1), 12);
+  EXPECT_EQ(SizeHistogram::BucketOf(size_t{1} << 40), SizeHistogram::kNumFiniteBuckets - 1);
+  EXPECT_EQ(SizeHistogram::BucketOf((size_t{1} << 40) + 1), SizeHistogram::kNumFiniteBuckets);
+  EXPECT_EQ(SizeHistogram::BucketOf(SIZE_MAX), SizeHistogram::kNumFiniteBuckets);
+}
+
+TEST(SizeHistogramTest, CountsAllocEventsPerDevice) {
+  SizeHistogram h;
+  const DeviceId sim1{DeviceType::kSim, 1};
+  auto event = [](AllocAction action, DeviceId device, size_t requested) {
+    AllocEvent e;
+    e.action = action;
+    e.device = device;
+    e.requested = requested;
+    return e;
+  };
+  h.on_event(event(AllocAction::kAlloc, sim1, 100));
+  h.on_event(event(AllocAction::kFree, sim1, 100));
+  h.on_event(event(AllocAction::kAlloc, DeviceId{}, 5000));
+  const std::vector<SizeHistogram::Counts> counts = h.counts();
+  ASSERT_EQ(counts.size(), 2u);
+  EXPECT_EQ(counts[0].device, DeviceId{});  // cpu sorts first
+  EXPECT_EQ(counts[0].count, 1u);
+  EXPECT_EQ(counts[0].buckets[SizeHistogram::BucketOf(5000)], 1u);
+  EXPECT_EQ(counts[1].device, sim1);
+  EXPECT_EQ(counts[1].count, 1u);
+  EXPECT_EQ(counts[1].sum_bytes, 100u);
+}
+
+}  // namespace
+}  // namespace devmem

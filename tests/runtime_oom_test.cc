@@ -1,0 +1,216 @@
+// tests/runtime_oom_test.cc: what happens on an OOM (runtime/oom.h,
+// runtime/device_observer.h): the dump file is written, complete and readable, at most
+// once per interval per device; callbacks get the report; a failing dump or a throwing
+// callback does not get in the way; the runtime's own allocators report to its
+// callbacks.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <source_location>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "nlohmann/json.hpp"
+#include "runtime/device_observer.h"
+#include "runtime/json.h"
+#include "runtime/oom.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
+
+namespace devmem {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::shared_ptr<CachingAllocator> SmallSim(int index) {
+  Config c;
+  c.backend = BackendKind::kSim;
+  c.sim_capacity = 64 * kMiB;
+  return std::make_shared<CachingAllocator>(MakeSimBackend(c, index), c);
+}
+
+// A fresh directory under the test's temp dir.
+std::string FreshDir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) /
+                       (name + "-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::vector<fs::path> Files(const std::string& dir) {
+  std::vector<fs::path> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path());
+  return out;
+}
+
+std::string Read(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Provokes one OOM: 100 MiB on a 64 MiB device.
+void Oom(CachingAllocator& a, SiteId site) {
+  EXPECT_THROW(a.allocate(100 * kMiB, {}, site), OutOfMemoryError);
+}
+
+TEST(OomDumpTest, DumpIsWrittenReadableAndRateLimited) {
+  const std::string dir = FreshDir("oom-dump");
+  auto alloc = SmallSim(41);
+  TraceRing ring(256);
+  OomDumper dumper(dir);  // one per second per device
+  OomCallbackList callbacks;
+  std::vector<OomReport> seen;
+  callbacks.add([&](const OomReport& r) { seen.push_back(r); });
+  DeviceObserver observer(alloc.get(), &ring, &dumper, &callbacks);
+  alloc->set_observer(&observer);
+
+  const SiteId holder = InternSite(std::source_location::current(), SiteKind::kClone, "holder");
+  void* held = alloc->allocate(30 * kMiB, {}, holder);
+  const SiteId asker = InternSite(std::source_location::current(), SiteKind::kAlloc);
+  Oom(*alloc, asker);
+  Oom(*alloc, asker);  // within the second: no second dump
+  alloc->free(held);
+  alloc->set_observer(nullptr);
+
+  // Callbacks are not rate limited.
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].requested_bytes, 100 * kMiB);
+  EXPECT_EQ(seen[0].device, (DeviceId{DeviceType::kSim, 41}));
+  EXPECT_EQ(dumper.skipped(), 1);
+
+  const std::vector<fs::path> files = Files(dir);
+  ASSERT_EQ(files.size(), 1u) << "expected exactly one dump (and no temporary file)";
+  const std::string name = files[0].filename().string();
+  const std::string prefix = "devmem-oom-sim41-";
+  EXPECT_EQ(name.rfind(prefix, 0), 0u) << name;
+  EXPECT_NE(name.find("-" + std::to_string(getpid()) + ".json"), std::string::npos) << name;
+
+  const std::string text = Read(files[0]);
+  SiteMap sites;
+  std::vector<TraceEvent> trace;
+  absl::StatusOr<RuntimeSnapshot> snap = SnapshotFromJson(text, &sites, &trace);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->devices.size(), 1u);
+  EXPECT_EQ(snap->devices[0].device, (DeviceId{DeviceType::kSim, 41}));
+  EXPECT_EQ(snap->devices[0].stats.allocated_bytes[kAggregatePool].current,
+            static_cast<int64_t>(30 * kMiB));
+  ASSERT_FALSE(trace.empty());
+  EXPECT_EQ(trace.back().action, AllocAction::kOom);
+  EXPECT_EQ(sites.count(holder), 1u);  // top holder's site is in the table
+  EXPECT_EQ(sites.count(asker), 1u);   // so is the asker's
+
+  const nlohmann::json j = nlohmann::json::parse(text);
+  const nlohmann::json& oom = j.at("oom");
+  EXPECT_EQ(oom.at("device"), "sim:41");
+  EXPECT_EQ(oom.at("requested_bytes"), 100 * kMiB);
+  EXPECT_EQ(oom.at("site"), asker);
+  EXPECT_EQ(oom.at("cause"), std::string(OomCauseName(seen[0].cause)));
+  ASSERT_FALSE(oom.at("top_sites").empty());
+  EXPECT_EQ(oom["top_sites"][0]["site"], holder);
+  EXPECT_EQ(oom["top_sites"][0]["copy"], true);
+  EXPECT_EQ(oom["top_sites"][0]["live_bytes"], 30 * kMiB);
+  EXPECT_GT(oom.at("copy_share").get<double>(), 0.99);
+  EXPECT_FALSE(oom.at("remedy").get<std::string>().empty());
+  fs::remove_all(dir);
+}
+
+TEST(OomDumpTest, EachDeviceAndEachIntervalGetsItsOwnDump) {
+  const std::string dir = FreshDir("oom-interval");
+  auto a = SmallSim(42);
+  auto b = SmallSim(43);
+  OomDumper dumper(dir, /*min_interval_ns=*/0);
+  DeviceObserver oa(a.get(), nullptr, &dumper, nullptr);
+  DeviceObserver ob(b.get(), nullptr, &dumper, nullptr);
+  a->set_observer(&oa);
+  b->set_observer(&ob);
+  Oom(*a, kUnknownSite);
+  Oom(*a, kUnknownSite);  // no interval: a second file, not an overwrite
+  Oom(*b, kUnknownSite);
+  a->set_observer(nullptr);
+  b->set_observer(nullptr);
+  int sim42 = 0, sim43 = 0;
+  for (const fs::path& p : Files(dir)) {
+    const std::string name = p.filename().string();
+    EXPECT_EQ(name.find(".tmp"), std::string::npos) << name;
+    sim42 += name.rfind("devmem-oom-sim42-", 0) == 0;
+    sim43 += name.rfind("devmem-oom-sim43-", 0) == 0;
+    EXPECT_TRUE(SnapshotFromJson(Read(p)).ok()) << name;
+  }
+  EXPECT_EQ(sim42, 2);
+  EXPECT_EQ(sim43, 1);
+  fs::remove_all(dir);
+}
+
+TEST(OomDumpTest, UnwritableDirectoryNeitherThrowsNorStopsCallbacks) {
+  auto alloc = SmallSim(44);
+  OomDumper dumper("/proc/devmem-cannot-write-here");
+  OomCallbackList callbacks;
+  int calls = 0;
+  callbacks.add([&](const OomReport&) { ++calls; });
+  DeviceObserver observer(alloc.get(), nullptr, &dumper, &callbacks);
+  alloc->set_observer(&observer);
+  Oom(*alloc, kUnknownSite);  // still OutOfMemoryError, not some other exception
+  alloc->set_observer(nullptr);
+  EXPECT_EQ(calls, 1);
+  OomReport report;
+  EXPECT_EQ(dumper.MaybeDump(report, *alloc, nullptr), "");
+}
+
+TEST(OomCallbackTest, AddRemoveThrowAndSelfRemoval) {
+  OomCallbackList list;
+  int a = 0, b = 0, c = 0;
+  const int ia = list.add([&](const OomReport&) { ++a; });
+  list.add([&](const OomReport&) { ++b; throw std::runtime_error("callback failure"); });
+  int ic = 0;
+  ic = list.add([&](const OomReport&) {
+    ++c;
+    EXPECT_TRUE(list.remove(ic));  // removing itself does not wait for itself
+  });
+  EXPECT_EQ(list.size(), 3u);
+  list.run(OomReport{});
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 1);  // threw, and the next one still ran
+  EXPECT_EQ(c, 1);
+  EXPECT_EQ(list.size(), 2u);
+  EXPECT_TRUE(list.remove(ia));
+  EXPECT_FALSE(list.remove(ia));
+  EXPECT_FALSE(list.remove(12345));
+  list.run(OomReport{});
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 2);
+  EXPECT_EQ(c, 1);
+}
+
+// The runtime's registry installs its observer on allocators given to it, so its
+// callbacks see their OOMs. Uses a device index nothing else uses, and restores it.
+TEST(OomCallbackTest, RuntimeCallbacksSeeOomsOfInstalledAllocators) {
+  Runtime& rt = Runtime::Get();
+  const DeviceId dev{DeviceType::kSim, 45};
+  auto alloc = SmallSim(dev.index);
+  std::shared_ptr<CachingAllocator> previous = rt.exchange_allocator(dev, alloc);
+  std::vector<OomReport> seen;
+  const int id = rt.add_oom_callback([&](const OomReport& r) {
+    if (r.device == dev) seen.push_back(r);
+  });
+  Oom(*rt.allocator(dev), kUnknownSite);
+  EXPECT_TRUE(rt.remove_oom_callback(id));
+  EXPECT_FALSE(rt.remove_oom_callback(id));
+  Oom(*alloc, kUnknownSite);  // no callback any more
+  rt.exchange_allocator(dev, previous);
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].requested_bytes, 100 * kMiB);
+}
+
+}  // namespace
+}  // namespace devmem

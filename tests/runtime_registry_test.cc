@@ -1,0 +1,181 @@
+// tests/runtime_registry_test.cc: the process-wide registry (runtime/runtime.h): the
+// default device, one allocator per device, set/exchange_allocator, Init after first
+// use, snapshot(), and Shutdown (idempotent, threads joined, usable afterwards, clean
+// exit) in a child process so that the rest of this binary keeps its runtime.
+//
+// The runtime is a singleton: tests here use device indices nothing else uses and
+// restore what they change, so they pass in any order and alone.
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
+
+namespace devmem {
+namespace {
+
+std::shared_ptr<CachingAllocator> SmallSim(int index) {
+  Config c;
+  c.backend = BackendKind::kSim;
+  c.sim_capacity = 64 * kMiB;
+  return std::make_shared<CachingAllocator>(MakeSimBackend(c, index), c);
+}
+
+TEST(RuntimeRegistryTest, DefaultDeviceFollowsTheConfiguration) {
+  Runtime& rt = Runtime::Get();
+  DeviceId want;
+  switch (rt.config().backend) {
+    case BackendKind::kCpu: want = DeviceId{DeviceType::kCpu, 0}; break;
+    case BackendKind::kSim: want = DeviceId{DeviceType::kSim, 0}; break;
+    case BackendKind::kCuda: want = DeviceId{DeviceType::kCuda, 0}; break;
+    case BackendKind::kAuto:
+      want = ResolveAutoBackend() == BackendKind::kCuda ? DeviceId{DeviceType::kCuda, 0}
+                                                        : DeviceId{DeviceType::kSim, 0};
+      break;
+  }
+  EXPECT_EQ(rt.default_device(), want);
+  EXPECT_EQ(&Runtime::Get(), &rt);
+}
+
+TEST(RuntimeRegistryTest, OneAllocatorPerDevice) {
+  Runtime& rt = Runtime::Get();
+  const DeviceId dev{DeviceType::kSim, 51};
+  std::shared_ptr<CachingAllocator> a = rt.allocator(dev);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->device(), dev);
+  EXPECT_EQ(rt.allocator(dev), a);
+  EXPECT_EQ(rt.allocator(DeviceId{DeviceType::kSim, 52}).get() == a.get(), false);
+  bool listed = false;
+  DeviceId last{DeviceType::kCpu, -1};
+  for (const auto& each : rt.allocators()) {
+    listed |= each == a;
+    EXPECT_LT(last, each->device());  // device order
+    last = each->device();
+  }
+  EXPECT_TRUE(listed);
+  // The runtime's allocators use the configuration's policy keys.
+  EXPECT_EQ(a->config().max_split_size, rt.config().max_split_size);
+  EXPECT_EQ(a->config().backend, BackendKind::kSim);
+}
+
+TEST(RuntimeRegistryTest, DevicesThatCannotBeHadAreNamed) {
+  Runtime& rt = Runtime::Get();
+  try {
+    rt.allocator(DeviceId{DeviceType::kSim, -3});
+    ADD_FAILURE() << "sim:-3 was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("sim:-3"), std::string::npos) << e.what();
+  }
+  if (ResolveAutoBackend() != BackendKind::kCuda) {
+    try {
+      rt.allocator(DeviceId{DeviceType::kCuda, 0});
+      ADD_FAILURE() << "cuda:0 without a GPU was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(RuntimeRegistryTest, SetAndExchangeAllocator) {
+  Runtime& rt = Runtime::Get();
+  const DeviceId dev{DeviceType::kSim, 53};
+  auto mine = SmallSim(dev.index);
+  std::shared_ptr<CachingAllocator> before = rt.exchange_allocator(dev, nullptr);
+  rt.set_allocator(mine);
+  EXPECT_EQ(rt.allocator(dev), mine);
+  auto other = SmallSim(dev.index);
+  EXPECT_EQ(rt.exchange_allocator(dev, other), mine);
+  EXPECT_EQ(rt.allocator(dev), other);
+  EXPECT_EQ(rt.exchange_allocator(dev, nullptr), other);
+  // None installed: the next use creates one from the configuration.
+  std::shared_ptr<CachingAllocator> made = rt.allocator(dev);
+  EXPECT_NE(made, mine);
+  EXPECT_NE(made, other);
+  EXPECT_EQ(made->device(), dev);
+  EXPECT_THROW(rt.set_allocator(nullptr), std::invalid_argument);
+  EXPECT_THROW(rt.exchange_allocator(DeviceId{DeviceType::kSim, 54}, mine),
+               std::invalid_argument);  // mine is sim:53
+  rt.exchange_allocator(dev, before);
+}
+
+TEST(RuntimeRegistryTest, InitAfterFirstUse) {
+  Runtime& rt = Runtime::Get();
+  EXPECT_TRUE(Runtime::Init(rt.config()).ok());  // the same configuration: fine
+  Config other = rt.config();
+  other.trace_entries = rt.config().trace_entries + 17;
+  absl::Status s = Runtime::Init(other);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find("trace_entries:" + std::to_string(other.trace_entries)),
+            std::string::npos)
+      << s;
+}
+
+TEST(RuntimeRegistryTest, SnapshotCoversEveryDevice) {
+  Runtime& rt = Runtime::Get();
+  const DeviceId dev{DeviceType::kSim, 55};
+  auto mine = SmallSim(dev.index);
+  std::shared_ptr<CachingAllocator> before = rt.exchange_allocator(dev, mine);
+  void* p = mine->allocate(4096);
+  const RuntimeSnapshot snap = rt.snapshot();
+  mine->free(p);
+  rt.exchange_allocator(dev, before);
+  bool found = false;
+  for (const AllocatorSnapshot& d : snap.devices) {
+    if (d.device != dev) continue;
+    found = true;
+    EXPECT_EQ(d.stats.allocation[kAggregatePool].current, 1);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_GT(snap.time_ns, 0);
+  EXPECT_GT(snap.unix_time_ns, int64_t{1'600'000'000} * 1'000'000'000);
+}
+
+int ThreadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// In a child process (a fresh runtime, configured here): tracing reaches the runtime's
+// allocators, the poller thread exists and Shutdown joins it, Shutdown twice is fine,
+// the registry still works after it, and exit (which calls Shutdown again) is clean.
+TEST(RuntimeShutdownTest, IdempotentJoinsThreadsAndExitsCleanly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        Config config;
+        config.backend = BackendKind::kSim;
+        config.sim_capacity = 256 * kMiB;
+        config.trace_entries = 64;
+        if (!Runtime::Init(config).ok()) std::exit(3);
+        Runtime& rt = Runtime::Get();
+        const int threads_before = ThreadCount();
+        auto a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+        a->free(a->allocate(1000));
+        if (rt.trace() == nullptr || rt.trace()->next_seq() < 4) std::exit(4);
+        const int threads_running = ThreadCount();
+        if (threads_running < threads_before + 1) std::exit(5);  // the poller
+        rt.Shutdown();
+        rt.Shutdown();
+        if (ThreadCount() != threads_running - 1) std::exit(6);
+        auto b = rt.allocator(DeviceId{DeviceType::kSim, 1});  // still usable
+        b->free(b->allocate(1000));
+        if (ThreadCount() != threads_running - 1) std::exit(7);  // no new poller
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace devmem

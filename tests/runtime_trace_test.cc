@@ -1,0 +1,271 @@
+// tests/runtime_trace_test.cc: the event ring (runtime/trace.h): wrap-around and
+// since(N) semantics, what real allocator events carry, concurrent writers against a
+// reader (no torn events), and the trace JSON Lines round trip (runtime/json.h).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <source_location>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+#include "allocator/config.h"
+#include "allocator/snapshot.h"
+#include "runtime/json.h"
+#include "runtime/trace.h"
+
+namespace devmem {
+namespace {
+
+AllocEvent Synthetic(uint64_t x) {
+  AllocEvent e;
+  e.action = AllocAction::kAlloc;
+  e.device = DeviceId{DeviceType::kSim, 3};
+  e.stream = Stream{x % 4};
+  e.addr = x;
+  e.size = x * 3;
+  e.requested = x * 5;
+  e.site = static_cast<SiteId>(x % 7);
+  return e;
+}
+
+std::vector<uint64_t> Seqs(const std::vector<TraceEvent>& events) {
+  std::vector<uint64_t> out;
+  for (const TraceEvent& e : events) out.push_back(e.seq);
+  return out;
+}
+
+TEST(TraceRingTest, WrapAroundKeepsTheNewestAndCountsTheMissed) {
+  TraceRing ring(8);
+  EXPECT_EQ(ring.capacity(), 8u);
+  EXPECT_EQ(ring.next_seq(), 1u);
+  for (uint64_t i = 1; i <= 20; ++i) ring.on_event(Synthetic(i));
+  EXPECT_EQ(ring.next_seq(), 21u);
+
+  uint64_t missed = 99;
+  std::vector<TraceEvent> all = ring.since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(Seqs(all), (std::vector<uint64_t>{13, 14, 15, 16, 17, 18, 19, 20}));
+  EXPECT_EQ(missed, 12u);
+  for (const TraceEvent& e : all) {  // each event is the one recorded with that number
+    EXPECT_EQ(e.addr, e.seq);
+    EXPECT_EQ(e.size, e.seq * 3);
+    EXPECT_EQ(e.requested, e.seq * 5);
+    EXPECT_EQ(e.device, (DeviceId{DeviceType::kSim, 3}));
+  }
+
+  EXPECT_EQ(Seqs(ring.since(15, SIZE_MAX, &missed)), (std::vector<uint64_t>{16, 17, 18, 19, 20}));
+  EXPECT_EQ(missed, 0u);
+  EXPECT_EQ(Seqs(ring.since(10, SIZE_MAX, &missed)).front(), 13u);
+  EXPECT_EQ(missed, 2u);  // 11 and 12 were overwritten
+  EXPECT_TRUE(ring.since(20, SIZE_MAX, &missed).empty());
+  EXPECT_EQ(missed, 0u);
+  EXPECT_TRUE(ring.since(1000, SIZE_MAX, &missed).empty());
+  EXPECT_EQ(Seqs(ring.since(0, 3, &missed)), (std::vector<uint64_t>{13, 14, 15}));
+  EXPECT_EQ(missed, 12u);
+}
+
+TEST(TraceRingTest, CapacityThatIsNotAPowerOfTwo) {
+  TraceRing ring(5);
+  for (uint64_t i = 1; i <= 12; ++i) ring.on_event(Synthetic(i));
+  uint64_t missed = 0;
+  std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(Seqs(events), (std::vector<uint64_t>{8, 9, 10, 11, 12}));
+  EXPECT_EQ(missed, 7u);
+  for (const TraceEvent& e : events) EXPECT_EQ(e.addr, e.seq);
+}
+
+TEST(TraceRingTest, ZeroCapacityIsRefused) {
+  EXPECT_THROW(TraceRing ring(0), std::invalid_argument);
+}
+
+TEST(TraceRingTest, AllocatorEventsCarrySiteThreadStreamAndSizes) {
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = 64 * kMiB;
+  CachingAllocator alloc(MakeSimBackend(config, 31), config);
+  TraceRing ring(1024);
+  alloc.set_observer(&ring);
+  absl::StatusOr<Stream> stream = alloc.backend().create_stream();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const SiteId site = InternSite(std::source_location::current(), SiteKind::kClone, "trace-test");
+
+  const int64_t before = NowNs();
+  void* p = alloc.allocate(1000, *stream, site);
+  alloc.free(p);
+  uint32_t other_thread = 0;
+  std::thread([&] {
+    void* q = alloc.allocate(3000, *stream, site);
+    alloc.free(q);
+  }).join();
+  EXPECT_THROW(alloc.allocate(128 * kMiB, *stream, site), OutOfMemoryError);
+  const int64_t after = NowNs();
+  alloc.set_observer(nullptr);
+
+  std::vector<TraceEvent> events = ring.since(0);
+  ASSERT_GE(events.size(), 6u);
+  // segment_alloc, alloc, free, alloc (other thread), free, ..., oom
+  EXPECT_EQ(events[0].action, AllocAction::kSegmentAlloc);
+  EXPECT_EQ(events[0].size, 2 * kMiB);
+  EXPECT_EQ(events[0].stream, *stream);
+  const TraceEvent& a = events[1];
+  EXPECT_EQ(a.action, AllocAction::kAlloc);
+  EXPECT_EQ(a.addr, reinterpret_cast<uintptr_t>(p));
+  EXPECT_EQ(a.size, 1024u);
+  EXPECT_EQ(a.requested, 1000u);
+  EXPECT_EQ(a.site, site);
+  EXPECT_EQ(a.stream, *stream);
+  EXPECT_EQ(a.device, (DeviceId{DeviceType::kSim, 31}));
+  EXPECT_NE(a.thread, 0u);
+  const TraceEvent& f = events[2];
+  EXPECT_EQ(f.action, AllocAction::kFree);
+  EXPECT_EQ(f.addr, a.addr);
+  EXPECT_EQ(f.site, site);
+  EXPECT_EQ(f.thread, a.thread);
+  other_thread = events[3].thread;
+  EXPECT_EQ(events[3].action, AllocAction::kAlloc);
+  EXPECT_EQ(events[3].requested, 3000u);
+  EXPECT_NE(other_thread, a.thread);
+  EXPECT_EQ(events.back().action, AllocAction::kOom);
+  EXPECT_EQ(events.back().requested, 128 * kMiB);
+  EXPECT_EQ(events.back().site, site);
+  // Times are in order and on the monotonic clock (within the conversion's error).
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].seq, i + 1);
+    if (i > 0) {
+      EXPECT_GE(events[i].time_ns, events[i - 1].time_ns);
+    }
+    EXPECT_GE(events[i].time_ns, before - 1'000'000);
+    EXPECT_LE(events[i].time_ns, after + 1'000'000);
+  }
+}
+
+// Two writers lap a small ring while a reader follows with since(): every event read is
+// whole (its fields agree with each other), numbers only grow, and every number is
+// either read or counted as missed.
+TEST(TraceRingTest, ConcurrentWritersNeverTearAnEvent) {
+  TraceRing ring(64);
+  constexpr uint64_t kPerThread = 50000;
+  std::atomic<int> running{2};
+  auto writer = [&](uint64_t base) {
+    for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(base + i));
+    running.fetch_sub(1);
+  };
+  std::thread w1(writer, 0), w2(writer, 1'000'000);
+  uint64_t last = 0, read = 0, missed_total = 0;
+  while (true) {
+    const bool done = running.load() == 0;
+    uint64_t missed = 0;
+    for (const TraceEvent& e : ring.since(last, 100, &missed)) {
+      ASSERT_GT(e.seq, last);
+      ASSERT_EQ(e.size, e.addr * 3) << "torn event " << e.seq;
+      ASSERT_EQ(e.requested, e.addr * 5) << "torn event " << e.seq;
+      ASSERT_EQ(e.stream.handle, e.addr % 4);
+      missed_total += e.seq - last - 1;
+      last = e.seq;
+      ++read;
+    }
+    (void)missed;
+    if (done && last + 1 == ring.next_seq()) break;
+  }
+  w1.join();
+  w2.join();
+  EXPECT_EQ(read + missed_total, 2 * kPerThread);
+}
+
+TEST(TraceJsonTest, EventRoundTrip) {
+  TraceEvent e;
+  e.seq = 42;
+  e.time_ns = 123456789;
+  e.action = AllocAction::kSegmentUnmap;
+  e.device = DeviceId{DeviceType::kCuda, 1};
+  e.stream = Stream{0x7f0000001234};
+  e.addr = uintptr_t{0xffff800000000000};  // above INT64_MAX: must stay unsigned
+  e.size = 20 * kMiB;
+  e.requested = 7;
+  e.site = 9;
+  e.thread = 3;
+  const std::string line = TraceEventToJson(e);
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+  EXPECT_NE(line.find("\"action\":\"segment_unmap\""), std::string::npos) << line;
+  EXPECT_NE(line.find("\"device\":\"cuda:1\""), std::string::npos) << line;
+  absl::StatusOr<TraceEvent> back = TraceEventFromJson(line);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->seq, e.seq);
+  EXPECT_EQ(back->time_ns, e.time_ns);
+  EXPECT_EQ(back->action, e.action);
+  EXPECT_EQ(back->device, e.device);
+  EXPECT_EQ(back->stream, e.stream);
+  EXPECT_EQ(back->addr, e.addr);
+  EXPECT_EQ(back->size, e.size);
+  EXPECT_EQ(back->requested, e.requested);
+  EXPECT_EQ(back->site, e.site);
+  EXPECT_EQ(back->thread, e.thread);
+}
+
+TEST(TraceJsonTest, FileRoundTripWithSiteTable) {
+  TraceRing ring(16);
+  const SiteId site = InternSite(std::source_location::current(), SiteKind::kAlloc, "file-rt");
+  for (uint64_t i = 1; i <= 5; ++i) {
+    AllocEvent e = Synthetic(i);
+    e.site = site;
+    ring.on_event(e);
+  }
+  const std::vector<TraceEvent> events = ring.since(0);
+  const std::string path = ::testing::TempDir() + "/devmem_trace_rt.jsonl";
+  ASSERT_TRUE(WriteTraceFile(path, events).ok());
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  SiteMap sites;
+  absl::StatusOr<std::vector<TraceEvent>> back = TraceFromJsonl(text.str(), &sites);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->size(), events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ((*back)[i].seq, events[i].seq);
+    EXPECT_EQ((*back)[i].time_ns, events[i].time_ns);
+    EXPECT_EQ((*back)[i].addr, events[i].addr);
+    EXPECT_EQ((*back)[i].site, site);
+  }
+  ASSERT_EQ(sites.count(site), 1u);
+  EXPECT_EQ(sites[site].tag, "file-rt");
+  EXPECT_EQ(sites[site].line, GetSite(site).line);
+  EXPECT_EQ(sites[site].file, GetSite(site).file);
+  std::remove(path.c_str());
+
+  EXPECT_FALSE(WriteTraceFile("/nonexistent-dir/x/trace.jsonl", events).ok());
+}
+
+TEST(TraceJsonTest, BadLinesNameTheFieldAndTheLine) {
+  const std::string good = TraceEventToJson(TraceEvent{});
+  auto message = [](std::string_view text) {
+    absl::StatusOr<std::vector<TraceEvent>> r = TraceFromJsonl(text);
+    EXPECT_FALSE(r.ok());
+    return std::string(r.status().message());
+  };
+  std::string m = message(good + "\n{\"seq\": 1}\n");
+  EXPECT_NE(m.find("trace line 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("time_ns"), std::string::npos) << m;
+  m = message(R"({"schema": "devmem.trace/2"})");
+  EXPECT_NE(m.find("devmem.trace/2"), std::string::npos) << m;
+  EXPECT_NE(m.find("devmem.trace/1"), std::string::npos) << m;
+  std::string bad_action = good;
+  bad_action.replace(bad_action.find("\"alloc\""), 7, "\"explode\"");
+  m = message(bad_action);
+  EXPECT_NE(m.find("expected an action"), std::string::npos) << m;
+  EXPECT_NE(m.find("explode"), std::string::npos) << m;
+  m = message(good.substr(0, good.size() / 2));
+  EXPECT_NE(m.find("not valid JSON"), std::string::npos) << m;
+  absl::StatusOr<TraceEvent> e = TraceEventFromJson(R"({"seq": "one"})");
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("seq: expected a non-negative integer, got string"),
+            std::string::npos)
+      << e.status();
+}
+
+}  // namespace
+}  // namespace devmem
