@@ -15,6 +15,10 @@
 // Tensor handles: tensor_copy_ns (copy and destroy a Tensor), slice_ns (make a 2-D
 // batch view), and atomic_pair_ns (one relaxed increment + one acq_rel decrement, the
 // floor any thread-safe reference count pays), medians of 9 passes of 2^21.
+// Tracing: tracing_overhead_ratio is traced_pair_ns over untraced_pair_ns: the small
+// workload on one allocator, passes alternating between a TraceRing attached (two
+// events per pair) with a call site interned per allocation (InternSite), and neither;
+// the ratio is of the medians. Target <= 1.25.
 // Absolute numbers depend on the machine; the ratios are what to compare.
 #include <jemalloc/jemalloc.h>
 
@@ -24,12 +28,15 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <source_location>
 #include <string>
 #include <vector>
 
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/site.h"
+#include "runtime/trace.h"
 #include "tensor/bench_kernels.h"
 
 namespace devmem {
@@ -106,6 +113,46 @@ PairFigures MeasurePairs(const std::vector<size_t>& sizes) {
   return f;
 }
 
+struct TracingFigures {
+  double plain_ns = 0;
+  double traced_ns = 0;
+  int64_t timed_segment_allocs = 0;
+};
+
+// The small workload on one allocator, passes alternating between plain (no observer,
+// no site) and traced (a TraceRing attached, a site interned per allocation). One
+// allocator, so that both see the same memory layout: two allocators of one process
+// can differ by more than tracing costs (hash-table and address layout).
+TracingFigures MeasureTracing(const std::vector<size_t>& sizes) {
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = size_t{1} << 40;
+  CachingAllocator alloc(MakeSimBackend(config), config);
+  TraceRing ring(size_t{1} << 16);  // 4 MiB: larger than L2, as a real trace is
+  auto plain_alloc = [&](size_t n) { return alloc.allocate(n); };
+  auto traced_alloc = [&](size_t n) {
+    return alloc.allocate(n, {}, InternSite(std::source_location::current(), SiteKind::kAlloc));
+  };
+  auto dm_free = [&](void* p, size_t) { alloc.free(p); };
+  TimePairs(sizes, plain_alloc, dm_free);
+  alloc.set_observer(&ring);
+  TimePairs(sizes, traced_alloc, dm_free);
+  const int64_t before = alloc.stats().num_device_alloc;
+  std::vector<double> p, t;
+  for (int r = 0; r < kRepetitions; ++r) {
+    alloc.set_observer(nullptr);
+    p.push_back(TimePairs(sizes, plain_alloc, dm_free));
+    alloc.set_observer(&ring);
+    t.push_back(TimePairs(sizes, traced_alloc, dm_free));
+  }
+  alloc.set_observer(nullptr);
+  TracingFigures f;
+  f.plain_ns = Median(p);
+  f.traced_ns = Median(t);
+  f.timed_segment_allocs = alloc.stats().num_device_alloc - before;
+  return f;
+}
+
 int Main(int argc, char** argv) {
   bool json = false;
   for (int i = 1; i < argc; ++i) {
@@ -131,6 +178,8 @@ int Main(int argc, char** argv) {
   const double tensor_copy_ns = bench::TensorCopyNs();
   const double slice_ns = bench::SliceNs();
   const double atomic_pair_ns = bench::AtomicPairNs();
+  const TracingFigures tracing = MeasureTracing(LogUniformSizes(512, kMiB, 1));
+  const double tracing_ratio = tracing.traced_ns / tracing.plain_ns;
   if (json) {
     std::printf("{\"pair_ns_small\": %.1f, \"jemalloc_pair_ns_small\": %.1f, "
                 "\"ratio_small\": %.3f, \"pair_ns_mixed\": %.1f, "
@@ -139,10 +188,14 @@ int Main(int argc, char** argv) {
                 small.devmem_ns, small.jemalloc_ns, ratio_small, mixed.devmem_ns,
                 mixed.jemalloc_ns, ratio_mixed,
                 static_cast<long long>(small.timed_segment_allocs +
-                                       mixed.timed_segment_allocs));
+                                       mixed.timed_segment_allocs +
+                                       tracing.timed_segment_allocs));
     std::printf(", \"tensor_copy_ns\": %.2f, \"slice_ns\": %.2f, \"atomic_pair_ns\": %.2f, "
                 "\"tensor_copy_over_atomic_pair\": %.3f",
                 tensor_copy_ns, slice_ns, atomic_pair_ns, tensor_copy_ns / atomic_pair_ns);
+    std::printf(", \"untraced_pair_ns\": %.1f, \"traced_pair_ns\": %.1f, "
+                "\"tracing_overhead_ratio\": %.3f",
+                tracing.plain_ns, tracing.traced_ns, tracing_ratio);
     std::printf("}\n");
     return 0;
   }
@@ -154,10 +207,13 @@ int Main(int argc, char** argv) {
               small.devmem_ns, small.jemalloc_ns, ratio_small, "<= 3");
   std::printf("%-34s %12.1f %12.1f %8.3f %8s\n", "mixed: 512 B .. 64 MiB (log-uniform)",
               mixed.devmem_ns, mixed.jemalloc_ns, ratio_mixed, "<= 0.5");
+  std::printf("%-34s %12.1f %12.1f %8.3f %8s\n", "small, traced + sites (vs. plain)",
+              tracing.traced_ns, tracing.plain_ns, tracing_ratio, "<= 1.25");
   std::printf("segments allocated while timing: %lld (0 means every pair was a cache "
               "hit)\n",
               static_cast<long long>(small.timed_segment_allocs +
-                                     mixed.timed_segment_allocs));
+                                     mixed.timed_segment_allocs +
+                                     tracing.timed_segment_allocs));
   std::printf("tensor handle copy+destroy: %.2f ns (target <= 10); a bare atomic "
               "inc+dec pair, the floor of any thread-safe refcount here: %.2f ns "
               "(ratio %.2f)\n",

@@ -6,19 +6,31 @@
 //      weights are kept with one explicit clone(). Prints per-epoch loss and memory,
 //      then the allocator's stats and the bytes created per copy site, largest first.
 //   2. Provokes an out-of-memory error on a small simulated device and prints the
-//      OomReport that the exception carries.
-// Exit status: 0 on success, 1 if a check fails, 2 on a bad command line or DEVMEM_CONF.
+//      OomReport that the exception carries (and, with oom_dump_dir in DEVMEM_CONF,
+//      writes a dump file).
+//   3. With --snapshot FILE / --trace FILE, writes the runtime's snapshot and the event
+//      trace (docs/formats.md); with --serve ADDRESS (or http in DEVMEM_CONF) serves
+//      /metrics and /debug/* while it trains, and --linger SECONDS keeps serving after.
+// Exit status: 0 on success, 1 if a check fails or a file cannot be written, 2 on a bad
+// command line or DEVMEM_CONF.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <source_location>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "runtime/http_server.h"
+#include "runtime/json.h"
+#include "runtime/runtime.h"
+#include "runtime/trace.h"
 #include "tensor/device_registry.h"
 #include "tensor/factories.h"
 #include "tensor/tensor.h"
@@ -27,22 +39,68 @@
 namespace devmem {
 namespace {
 
+// Trace entries the demo asks for when --trace is given and DEVMEM_CONF sets none.
+constexpr size_t kDemoTraceEntries = size_t{1} << 20;
+
 void Usage() {
   std::printf(
-      "usage: devmem-demo [--epochs N]\n"
+      "usage: devmem-demo [--epochs N] [--snapshot FILE] [--trace FILE]\n"
+      "                   [--serve ADDRESS:PORT] [--linger SECONDS]\n"
       "Trains the seed's two-layer network on the default device (a GPU if present,\n"
       "else the simulated device), printing loss and memory per epoch, the allocator's\n"
       "stats and the bytes created per explicit-copy site; then provokes an OOM on a\n"
       "small simulated device and prints its report.\n"
-      "DEVMEM_CONF (key:value,...) configures the allocator; see docs/configuration.md.\n");
+      "  --snapshot FILE   write the runtime's snapshot (JSON) at the end\n"
+      "  --trace FILE      write the event trace (JSON Lines) at the end; turns tracing\n"
+      "                    on (%zu entries) unless DEVMEM_CONF sets trace_entries\n"
+      "  --serve ADDR:PORT serve /metrics and /debug/* while training (port 0: any)\n"
+      "  --linger SECONDS  keep serving that long after the loop (needs --serve or http)\n"
+      "DEVMEM_CONF (key:value,...) configures the allocator; see docs/configuration.md.\n",
+      kDemoTraceEntries);
+}
+
+// Writes `text` to `path`; false (with a message) on failure.
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  out << text << '\n';
+  out.flush();
+  if (!out) {
+    std::fprintf(stderr, "devmem-demo: cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
 }
 
 int Main(int argc, char** argv) {
   int epochs = 8;
+  std::string snapshot_path, trace_path, serve;
+  long linger_s = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       Usage();
       return 0;
+    }
+    std::string* text_flag = std::strcmp(argv[i], "--snapshot") == 0 ? &snapshot_path
+                             : std::strcmp(argv[i], "--trace") == 0  ? &trace_path
+                             : std::strcmp(argv[i], "--serve") == 0  ? &serve
+                                                                     : nullptr;
+    if (text_flag != nullptr && i + 1 < argc) {
+      *text_flag = argv[++i];
+      if (text_flag->empty()) {
+        std::fprintf(stderr, "devmem-demo: %s needs a non-empty value\n", argv[i - 1]);
+        return 2;
+      }
+      continue;
+    }
+    if (std::strcmp(argv[i], "--linger") == 0 && i + 1 < argc) {
+      char* end = nullptr;
+      linger_s = std::strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || linger_s < 0 || linger_s > 86400) {
+        std::fprintf(stderr, "devmem-demo: --linger \"%s\" is not an integer in 0..86400\n",
+                     argv[i]);
+        return 2;
+      }
+      continue;
     }
     if (std::strcmp(argv[i], "--epochs") == 0 && i + 1 < argc) {
       char* end = nullptr;
@@ -64,6 +122,26 @@ int Main(int argc, char** argv) {
   if (!config.ok()) {
     std::fprintf(stderr, "devmem-demo: %s\n", std::string(config.status().message()).c_str());
     return 2;
+  }
+  // The runtime, configured from DEVMEM_CONF plus the flags, before its first use.
+  Config runtime_config = *config;
+  if (!trace_path.empty() && runtime_config.trace_entries == 0) {
+    runtime_config.trace_entries = kDemoTraceEntries;
+  }
+  if (!serve.empty()) runtime_config.http = serve;
+  if (linger_s > 0 && runtime_config.http.empty()) {
+    std::fprintf(stderr, "devmem-demo: --linger needs --serve ADDRESS (or http in DEVMEM_CONF)\n");
+    return 2;
+  }
+  if (absl::Status st = Runtime::Init(runtime_config); !st.ok()) {
+    std::fprintf(stderr, "devmem-demo: %s\n", std::string(st.message()).c_str());
+    return 2;
+  }
+  Runtime& runtime = Runtime::Get();
+  if (HttpServer* http = runtime.http()) {
+    std::printf("devmem-demo: serving %s/metrics and %s/debug/ while training\n",
+                http->url().c_str(), http->url().c_str());
+    std::fflush(stdout);
   }
   const DeviceId device = DefaultDevice();
   std::shared_ptr<CachingAllocator> alloc = AllocatorFor(device);
@@ -121,6 +199,28 @@ int Main(int argc, char** argv) {
   if (absl::Status st = use_small.allocator().validate(); !st.ok()) {
     std::fprintf(stderr, "devmem-demo: %s\n", std::string(st.message()).c_str());
     return 1;
+  }
+
+  // Part 3: the files, then lingering.
+  if (!snapshot_path.empty()) {
+    if (!WriteFile(snapshot_path, SnapshotToJson(runtime.snapshot()))) return 1;
+    std::printf("devmem-demo: snapshot written to %s\n", snapshot_path.c_str());
+  }
+  if (!trace_path.empty()) {
+    uint64_t missed = 0;
+    const std::vector<TraceEvent> events = runtime.trace()->since(0, SIZE_MAX, &missed);
+    if (absl::Status st = WriteTraceFile(trace_path, events); !st.ok()) {
+      std::fprintf(stderr, "devmem-demo: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    std::printf("devmem-demo: %zu trace events written to %s (%llu older ones dropped)\n",
+                events.size(), trace_path.c_str(), static_cast<unsigned long long>(missed));
+  }
+  if (linger_s > 0 && runtime.http() != nullptr) {
+    std::printf("devmem-demo: serving %s for %ld more seconds\n", runtime.http()->url().c_str(),
+                linger_s);
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::seconds(linger_s));
   }
   return 0;
 }
