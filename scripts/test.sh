@@ -6,8 +6,13 @@
 #   3. build-asan/ : the same tests under AddressSanitizer + UndefinedBehaviorSanitizer
 #                    (without the CUDA backend: the CUDA runtime is not ASan-clean, and
 #                    with no GPU its code paths are the same as in build/)
-# Exits non-zero on the first failure. DEVMEM_SKIP_ASAN=1 skips step 3 (for quick
-# local iterations; CI never sets it).
+#   4. build-tsan/ : ThreadSanitizer, the concurrency tests only (the test files that
+#                    start threads are the only ones built; ctest runs the tests in them
+#                    that use threads: two-thread allocator storms, backend and site
+#                    concurrency, tensor storage races, the trace ring's writers, and
+#                    the HTTP server, whose scrapes race a two-thread allocation storm)
+# Exits non-zero on the first failure. DEVMEM_SKIP_ASAN=1 skips step 3 and
+# DEVMEM_SKIP_TSAN=1 step 4 (for quick local iterations; CI sets neither).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -24,5 +29,17 @@ if [[ "${DEVMEM_SKIP_ASAN:-0}" != 1 ]]; then
   echo "== tests (build-asan/)"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "$(nproc)"
+fi
+if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
+  echo "== build (build-tsan/: ThreadSanitizer, concurrency tests)"
+  # Only these test files are compiled (tests/CMakeLists.txt, DEVMEM_TEST_FILES).
+  tsan_files='/(caching_allocator_(random|fault|errors)|backend_conformance|site|tensor_storage|runtime_(trace|http))_test\.cc$'
+  bash scripts/build.sh build-tsan -DDEVMEM_SANITIZE=thread -DDEVMEM_WITH_CUDA=OFF \
+    -DDEVMEM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DDEVMEM_TEST_FILES=${tsan_files}"
+  echo "== tests (build-tsan/)"
+  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+    ctest --test-dir build-tsan --output-on-failure -j "$(nproc)" \
+    -R 'TwoThreads|Concurrent|Racing|AcrossThreads|PerThread|EachStreamHasItsOwnWorker|HttpServerTest'
 fi
 echo "== all tests passed"
