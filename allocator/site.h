@@ -82,4 +82,8 @@ class ScopedSiteTag {
   std::string previous_;
 };
 
+// The name programs use: `ScopedTag tag("optimizer");` names every allocation this
+// thread makes until `tag` dies.
+using ScopedTag = ScopedSiteTag;
+
 }  // namespace devmem
