@@ -1,136 +1,30 @@
-// tools/memtrace.cc: memtrace, devmem's command-line tool for allocation traces.
+// tools/memtrace.cc: memtrace, devmem's command-line tool for allocation traces and
+// snapshots. Each subcommand lives in tools/memtrace_<name>.cc (see
+// tools/memtrace_commands.h for how they plug in, and for the exit statuses).
 //
 //   memtrace replay TRACE [--conf DEVMEM_CONF_STRING] [--capacity BYTES]
 //                         [--min-capacity] [--json]
-//
-// replay runs a trace (JSON Lines: docs/formats.md) through a fresh allocator on a
-// simulated device with the given configuration and prints peak requested bytes, peak
-// reserved bytes, their ratio, device (segment) allocations, OOMs and ns per
-// operation; --min-capacity adds the smallest device the trace fits on (see
-// FindMinCapacity in tools/trace_replay.h for how, and why the answer is verified).
-// More subcommands (buffers, snapshot, diff, oom, timeline, watch, import) come with
-// the runtime's snapshot formats.
-//
-// Exit status: 0 success (a replay with OOMs is a result, not a failure); 2 bad
-// command line, configuration or input file (the message names it).
+//   memtrace SUBCOMMAND --help     what each one does
 #include <CLI/CLI.hpp>
 
-#include <cstdio>
-#include <string>
+#include "tools/memtrace_commands.h"
 
-#include "allocator/config.h"
-#include "tools/trace_replay.h"
-
-namespace devmem {
-namespace {
-
-int RunReplay(const std::string& path, const std::string& conf, const std::string& capacity_text,
-              bool min_capacity, bool json) {
-  absl::StatusOr<Config> config = ParseConfig(conf);
-  if (!config.ok()) {
-    std::fprintf(stderr, "memtrace replay: --conf: %s\n",
-                 std::string(config.status().message()).c_str());
-    return 2;
-  }
-  uint64_t capacity = kUnboundedCapacity;
-  if (!capacity_text.empty()) {
-    absl::StatusOr<size_t> parsed = ParseSize(capacity_text);
-    if (!parsed.ok() || *parsed == 0) {
-      std::fprintf(stderr, "memtrace replay: --capacity \"%s\": %s\n", capacity_text.c_str(),
-                   parsed.ok() ? "must be positive"
-                               : std::string(parsed.status().message()).c_str());
-      return 2;
-    }
-    capacity = *parsed;
-  }
-  absl::StatusOr<Trace> trace = ReadTrace(path);
-  if (!trace.ok()) {
-    std::fprintf(stderr, "memtrace replay: %s\n", std::string(trace.status().message()).c_str());
-    return 2;
-  }
-  const ReplayResult r = Replay(*trace, *config, capacity);
-  MinCapacity m;
-  if (min_capacity) m = FindMinCapacity(*trace, *config);
-  if (json) {
-    std::printf("{\"trace\": \"%s\", \"events\": %llu, \"ops\": %llu, \"unmatched_frees\": %llu, "
-                "\"capacity_bytes\": %llu, \"peak_requested_bytes\": %llu, "
-                "\"peak_reserved_bytes\": %llu, \"reserved_over_requested\": %.4f, "
-                "\"device_allocs\": %lld, \"device_frees\": %lld, \"ooms\": %lld, "
-                "\"alloc_retries\": %lld, \"ns_per_op\": %.1f",
-                path.c_str(), static_cast<unsigned long long>(trace->lines),
-                static_cast<unsigned long long>(r.ops),
-                static_cast<unsigned long long>(trace->unmatched_frees),
-                static_cast<unsigned long long>(r.capacity),
-                static_cast<unsigned long long>(r.peak_requested_bytes),
-                static_cast<unsigned long long>(r.peak_reserved_bytes), r.reserved_over_requested,
-                static_cast<long long>(r.device_allocs), static_cast<long long>(r.device_frees),
-                static_cast<long long>(r.ooms), static_cast<long long>(r.alloc_retries),
-                r.ns_per_op);
-    if (min_capacity) {
-      std::printf(", \"min_capacity_bytes\": %llu, \"min_capacity_over_peak_requested\": %.4f, "
-                  "\"smallest_fitting_bytes\": %llu, \"min_capacity_monotonic\": %s, "
-                  "\"min_capacity_step_bytes\": %llu, \"min_capacity_runs\": %d",
-                  static_cast<unsigned long long>(m.bytes), m.over_peak_requested,
-                  static_cast<unsigned long long>(m.smallest_fitting_bytes),
-                  m.monotonic ? "true" : "false", static_cast<unsigned long long>(m.step),
-                  m.runs);
-    }
-    std::printf("}\n");
-    return 0;
-  }
-  std::printf("trace              %s (%llu events, %llu replayed, %llu unmatched frees)\n",
-              path.c_str(), static_cast<unsigned long long>(trace->lines),
-              static_cast<unsigned long long>(r.ops),
-              static_cast<unsigned long long>(trace->unmatched_frees));
-  std::printf("device             sim, capacity %s\n",
-              capacity == kUnboundedCapacity ? "unbounded" : FormatBytes(capacity).c_str());
-  std::printf("peak requested     %s\n", FormatBytes(r.peak_requested_bytes).c_str());
-  std::printf("peak reserved      %s (%.3fx requested)\n",
-              FormatBytes(r.peak_reserved_bytes).c_str(), r.reserved_over_requested);
-  std::printf("device allocs      %lld (frees %lld)\n", static_cast<long long>(r.device_allocs),
-              static_cast<long long>(r.device_frees));
-  std::printf("OOMs               %lld (alloc retries %lld)\n", static_cast<long long>(r.ooms),
-              static_cast<long long>(r.alloc_retries));
-  std::printf("ns per op          %.1f\n", r.ns_per_op);
-  if (min_capacity) {
-    std::printf("min capacity       %s (%.3fx peak requested): fits at every capacity "
-                "from here up (step %s, %d replays)\n",
-                FormatBytes(m.bytes).c_str(), m.over_peak_requested,
-                FormatBytes(m.step).c_str(), m.runs);
-    if (!m.monotonic) {
-      std::printf("                   not monotonic: it also fits at %s, but some capacity "
-                  "in between fails\n",
-                  FormatBytes(m.smallest_fitting_bytes).c_str());
-    }
-  }
-  return 0;
-}
-
-int Main(int argc, char** argv) {
-  CLI::App app{"memtrace: inspect and replay devmem allocation traces"};
+int main(int argc, char** argv) {
+  namespace mt = devmem::memtrace;
+  CLI::App app{"memtrace: who holds the memory of a devmem process, and what a workload "
+               "would cost elsewhere"};
   app.require_subcommand(1);
-  std::string path, conf, capacity;
-  bool json = false, min_capacity = false;
-  CLI::App* replay = app.add_subcommand(
-      "replay", "Replay a JSON Lines trace through a fresh allocator on a simulated device");
-  replay->add_option("trace", path, "trace file (JSON Lines, see docs/formats.md)")->required();
-  replay->add_option("--conf", conf, "DEVMEM_CONF-style configuration string");
-  replay->add_option("--capacity", capacity, "device capacity, e.g. 8GiB (default: unbounded)");
-  replay->add_flag("--min-capacity", min_capacity,
-                   "also find the smallest capacity with zero OOMs");
-  replay->add_flag("--json", json, "print one JSON object");
+  int exit_code = mt::kExitOk;
+  mt::AddReplayCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
-    return 2;
+    return mt::kExitBadInput;
   }
-  return RunReplay(path, conf, capacity, min_capacity, json);
+  return exit_code;
 }
-
-}  // namespace
-}  // namespace devmem
-
-int main(int argc, char** argv) { return devmem::Main(argc, argv); }
