@@ -63,6 +63,19 @@ TEST(TraceParseTest, ErrorsNameTheFileTheLineAndWhatWasExpected) {
   }
 }
 
+TEST(TraceParseTest, ReadsDevmemTraceFilesWithTheirHeaderLine) {
+  const std::string header =
+      "{\"schema\":\"devmem.trace/1\",\"sites\":[{\"id\":1,\"file\":\"a.cc\"}]}\n";
+  absl::StatusOr<Trace> t = ParseTrace(header + Alloc(1, 100) + Free(1), "t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->allocations, 1u);
+  EXPECT_EQ(t->lines, 2u);  // the header is not an event
+  absl::StatusOr<Trace> newer =
+      ParseTrace("{\"schema\":\"devmem.trace/2\"}\n" + Alloc(1, 100), "t.jsonl");
+  ASSERT_FALSE(newer.ok());
+  EXPECT_CONTAINS(std::string(newer.status().message()), "t.jsonl:1: schema \"devmem.trace/2\"");
+}
+
 TEST(TraceParseTest, MissingFileIsNamed) {
   absl::StatusOr<Trace> t = ReadTrace("/nonexistent/trace.jsonl");
   ASSERT_FALSE(t.ok());

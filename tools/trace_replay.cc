@@ -71,12 +71,14 @@ absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name)
     if (doc.get_object().get(obj)) {
       return LineError(name, line_no, "expected a JSON object with \"action\" and \"addr\"");
     }
-    std::string_view action;
+    std::string_view action, schema;
     uint64_t addr = 0, size = 0, stream = 0;
     bool has_addr = false, has_size = false;
     for (const auto [key, value] : obj) {
       simdjson::error_code err = simdjson::SUCCESS;
-      if (key == "action") {
+      if (key == "schema") {
+        err = value.get_string().get(schema);
+      } else if (key == "action") {
         err = value.get_string().get(action);
       } else if (key == "addr") {
         err = value.get_uint64().get(addr);
@@ -93,6 +95,17 @@ absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name)
                                          key == "action" ? "a string" : "an unsigned integer",
                                          simdjson::error_message(err)));
       }
+    }
+    if (!schema.empty()) {
+      // The header line of devmem's own trace files (docs/formats.md): any minor
+      // version of major 1 is read; a newer major is refused, not guessed at.
+      if (schema != "devmem.trace/1" && schema.rfind("devmem.trace/1.", 0) != 0) {
+        return LineError(name, line_no,
+                         absl::StrFormat("schema \"%s\" is not one this memtrace reads "
+                                         "(devmem.trace/1)",
+                                         std::string(schema)));
+      }
+      continue;
     }
     ++trace.lines;
     if (action.empty()) return LineError(name, line_no, "missing field \"action\"");
