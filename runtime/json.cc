@@ -136,7 +136,17 @@ ojson BlockToJson(const BlockInfo& b, int64_t now_ns) {
   return j;
 }
 
-ojson LiveBufferToJson(const BlockInfo& b, int64_t now_ns) {
+// Adds "tensor": {"refcount", "dtype", "shape"} when the annotating layer knows `addr`.
+void PutAnnotation(ojson& j, uintptr_t addr, const BufferAnnotations* annotations) {
+  if (annotations == nullptr) return;
+  auto it = annotations->find(addr);
+  if (it == annotations->end()) return;
+  const BufferAnnotation& a = it->second;
+  j["tensor"] = ojson{{"refcount", a.refcount}, {"dtype", a.dtype}, {"shape", a.shape}};
+}
+
+ojson LiveBufferToJson(const BlockInfo& b, int64_t now_ns,
+                       const BufferAnnotations* annotations) {
   ojson j;
   j["addr"] = static_cast<uint64_t>(b.addr);
   j["size"] = static_cast<uint64_t>(b.size);
@@ -144,10 +154,12 @@ ojson LiveBufferToJson(const BlockInfo& b, int64_t now_ns) {
   j["stream"] = static_cast<uint64_t>(b.stream.handle);
   j["site"] = b.site;
   PutAge(j, b, now_ns);
+  PutAnnotation(j, b.addr, annotations);
   return j;
 }
 
-ojson DeviceToJson(const AllocatorSnapshot& d, std::set<SiteId>* sites) {
+ojson DeviceToJson(const AllocatorSnapshot& d, const BufferAnnotations* annotations,
+                   std::set<SiteId>* sites) {
   ojson j;
   j["device"] = d.device.ToString();
   j["time_ns"] = d.time_ns;
@@ -168,7 +180,9 @@ ojson DeviceToJson(const AllocatorSnapshot& d, std::set<SiteId>* sites) {
     for (const BlockInfo& b : s.blocks) {
       blocks.push_back(BlockToJson(b, d.time_ns));
       if (b.site != kUnknownSite) sites->insert(b.site);
-      if (b.state == BlockState::kAllocated) live.push_back(LiveBufferToJson(b, d.time_ns));
+      if (b.state == BlockState::kAllocated) {
+        live.push_back(LiveBufferToJson(b, d.time_ns, annotations));
+      }
     }
     seg["blocks"] = std::move(blocks);
     segments.push_back(std::move(seg));
@@ -200,7 +214,11 @@ ojson SnapshotObject(const RuntimeSnapshot& snap, const std::vector<TraceEvent>*
   j["time_ns"] = snap.time_ns;
   j["unix_time_ns"] = snap.unix_time_ns;
   ojson devices = ojson::array();
-  for (const AllocatorSnapshot& d : snap.devices) devices.push_back(DeviceToJson(d, sites));
+  for (size_t i = 0; i < snap.devices.size(); ++i) {
+    const BufferAnnotations* annotations =
+        i < snap.annotations.size() ? &snap.annotations[i] : nullptr;
+    devices.push_back(DeviceToJson(snap.devices[i], annotations, sites));
+  }
   j["devices"] = std::move(devices);
   if (trace != nullptr) {
     ojson events = ojson::array();
@@ -533,8 +551,35 @@ absl::StatusOr<RuntimeSnapshot> SnapshotFromJson(std::string_view text, SiteMap*
     snap.unix_time_ns = I64F(root, "unix_time_ns", "");
     const json& devices = Array(Field(root, "devices", ""), "devices");
     for (size_t i = 0; i < devices.size(); ++i) {
-      snap.devices.push_back(DeviceFrom(devices[i], Idx("devices", i)));
+      const std::string dp = Idx("devices", i);
+      snap.devices.push_back(DeviceFrom(devices[i], dp));
+      // "tensor" on live buffers (optional): what the tensor layer knew.
+      BufferAnnotations annotations;
+      if (auto lb = devices[i].find("live_buffers"); lb != devices[i].end()) {
+        const std::string lp = Sub(dp, "live_buffers");
+        Array(*lb, lp);
+        for (size_t k = 0; k < lb->size(); ++k) {
+          const std::string bp = Idx(lp, k);
+          const json& buffer = Object((*lb)[k], bp);
+          auto t = buffer.find("tensor");
+          if (t == buffer.end()) continue;
+          const std::string tp = Sub(bp, "tensor");
+          const json& tensor = Object(*t, tp);
+          BufferAnnotation a;
+          a.refcount = U64F(tensor, "refcount", tp);
+          a.dtype = StrF(tensor, "dtype", tp);
+          const std::string sp = Sub(tp, "shape");
+          const json& shape = Array(Field(tensor, "shape", tp), sp);
+          for (size_t d = 0; d < shape.size(); ++d) a.shape.push_back(I64(shape[d], Idx(sp, d)));
+          annotations[static_cast<uintptr_t>(U64F(buffer, "addr", bp))] = std::move(a);
+        }
+      }
+      if (!annotations.empty()) {
+        snap.annotations.resize(snap.devices.size());
+        snap.annotations.back() = std::move(annotations);
+      }
     }
+    if (!snap.annotations.empty()) snap.annotations.resize(snap.devices.size());
     SiteMap table;
     SitesFrom(Field(root, "sites", ""), "sites", &table);
     std::vector<TraceEvent> events;
@@ -622,6 +667,7 @@ std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& f
   struct Buffer {
     const AllocatorSnapshot* device;
     const BlockInfo* block;
+    const BufferAnnotations* annotations;
   };
   std::map<SiteId, SiteInfo> infos;  // looked up once per site
   auto info_of = [&](SiteId id) -> const SiteInfo& {
@@ -638,13 +684,16 @@ std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& f
   };
   std::vector<Buffer> matched;
   uint64_t matched_bytes = 0;
-  for (const AllocatorSnapshot& d : snap.devices) {
+  for (size_t i = 0; i < snap.devices.size(); ++i) {
+    const AllocatorSnapshot& d = snap.devices[i];
+    const BufferAnnotations* annotations =
+        i < snap.annotations.size() ? &snap.annotations[i] : nullptr;
     if (filter.device && d.device != *filter.device) continue;
     for (const SegmentInfo& s : d.segments) {
       for (const BlockInfo& b : s.blocks) {
         if (b.state != BlockState::kAllocated || b.size < filter.min_bytes) continue;
         if (!site_matches(b.site)) continue;
-        matched.push_back({&d, &b});
+        matched.push_back({&d, &b, annotations});
         matched_bytes += b.size;
       }
     }
@@ -667,6 +716,7 @@ std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& f
     j["site"] = b.site;
     j["where"] = info_of(b.site).ToString();
     PutAge(j, b, matched[i].device->time_ns);
+    PutAnnotation(j, b.addr, matched[i].annotations);
     buffers.push_back(std::move(j));
     if (b.site != kUnknownSite) sites.insert(b.site);
   }

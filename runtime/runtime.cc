@@ -108,6 +108,8 @@ struct Runtime::State {
   // Set at construction, reset by Shutdown; read without `mu` by http() (documented:
   // valid until Shutdown).
   std::atomic<HttpServer*> http_ptr{nullptr};
+  // The layer that annotates live buffers (runtime/buffer_annotator.h), or null.
+  std::atomic<const BufferAnnotator*> annotator{nullptr};
   std::unique_ptr<HttpServer> http ABSL_GUARDED_BY(mu);
 
   // The poller (see runtime.h). Started under `mu` by the first allocator that needs
@@ -280,7 +282,24 @@ RuntimeSnapshot Runtime::snapshot() const {
   snap.unix_time_ns = UnixNowNs();
   snap.devices.reserve(list.size());
   for (const auto& a : list) snap.devices.push_back(a->snapshot());
+  // Outside every allocator lock: the annotator takes its own locks.
+  if (const BufferAnnotator* annotator = state_->annotator.load(std::memory_order_acquire)) {
+    snap.annotations.resize(snap.devices.size());
+    for (size_t i = 0; i < snap.devices.size(); ++i) {
+      std::vector<uintptr_t> addrs;
+      for (const SegmentInfo& seg : snap.devices[i].segments) {
+        for (const BlockInfo& b : seg.blocks) {
+          if (b.state == BlockState::kAllocated) addrs.push_back(b.addr);
+        }
+      }
+      annotator->annotate(snap.devices[i].device, addrs, &snap.annotations[i]);
+    }
+  }
   return snap;
+}
+
+void Runtime::set_buffer_annotator(const BufferAnnotator* annotator) {
+  state_->annotator.store(annotator, std::memory_order_release);
 }
 
 void Runtime::Shutdown() {

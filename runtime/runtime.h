@@ -49,6 +49,7 @@
 #include "allocator/oom_report.h"
 #include "allocator/snapshot.h"
 #include "allocator/types.h"
+#include "runtime/buffer_annotator.h"
 
 namespace devmem {
 
@@ -61,6 +62,9 @@ struct RuntimeSnapshot {
   int64_t time_ns = 0;      // monotonic clock when taken
   int64_t unix_time_ns = 0; // wall clock when taken
   std::vector<AllocatorSnapshot> devices;
+  // Parallel to `devices`: what the registered BufferAnnotator (the tensor layer) knows
+  // about their live buffers. Empty when no annotator is registered.
+  std::vector<BufferAnnotations> annotations;
 };
 
 class Runtime {
@@ -104,6 +108,10 @@ class Runtime {
   HttpServer* http() const;
 
   RuntimeSnapshot snapshot() const;
+
+  // Registers the layer that annotates live buffers (at most one; nullptr removes it).
+  // The annotator must outlive the runtime or be removed first.
+  void set_buffer_annotator(const BufferAnnotator* annotator);
 
   // Stops the HTTP service and background threads; idempotent.
   void Shutdown();

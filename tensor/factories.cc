@@ -26,8 +26,11 @@ Tensor FilledAt(IntList shape, double value, const TensorOptions& options,
 
 Tensor EmptyAt(IntList shape, DType dtype, DeviceId device, SiteId site) {
   const int64_t numel = CheckedNumel(shape, ItemSize(dtype), "empty");
-  StoragePtr storage = Storage::Allocate(
-      AllocatorFor(device), static_cast<size_t>(numel) * ItemSize(dtype), Stream{}, site);
+  Storage::Contents contents{DTypeName(dtype), {}};
+  contents.shape.assign(shape.begin(), shape.end());
+  StoragePtr storage =
+      Storage::Allocate(AllocatorFor(device), static_cast<size_t>(numel) * ItemSize(dtype),
+                        Stream{}, site, std::move(contents));
   return Tensor(std::move(storage), dtype, shape, ContiguousStrides(shape), 0);
 }
 

@@ -1,6 +1,8 @@
 // tensor/storage.cc: creating and freeing storages (see storage.h).
 #include "tensor/storage.h"
 
+#include "tensor/live_storages.h"
+
 #include <cstdio>
 #include <exception>
 
@@ -16,6 +18,9 @@ Storage::Storage(void* data, size_t bytes, DeviceId device, Stream stream,
       deleter_(std::move(deleter)) {}
 
 Storage::~Storage() {
+  // Unlisted before the block is freed: a snapshot never annotates an address whose
+  // storage is gone (LiveStorages reads storages under the same lock).
+  if (listed_) LiveStorages::Get().Remove(this);
   if (allocator_ != nullptr) {
     try {
       allocator_->free(data_);
@@ -32,7 +37,7 @@ Storage::~Storage() {
 }
 
 StoragePtr Storage::Allocate(std::shared_ptr<CachingAllocator> allocator, size_t bytes,
-                             Stream stream, SiteId site) {
+                             Stream stream, SiteId site, Contents contents) {
   const DeviceId device = allocator->device();
   void* data = allocator->allocate(bytes, stream, site);
   // If `new` throws, give the block back before propagating, so nothing leaks. The
@@ -45,7 +50,13 @@ StoragePtr Storage::Allocate(std::shared_ptr<CachingAllocator> allocator, size_t
     allocator->free(data);
     throw;
   }
-  return StoragePtr(s);
+  StoragePtr ptr(s);  // from here on, an exception frees the storage
+  if (data != nullptr) {
+    s->contents_ = std::move(contents);
+    LiveStorages::Get().Add(s);
+    s->listed_ = true;
+  }
+  return ptr;
 }
 
 StoragePtr Storage::WrapForeign(void* data, size_t bytes, DeviceId device,

@@ -53,8 +53,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/site.h"
@@ -70,11 +72,20 @@ class Storage {
   // must not throw.
   using Deleter = absl::AnyInvocable<void(void*)>;
 
+  // What the storage was created to hold, for snapshots (tensor/live_storages.h):
+  // the element type's name and the shape of the tensor that asked for it.
+  struct Contents {
+    std::string_view dtype;  // a static string (DTypeName), "" when unknown
+    absl::InlinedVector<int64_t, 6> shape;
+  };
+
   // Allocates `bytes` on `stream` from `allocator` and records `site` on the block.
   // Throws what CachingAllocator::allocate throws (OutOfMemoryError, ...); nothing is
-  // held then. bytes == 0 gives a storage with data() == nullptr.
+  // held then. bytes == 0 gives a storage with data() == nullptr. A storage with a
+  // block is listed in LiveStorages (so snapshots can say how many tensors share it
+  // and what it holds) until it is destroyed.
   static StoragePtr Allocate(std::shared_ptr<CachingAllocator> allocator, size_t bytes,
-                             Stream stream, SiteId site);
+                             Stream stream, SiteId site, Contents contents = {});
 
   // Wraps memory that devmem did not allocate, on `device`. With a deleter the storage
   // owns the memory and calls deleter(data) at the end; without one it never frees it
@@ -93,6 +104,7 @@ class Storage {
   // The allocator that owns the block; nullptr for foreign memory.
   CachingAllocator* allocator() const { return allocator_.get(); }
   bool is_foreign() const { return allocator_ == nullptr; }
+  const Contents& contents() const { return contents_; }
 
   // Number of references. Exact when no other thread is copying or dropping one;
   // otherwise a value it had at some moment (for tests, debugging and snapshots).
@@ -121,6 +133,8 @@ class Storage {
   const Stream stream_;
   const std::shared_ptr<CachingAllocator> allocator_;  // null for foreign memory
   Deleter deleter_;                                    // only for owned foreign memory
+  Contents contents_;   // set before the storage is published, then immutable
+  bool listed_ = false; // in LiveStorages (set before publication, then immutable)
 };
 
 // The handle: an owning pointer to a Storage with an intrusive count (see above).
