@@ -5,6 +5,10 @@
 # missing ones (apt-get update first, once). Needs root or sudo for installs. The CUDA
 # toolkit is not a Debian package here: when /usr/local/cuda exists the build picks it
 # up, otherwise the build goes on without the cuda/ backend.
+#
+# chromium: the memtrace timeline HTML test opens the page headless. clang-16 and its
+# runtime (libFuzzer): the fuzz build of scripts/test.sh; Debian's default clang (14)
+# lacks __builtin_source_location, which <source_location> (allocator/site.h) needs.
 set -euo pipefail
 
 PACKAGES=(
@@ -13,6 +17,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev
   libcivetweb-dev prometheus
+  chromium clang-16 libclang-rt-16-dev
 )
 
 missing=()

@@ -4,6 +4,14 @@
 //
 //   memtrace replay TRACE [--conf DEVMEM_CONF_STRING] [--capacity BYTES]
 //                         [--min-capacity] [--json]
+//   memtrace buffers SOURCE [--list] [--device D] [--site S] [--min-bytes N] [--top N]
+//   memtrace snapshot URL -o FILE
+//   memtrace diff A B [--fail-on-growth BYTES]
+//   memtrace oom DUMP
+//   memtrace watch URL [--interval S]
+//   memtrace import --from rmm-csv|pytorch-snapshot|umpire FILE -o TRACE.jsonl
+//   memtrace timeline SOURCE -o FILE.svg|FILE.html [--points N] [--top N]
+//   (each with --json; SOURCE/URL may need --token-file)
 //   memtrace SUBCOMMAND --help     what each one does
 #include <CLI/CLI.hpp>
 
@@ -16,6 +24,13 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   int exit_code = mt::kExitOk;
   mt::AddReplayCommand(app, &exit_code);
+  mt::AddImportCommand(app, &exit_code);
+  mt::AddTimelineCommand(app, &exit_code);
+  mt::AddBuffersCommand(app, &exit_code);
+  mt::AddSnapshotCommand(app, &exit_code);
+  mt::AddDiffCommand(app, &exit_code);
+  mt::AddOomCommand(app, &exit_code);
+  mt::AddWatchCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -20,5 +20,15 @@ inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitUnreachable = 3;
 
 void AddReplayCommand(CLI::App& app, int* exit_code);
+// Traces from other allocators' logs (tools/memtrace_import.cc).
+void AddImportCommand(CLI::App& app, int* exit_code);
+// Memory over time as SVG or HTML (tools/memtrace_timeline.cc).
+void AddTimelineCommand(CLI::App& app, int* exit_code);
+// Inspection of live processes, snapshots and OOM dumps (tools/memtrace_<name>.cc).
+void AddBuffersCommand(CLI::App& app, int* exit_code);
+void AddSnapshotCommand(CLI::App& app, int* exit_code);
+void AddDiffCommand(CLI::App& app, int* exit_code);
+void AddOomCommand(CLI::App& app, int* exit_code);
+void AddWatchCommand(CLI::App& app, int* exit_code);
 
 }  // namespace devmem::memtrace

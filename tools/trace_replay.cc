@@ -35,10 +35,13 @@ std::string Printable(std::string_view text) {
 
 }  // namespace
 
-absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name) {
-  // One padded copy of the whole text: every line's view then has the rest of the
-  // buffer (and the padding) after it, as simdjson requires.
-  simdjson::padded_string buffer(text);
+namespace {
+
+// Parses text that is followed by at least SIMDJSON_PADDING readable bytes (a
+// padded_string): every line's view then has the rest of the buffer (and the padding)
+// after it, as simdjson requires, so no line is copied.
+absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const std::string& name) {
+  const std::string_view text(buffer.data(), buffer.size());
   simdjson::dom::parser parser;
   Trace trace;
   absl::flat_hash_map<uint64_t, uint32_t> live;    // addr -> dense id
@@ -150,16 +153,24 @@ absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name)
   return trace;
 }
 
+}  // namespace
+
+absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name) {
+  return ParsePadded(simdjson::padded_string(text), name);
+}
+
 absl::StatusOr<Trace> ReadTrace(const std::string& path) {
   simdjson::padded_string text;
   if (auto err = simdjson::padded_string::load(path).get(text); err) {
     return absl::NotFoundError(
         absl::StrFormat("%s: cannot read (%s)", path, simdjson::error_message(err)));
   }
-  return ParseTrace(std::string_view(text.data(), text.size()), path);
+  // Parsed in place: a second copy would double the memory a 10^7-event trace needs.
+  return ParsePadded(text, path);
 }
 
-ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity) {
+ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
+                    const ReplayObserver& observe) {
   Config config = policy;
   config.backend = BackendKind::kSim;
   config.sim_capacity = capacity;
@@ -170,7 +181,8 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity)
   std::vector<void*> ptrs(trace.allocations, nullptr);
   int64_t ooms = 0;
   const auto start = std::chrono::steady_clock::now();
-  for (const Trace::Op& op : trace.ops) {
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const Trace::Op& op = trace.ops[i];
     // Stream handles only key the free lists here (no events are recorded), so the
     // dense index serves as the handle without creating backend streams.
     if (op.alloc) {
@@ -183,6 +195,7 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity)
       alloc.free(ptrs[op.id]);
       ptrs[op.id] = nullptr;
     }
+    if (observe) observe(i, alloc);
   }
   const auto stop = std::chrono::steady_clock::now();
   for (void*& p : ptrs) {

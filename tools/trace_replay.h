@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -74,8 +75,15 @@ struct ReplayResult {
   double ns_per_op = 0;              // wall clock (the one figure that varies)
 };
 
+class CachingAllocator;
+// Called after each op with the op's index and the replaying allocator (memtrace
+// timeline reads reserved bytes over time through it; reading stats() costs a lock
+// and a copy, so observers read only when they need to).
+using ReplayObserver = std::function<void(size_t op_index, const CachingAllocator& alloc)>;
+
 // Replays `trace` on a fresh sim device of `capacity` bytes with `config`'s policy.
-ReplayResult Replay(const Trace& trace, const Config& config, uint64_t capacity);
+ReplayResult Replay(const Trace& trace, const Config& config, uint64_t capacity,
+                    const ReplayObserver& observe = nullptr);
 
 struct MinCapacity {
   // The smallest capacity C on the grid such that the trace replays with zero OOMs at

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Times memtrace's snapshot readers at the size the issue sets (a snapshot with 10^6
+# live buffers read by `buffers` and `diff` in <= 2 s each): generates two snapshots
+# (tests/data/snapshots/generate.py --big; the second with a few sites grown), then
+# prints the wall time of `memtrace buffers`, `buffers --list`, and `diff`.
+#   scripts/bench_snapshot.sh [MEMTRACE] [N]     defaults: build/bin/memtrace, 1000000
+# Timing is reported, not asserted: machines differ, and the tests stay deterministic.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+memtrace=${1:-$here/build/bin/memtrace}
+n=${2:-1000000}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+python3 "$here/tests/data/snapshots/generate.py" --big "$n" "$tmp/a.json"
+python3 "$here/tests/data/snapshots/generate.py" --big "$n" "$tmp/b.json" --grow
+echo "snapshots: $n live buffers, $(du -m "$tmp/a.json" | cut -f1) MiB and $(du -m "$tmp/b.json" | cut -f1) MiB"
+# time_it LABEL CMD...: prints LABEL and the seconds CMD took (its output discarded).
+time_it() {
+  local label=$1; shift
+  local t0 t1
+  t0=$(date +%s.%N)
+  "$@" > /dev/null || [ $? -eq 1 ]
+  t1=$(date +%s.%N)
+  printf '%-28s %6.2f s\n' "$label" "$(echo "$t1 - $t0" | bc)"
+}
+time_it "buffers (by site)" "$memtrace" buffers "$tmp/a.json"
+time_it "buffers --list --top 20" "$memtrace" buffers "$tmp/a.json" --list
+time_it "buffers --json" "$memtrace" buffers "$tmp/a.json" --json
+time_it "diff a b" "$memtrace" diff "$tmp/a.json" "$tmp/b.json"
+echo "target: <= 2 s each for buffers and diff (issue 5)"

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""tests/import_pytorch_test.py: `memtrace import --from pytorch-snapshot` end to end.
+
+Builds tiny snapshots the way torch.cuda.memory._dump_snapshot writes them (a pickle of
+plain dicts and lists; no torch needed), converts them with memtrace, and checks that the
+trace replays, that sites come from the frames, and that a malformed snapshot or a pickle
+asking for a global is refused with exit status 2 and a message naming the file and the
+entry. Usage (ctest): import_pytorch_test.py MEMTRACE
+"""
+import json
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+
+MEMTRACE = sys.argv[1]
+MiB = 1 << 20
+
+
+def entry(action, addr, size, stream=0, t=None, frames=None):
+    e = {"action": action, "addr": addr, "size": size, "stream": stream,
+         "frames": frames or [{"filename": "/usr/lib/python3/torch/nn/functional.py",
+                               "line": 1, "name": "linear"},
+                              {"filename": "train.py", "line": 42, "name": "forward"}]}
+    if t is not None:
+        e["time_us"] = t
+    return e
+
+
+def run(*args):
+    return subprocess.run([MEMTRACE, *args], capture_output=True, text=True)
+
+
+def check(cond, what):
+    if not cond:
+        print("FAILED:", what)
+        sys.exit(1)
+
+
+with tempfile.TemporaryDirectory() as d:
+    snap = {
+        "segments": [],
+        "device_traces": [[
+            entry("segment_alloc", 0x7000000000, 20 * MiB, t=10),
+            entry("alloc", 0x7000000000, 4 * MiB, t=11),
+            entry("alloc", 0x7000400000, 8 * MiB, t=12),
+            entry("free_requested", 0x7000000000, 4 * MiB, t=13),
+            entry("free_completed", 0x7000000000, 4 * MiB, t=14),
+            entry("snapshot", 0, 0, t=15),
+            entry("oom", 0, 64 * MiB, t=16),
+            entry("free_requested", 0x7000400000, 8 * MiB, t=17),
+            entry("free_completed", 0x7000400000, 8 * MiB, t=18),
+        ]],
+    }
+    path = os.path.join(d, "snap.pickle")
+    with open(path, "wb") as f:
+        pickle.dump(snap, f)
+    out = os.path.join(d, "t.jsonl")
+    r = run("import", "--from", "pytorch-snapshot", path, "-o", out)
+    print(r.stdout, r.stderr)
+    check(r.returncode == 0, "import exit status 0")
+    lines = [json.loads(l) for l in open(out)]
+    check(lines[0]["schema"] == "devmem.trace/1", "header line")
+    check(lines[0]["sites"][0]["file"] == "train.py" and lines[0]["sites"][0]["line"] == 42,
+          "site from the first frame outside torch")
+    actions = [l["action"] for l in lines[1:]]
+    check(actions == ["segment_alloc", "alloc", "alloc", "free", "free_completed", "oom",
+                      "free", "free_completed"], f"actions {actions}")
+    check(lines[2]["time_ns"] == 1000 and lines[2]["device"] == "cuda:0", "time and device")
+    r = run("replay", out, "--json")
+    print(r.stdout, r.stderr)
+    check(r.returncode == 0, "replay exit status 0")
+    res = json.loads(r.stdout)
+    check(res["peak_requested_bytes"] == 12 * MiB and res["ooms"] == 0, "replayed figures")
+
+    # Malformed: an entry without 'addr' -> the file and the entry are named.
+    bad = {"device_traces": [[{"action": "alloc", "size": 5}]]}
+    with open(path, "wb") as f:
+        pickle.dump(bad, f)
+    r = run("import", "--from", "pytorch-snapshot", path, "-o", out)
+    print(r.stderr)
+    check(r.returncode == 2 and "snap.pickle: device_traces[0][0]: 'addr'" in r.stderr,
+          "malformed entry named")
+
+    # A pickle that asks for a global (os.system) is refused, not executed.
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + os.path.join(d, "pwned"),))
+    with open(path, "wb") as f:
+        pickle.dump({"device_traces": [Evil()]}, f)
+    r = run("import", "--from", "pytorch-snapshot", path, "-o", out)
+    print(r.stderr)
+    check(r.returncode == 2 and "refuses the pickle global" in r.stderr, "global refused")
+    check(not os.path.exists(os.path.join(d, "pwned")), "nothing executed")
+
+    # Garbage and a missing file.
+    with open(path, "wb") as f:
+        f.write(b"\x80\x04garbage")
+    r = run("import", "--from", "pytorch-snapshot", path, "-o", out)
+    check(r.returncode == 2 and "not a pickle" in r.stderr, "garbage refused")
+    r = run("import", "--from", "pytorch-snapshot", os.path.join(d, "nope"), "-o", out)
+    check(r.returncode == 2 and "cannot read" in r.stderr, "missing file")
+print("ok")

@@ -1,0 +1,345 @@
+// tests/memtrace_inspect_test.cc: memtrace's inspection library (tools/snapshot_reader,
+// site_usage, segment_map, inspect_format, http_get): the simdjson reader agrees with
+// the runtime's writer, refuses what docs/formats.md says to refuse with the path or
+// byte offset, and the grouping, diff, segment maps and HTTP framing are right. The
+// commands themselves are tested as a user runs them by memtrace_inspect_cli_test.sh.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <string>
+#include <thread>
+
+#include "allocator/site.h"
+#include "nlohmann/json.hpp"
+#include "allocator/snapshot.h"
+#include "runtime/json.h"
+#include "tools/http_get.h"
+#include "tools/inspect_format.h"
+#include "tools/segment_map.h"
+#include "tools/site_usage.h"
+#include "tools/snapshot_reader.h"
+
+namespace devmem::memtrace {
+namespace {
+
+constexpr uint64_t kMiB = 1 << 20;
+
+BlockInfo Block(uintptr_t addr, size_t size, BlockState state, SiteId site, int64_t alloc_ns) {
+  BlockInfo b;
+  b.addr = addr;
+  b.size = size;
+  b.requested = state == BlockState::kAllocated ? size : 0;
+  b.state = state;
+  b.site = state == BlockState::kFree ? kUnknownSite : site;
+  b.alloc_time_ns = state == BlockState::kFree ? 0 : alloc_ns;
+  return b;
+}
+
+// A runtime snapshot written by the runtime's own writer: one device, two segments.
+std::string RuntimeWrittenSnapshot(SiteId* alloc_site, SiteId* clone_site) {
+  *alloc_site = InternNamedSite("model/inspect_test.cc", 11, "void f()", SiteKind::kAlloc, "acts");
+  *clone_site = InternNamedSite("model/inspect_test.cc", 22, "void g()", SiteKind::kClone);
+  AllocatorSnapshot d;
+  d.device = DeviceId{DeviceType::kSim, 0};
+  d.info = {"sim device", "SIM-1", "sim"};
+  d.mem_info = {100 * kMiB, 128 * kMiB};
+  d.time_ns = 5'000'000'000;
+  d.stats.allocated_bytes[kAggregatePool].current = 7 * kMiB;
+  d.stats.reserved_bytes[kAggregatePool].current = 12 * kMiB;
+  SegmentInfo s1;
+  s1.addr = 0x100000000;
+  s1.size = 10 * kMiB;
+  s1.blocks = {Block(0x100000000, 4 * kMiB, BlockState::kAllocated, *alloc_site, 4'000'000'000),
+               Block(0x100400000, 2 * kMiB, BlockState::kAllocated, *clone_site, 4'500'000'000),
+               Block(0x100600000, 4 * kMiB, BlockState::kFree, 0, 0)};
+  SegmentInfo s2;
+  s2.addr = 0x200000000;
+  s2.size = 2 * kMiB;
+  s2.small_pool = true;
+  s2.blocks = {Block(0x200000000, 1 * kMiB, BlockState::kAllocated, *clone_site, 4'900'000'000),
+               Block(0x200100000, 1 * kMiB, BlockState::kPending, *alloc_site, 4'800'000'000)};
+  d.segments = {s1, s2};
+  RuntimeSnapshot snap;
+  snap.time_ns = 5'000'000'001;
+  snap.unix_time_ns = 1'700'000'000'000'000'000;
+  snap.devices.push_back(d);
+  return SnapshotToJson(snap);
+}
+
+TEST(SnapshotReaderTest, ReadsWhatTheRuntimeWrites) {
+  SiteId alloc_site, clone_site;
+  const std::string json = RuntimeWrittenSnapshot(&alloc_site, &clone_site);
+  absl::StatusOr<Snapshot> snap = ParseSnapshot(json, "mem.json");
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  EXPECT_EQ(snap->schema, "devmem.snapshot/1");
+  ASSERT_EQ(snap->devices.size(), 1u);
+  const SnapDevice& d = snap->devices[0];
+  EXPECT_EQ(d.device, "sim:0");
+  EXPECT_EQ(d.total_bytes, 128 * kMiB);
+  EXPECT_EQ(d.allocated_bytes, static_cast<int64_t>(7 * kMiB));
+  ASSERT_EQ(d.segments.size(), 2u);
+  EXPECT_EQ(d.segments[1].first_block, 3u);
+  EXPECT_TRUE(d.segments[1].small_pool);
+  ASSERT_EQ(d.blocks.size(), 5u);
+  EXPECT_EQ(d.blocks[0].age_ns, 1'000'000'000);
+  EXPECT_TRUE(d.blocks[0].has_age);
+  EXPECT_FALSE(d.blocks[2].has_age);
+  EXPECT_EQ(d.blocks[4].state, BlockKind::kPending);
+  // Site text as the allocator spells it, and the copy flag from the kind.
+  EXPECT_EQ(snap->Site(alloc_site).where, GetSite(alloc_site).ToString());
+  EXPECT_EQ(snap->Site(clone_site).where, GetSite(clone_site).ToString());
+  EXPECT_TRUE(snap->Site(clone_site).copy);
+  EXPECT_EQ(snap->Site(999999).where, "<unknown> (alloc)");
+}
+
+TEST(SnapshotReaderTest, KeepsTensorAnnotationsOfLiveBuffers) {
+  SiteId a, c;
+  nlohmann::json j = nlohmann::json::parse(RuntimeWrittenSnapshot(&a, &c));
+  // Annotate the second live buffer (at 0x100400000) as the tensor layer does.
+  nlohmann::json& live = j["devices"][0]["live_buffers"];
+  ASSERT_EQ(live.size(), 3u);
+  ASSERT_EQ(live[1]["addr"], 0x100400000u);
+  live[1]["tensor"] = {{"refcount", 3}, {"dtype", "float16"}, {"shape", {2, 512, 1024}}};
+  absl::StatusOr<Snapshot> snap = ParseSnapshot(j.dump(), "mem.json");
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  const SnapDevice& d = snap->devices[0];
+  ASSERT_EQ(d.tensors.size(), 1u);
+  ASSERT_EQ(d.blocks[1].tensor, 0);
+  EXPECT_EQ(d.tensors[0].refcount, 3u);
+  EXPECT_EQ(d.tensors[0].dtype + d.tensors[0].shape, "float16[2, 512, 1024]");
+  std::vector<SiteGroup> groups = GroupBySite(*snap, {}, nullptr);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].site, a);  // 4 MiB
+  EXPECT_EQ(groups[1].min_refcount, 3);
+  EXPECT_EQ(groups[1].shapes, "float16[2, 512, 1024]");
+  EXPECT_EQ(groups[0].shapes, "");
+}
+
+TEST(SnapshotReaderTest, RefusesOtherMajorsAcceptsMinors) {
+  SiteId a, c;
+  std::string json = RuntimeWrittenSnapshot(&a, &c);
+  std::string minor = json, major = json;
+  minor.replace(minor.find("devmem.snapshot/1"), 17, "devmem.snapshot/1.4");
+  major.replace(major.find("devmem.snapshot/1"), 17, "devmem.snapshot/2");
+  EXPECT_TRUE(ParseSnapshot(minor, "m.json").ok());
+  absl::StatusOr<Snapshot> s = ParseSnapshot(major, "m.json");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().message(),
+            "m.json: schema \"devmem.snapshot/2\" is not supported (this reader reads "
+            "\"devmem.snapshot/1\"; other major versions are refused)");
+  s = ParseSnapshot("{\"schema\": \"devmem.snapshot/10\"}", "x");
+  EXPECT_FALSE(s.ok());
+}
+
+TEST(SnapshotReaderTest, MalformedInputNamesPathOrOffset) {
+  SiteId a, c;
+  const std::string json = RuntimeWrittenSnapshot(&a, &c);
+  auto message = [](std::string_view text) {
+    absl::StatusOr<Snapshot> s = ParseSnapshot(text, "f.json");
+    return s.ok() ? std::string("ok") : std::string(s.status().message());
+  };
+  EXPECT_EQ(message(json.substr(0, 40)).rfind("f.json: not valid JSON, at byte 40", 0), 0u)
+      << message(json.substr(0, 40));
+  EXPECT_EQ(message("  \n"), "f.json: empty (expected a JSON snapshot object)");
+  EXPECT_EQ(message("[1, 2]"), "f.json: (top level): expected an object, got array");
+  EXPECT_EQ(message("{}"), "f.json: missing \"schema\" (expected \"devmem.snapshot/1\")");
+  std::string bad = json;
+  bad.replace(bad.find("\"state\":\"free\""), 14, "\"state\":\"gone\"");
+  EXPECT_EQ(message(bad), "f.json: devices[0].segments[0].blocks[2].state: expected a block "
+                          "state (one of allocated, free, pending), got \"gone\"");
+  bad = json;
+  bad.replace(bad.find("\"total_bytes\":"), 14, "\"total_bytez\":");
+  EXPECT_EQ(message(bad),
+            "f.json: devices[0].mem_info.total_bytes: missing (expected a field \"total_bytes\")");
+  bad = json;
+  bad.replace(bad.find("\"size\":4194304"), 14, "\"size\":1e400");
+  EXPECT_NE(message(bad), "ok");
+  bad = json;
+  bad.replace(bad.find("\"size\":4194304"), 14, "\"size\":99999999999999999999999");
+  EXPECT_NE(message(bad), "ok");
+  // Every prefix of a valid file is refused without a crash.
+  for (size_t n = 0; n < json.size(); n += 7) EXPECT_NE(message(json.substr(0, n)), "ok");
+}
+
+Snapshot Parse(const std::string& json) {
+  absl::StatusOr<Snapshot> s = ParseSnapshot(json, "t");
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *s : Snapshot{};
+}
+
+TEST(SiteUsageTest, ListsAndGroupsLargestFirstWithFilters) {
+  SiteId a, c;
+  const Snapshot snap = Parse(RuntimeWrittenSnapshot(&a, &c));
+  BufferTotals t;
+  std::vector<BufferRef> list = ListBuffers(snap, {}, &t);
+  ASSERT_EQ(list.size(), 3u);  // the pending block is not live
+  EXPECT_EQ(list[0].block->size, 4 * kMiB);
+  EXPECT_EQ(t.matched_bytes, 7 * kMiB);
+  EXPECT_EQ(t.copy_bytes, 3 * kMiB);
+  std::vector<SiteGroup> groups = GroupBySite(snap, {}, &t);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].bytes, 4 * kMiB);
+  EXPECT_EQ(groups[0].copy_bytes, 0u);
+  EXPECT_EQ(groups[1].count, 2u);
+  EXPECT_EQ(groups[1].copy_bytes, 3 * kMiB);
+  EXPECT_EQ(groups[1].oldest_age_ns, 500'000'000);
+  EXPECT_DOUBLE_EQ(groups[1].device_share, 3.0 / 128.0);
+  BufferQuery q;
+  q.site = "inspect_test.cc:22";
+  EXPECT_EQ(GroupBySite(snap, q, nullptr).size(), 1u);
+  q.site = "acts";  // the tag
+  EXPECT_EQ(GroupBySite(snap, q, nullptr).size(), 1u);
+  q = {};
+  q.min_bytes = 2 * kMiB;
+  EXPECT_EQ(ListBuffers(snap, q, nullptr).size(), 2u);
+  q = {};
+  q.device = "cuda:0";
+  EXPECT_TRUE(ListBuffers(snap, q, nullptr).empty());
+}
+
+TEST(SiteUsageTest, DiffMatchesSitesByTextAndSumsGrowth) {
+  SiteId a, c;
+  const std::string json = RuntimeWrittenSnapshot(&a, &c);
+  const Snapshot before = Parse(json);
+  // The same process later: the alloc site's 4 MiB buffer is gone.
+  nlohmann::json later = nlohmann::json::parse(json);
+  later["devices"][0]["segments"][0]["blocks"][0]["state"] = "free";
+  const Snapshot after = Parse(later.dump());
+  DiffTotals t;
+  std::vector<SiteDelta> rows = DiffSites(before, after, {}, &t);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].delta_bytes(), -static_cast<int64_t>(4 * kMiB));
+  EXPECT_EQ(t.grew_bytes, 0u);
+  EXPECT_EQ(t.shrank_bytes, 4 * kMiB);
+  EXPECT_EQ(t.unchanged_sites, 1u);
+  rows = DiffSites(after, before, {}, &t);
+  EXPECT_EQ(t.grew_bytes, 4 * kMiB);
+  EXPECT_EQ(rows[0].count_a, 0u);
+  EXPECT_EQ(rows[0].count_b, 1u);
+}
+
+TEST(SegmentMapTest, OneCharacterPerCellMajorityState) {
+  SiteId a, c;
+  const Snapshot snap = Parse(RuntimeWrittenSnapshot(&a, &c));
+  const SnapDevice& d = snap.devices[0];
+  // Largest segment 10 MiB in at most 8 x 2 cells: 1 MiB cells.
+  const uint64_t cell = ChooseCellBytes(d, 8, 2);
+  EXPECT_EQ(cell, kMiB);
+  EXPECT_EQ(SegmentMap(d, d.segments[0], cell, 8),
+            (std::vector<std::string>{"######..", ".."}));
+  EXPECT_EQ(SegmentMap(d, d.segments[1], cell, 8), (std::vector<std::string>{"#p"}));
+  // Half-MiB cells straddling nothing; 4 MiB cells: the first holds 4 MiB allocated.
+  EXPECT_EQ(SegmentMap(d, d.segments[0], 4 * kMiB, 8), (std::vector<std::string>{"##."}));
+  EXPECT_GE(ChooseCellBytes(SnapDevice{}), 512u);
+}
+
+TEST(InspectFormatTest, AgesSharesDeltasAndTables) {
+  EXPECT_EQ(FormatAge(-1), "-");
+  EXPECT_EQ(FormatAge(999'000'000), "999ms");
+  EXPECT_EQ(FormatAge(12'340'000'000), "12.3s");
+  EXPECT_EQ(FormatAge(245'000'000'000), "4m05s");
+  EXPECT_EQ(FormatAge(int64_t{7800} * 1'000'000'000), "2h10m");
+  EXPECT_EQ(FormatShare(1, 0), "-");
+  EXPECT_EQ(FormatShare(1, 8), "12.5%");
+  EXPECT_EQ(FormatDelta(0), "0 B");
+  EXPECT_EQ(FormatDelta(-512), "-512 B");
+  EXPECT_EQ(FormatDelta(3 * 1024 * 1024 / 2), "+1.50 MiB");
+  TextTable t({"<NAME", "BYTES"});
+  t.Add({"a", "1"});
+  t.Add({"longer", "100"});
+  EXPECT_EQ(t.Render(), "NAME    BYTES\na           1\nlonger    100\n");
+}
+
+// A one-shot HTTP server on a loopback port that answers `reply` to the first request
+// and records it.
+class OneShotServer {
+ public:
+  explicit OneShotServer(std::string reply) : reply_(std::move(reply)) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    ::listen(fd_, 1);
+    socklen_t len = sizeof(addr);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(c, buf, sizeof(buf), 0)) > 0) {
+        request_.append(buf, static_cast<size_t>(n));
+        if (request_.find("\r\n\r\n") != std::string::npos) break;
+      }
+      ::send(c, reply_.data(), reply_.size(), MSG_NOSIGNAL);
+      ::close(c);
+    });
+  }
+  ~OneShotServer() {
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/x"; }
+  const std::string& request() const { return request_; }
+
+ private:
+  std::string reply_, request_;
+  int fd_ = -1, port_ = 0;
+  std::thread thread_;
+};
+
+TEST(HttpGetTest, ChunkedContentLengthAndEofFraming) {
+  {
+    OneShotServer s("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    "5\r\nhello\r\n7\r\n, world\r\n0\r\n\r\n");
+    absl::StatusOr<HttpResponse> r = HttpGet(s.url(), "tok");
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200);
+    EXPECT_EQ(r->body, "hello, world");
+    HttpResponse unused;
+    (void)unused;
+  }
+  {
+    OneShotServer s("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcdef");
+    absl::StatusOr<std::string> body = HttpGetOk(s.url(), "");
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_EQ(*body, "abc");
+    EXPECT_EQ(s.request().find("Authorization"), std::string::npos);
+  }
+  {
+    OneShotServer s("HTTP/1.0 200 OK\r\n\r\nto the end");
+    absl::StatusOr<std::string> body = HttpGetOk(s.url(), "");
+    ASSERT_TRUE(body.ok());
+    EXPECT_EQ(*body, "to the end");
+  }
+  {
+    OneShotServer s("HTTP/1.1 401 Unauthorized\r\nContent-Length: 9\r\n\r\nno token\n");
+    absl::StatusOr<std::string> body = HttpGetOk(s.url(), "");
+    ASSERT_FALSE(body.ok());
+    EXPECT_EQ(body.status().message(), "GET " + s.url() + ": HTTP 401 Unauthorized: no token "
+                                       "(pass the token with --token-file)");
+  }
+  {
+    OneShotServer s("HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort");
+    EXPECT_FALSE(HttpGetOk(s.url(), "").ok());
+  }
+  {
+    OneShotServer s("garbage");
+    EXPECT_FALSE(HttpGetOk(s.url(), "").ok());
+  }
+  EXPECT_FALSE(HttpGet("ftp://x", "").ok());
+  EXPECT_FALSE(HttpGet("http://127.0.0.1:99999/", "").ok());
+}
+
+TEST(HttpGetTest, SendsTheBearerToken) {
+  OneShotServer s("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n");
+  ASSERT_TRUE(HttpGetOk(s.url(), "abc123").ok());
+  EXPECT_NE(s.request().find("Authorization: Bearer abc123\r\n"), std::string::npos);
+  EXPECT_EQ(s.request().rfind("GET /x HTTP/1.1\r\n", 0), 0u);
+}
+
+}  // namespace
+}  // namespace devmem::memtrace

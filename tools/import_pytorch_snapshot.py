@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""tools/import_pytorch_snapshot.py: PyTorch memory snapshot -> devmem trace.
+
+Converts the pickle written by torch.cuda.memory._dump_snapshot() (the dict returned by
+torch.cuda.memory._snapshot()) into a devmem trace (docs/formats.md, devmem.trace/1), so
+that `memtrace replay` can run the recorded workload through devmem's allocator.
+`memtrace import --from pytorch-snapshot` runs this script; it needs only Python's
+standard library (no torch).
+
+What is read: snapshot["device_traces"], a list (one per device) of lists of entries
+{"action", "addr", "size", "stream", "time_us" (PyTorch >= 2.1), "frames"}. Actions:
+  alloc                                -> alloc
+  free_requested (or "free", older)    -> free   (the program's free)
+  free_completed                       -> free_completed (or free, when the trace has no
+                                          free_requested: then it is the only free)
+  segment_alloc/free, segment_map/unmap -> the same names (memtrace timeline reads them)
+  oom                                  -> oom
+  snapshot and unknown actions         -> skipped
+Sites: the first frame outside torch's own files (else the innermost one) becomes a site
+of the header's site table. Times: time_us * 1000, made relative to the first event;
+without time_us the event's index stands in (order is all replay needs). Device: each
+entry's list index becomes "cuda:N"; --device N keeps one device (replay puts every
+event on one simulated device, so use it for multi-GPU snapshots).
+
+Safety: the pickle is read by an Unpickler that refuses every global except a few
+builtins (set, frozenset, ...): a snapshot is plain dicts, lists, strings and numbers,
+and a pickle that asks for anything else is refused instead of executed.
+
+Exit status: 0 converted; 2 unreadable or malformed input (the message names the file
+and the entry: "snap.pickle: device_traces[0][12]: 'addr': expected an integer").
+
+Usage: import_pytorch_snapshot.py SNAPSHOT.pickle -o TRACE.jsonl [--device N]
+"""
+import argparse
+import json
+import pickle
+import sys
+
+ALLOWED_BUILTINS = {"set", "frozenset", "bytearray", "complex", "range", "slice", "dict",
+                    "list", "tuple", "str", "int", "float", "bool", "bytes"}
+ACTIONS = {"alloc": "alloc", "free_requested": "free", "free": "free",
+           "free_completed": "free_completed", "segment_alloc": "segment_alloc",
+           "segment_free": "segment_free", "segment_map": "segment_map",
+           "segment_unmap": "segment_unmap", "oom": "oom"}
+
+
+class InputError(Exception):
+    pass
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "builtins" and name in ALLOWED_BUILTINS:
+            return super().find_class(module, name)
+        raise InputError(f"refuses the pickle global {module}.{name}: a memory snapshot "
+                         "holds only dicts, lists, strings and numbers")
+
+
+def load(path):
+    try:
+        with open(path, "rb") as f:
+            return RestrictedUnpickler(f).load()
+    except OSError as e:
+        raise InputError(f"cannot read ({e.strerror})")
+    except InputError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- any unpickling failure is malformed input
+        raise InputError(f"not a pickle ({type(e).__name__}: {e})")
+
+
+def uint(entry, key, where, default=None):
+    value = entry.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value >= 2**64:
+        raise InputError(f"{where}: '{key}': expected a non-negative integer, "
+                         f"got {type(value).__name__}")
+    return value
+
+
+def site_of(frames, sites):
+    if not isinstance(frames, list) or not frames:
+        return 0
+    frame = next((f for f in frames if isinstance(f, dict) and
+                  "/torch/" not in str(f.get("filename", ""))), frames[0])
+    if not isinstance(frame, dict):
+        return 0
+    key = (str(frame.get("filename", "")), frame.get("line", 0), str(frame.get("name", "")))
+    if not isinstance(key[1], int) or key[1] < 0 or key[1] >= 2**32:
+        key = (key[0], 0, key[2])
+    if key not in sites:
+        sites[key] = len(sites) + 1
+    return sites[key]
+
+
+def convert(snapshot, device_filter):
+    if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
+        raise InputError("expected a dict with 'device_traces' "
+                         "(the pickle of torch.cuda.memory._dump_snapshot)")
+    traces = snapshot["device_traces"]
+    if not isinstance(traces, list):
+        raise InputError("device_traces: expected a list (one per device)")
+    has_free_requested = any(isinstance(e, dict) and e.get("action") == "free_requested"
+                             for t in traces if isinstance(t, list) for e in t)
+    sites, events = {}, []
+    for dev, trace in enumerate(traces):
+        if device_filter is not None and dev != device_filter:
+            continue
+        if not isinstance(trace, list):
+            raise InputError(f"device_traces[{dev}]: expected a list of entries")
+        for i, entry in enumerate(trace):
+            where = f"device_traces[{dev}][{i}]"
+            if not isinstance(entry, dict):
+                raise InputError(f"{where}: expected a dict")
+            action = entry.get("action")
+            if not isinstance(action, str):
+                raise InputError(f"{where}: 'action': expected a string")
+            mapped = ACTIONS.get(action)
+            if mapped is None:
+                continue
+            if action == "free_completed" and not has_free_requested:
+                mapped = "free"
+            addr = uint(entry, "addr", where, 0 if action == "oom" else None)
+            size = uint(entry, "size", where)
+            stream = uint(entry, "stream", where, 0)
+            if "time_us" in entry:
+                time_ns = uint(entry, "time_us", where) * 1000
+            else:
+                time_ns = len(events)
+            site = site_of(entry.get("frames"), sites) if mapped in ("alloc", "oom") else 0
+            events.append((time_ns, mapped, dev, stream, addr, size, site))
+    return sites, events
+
+
+def write(path, source, sites, events):
+    first = min((e[0] for e in events), default=0)
+    live = {}
+    table = [{"id": i, "file": f, "line": ln, "function": fn, "tag": "", "kind": "alloc"}
+             for (f, ln, fn), i in sites.items()]
+    with open(path, "w", encoding="utf-8", newline="\n") as out:
+        out.write(json.dumps({"schema": "devmem.trace/1", "sites": table,
+                              "source": "pytorch-snapshot:" + source},
+                             separators=(",", ":")) + "\n")
+        for seq, (time_ns, action, dev, stream, addr, size, site) in enumerate(events, 1):
+            if action == "alloc":
+                live[addr] = (size, site)
+            requested = size if action in ("alloc", "free", "oom") else 0
+            if action == "free":
+                size, site = live.pop(addr, (size, 0))
+                requested = size
+            out.write(json.dumps(
+                {"seq": seq, "time_ns": time_ns - first, "action": action,
+                 "device": f"cuda:{dev}", "stream": stream, "addr": addr, "size": size,
+                 "requested": requested, "site": site, "thread": 0},
+                separators=(",", ":")) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="PyTorch memory snapshot -> devmem trace")
+    parser.add_argument("snapshot")
+    parser.add_argument("-o", "--output", required=True)
+    parser.add_argument("--device", type=int, default=None,
+                        help="keep only this device's events (default: all)")
+    args = parser.parse_args()
+    try:
+        sites, events = convert(load(args.snapshot), args.device)
+    except InputError as e:
+        print(f"{args.snapshot}: {e}", file=sys.stderr)
+        return 2
+    try:
+        write(args.output, args.snapshot, sites, events)
+    except OSError as e:
+        print(f"{args.output}: cannot write ({e.strerror})", file=sys.stderr)
+        return 2
+    allocs = sum(1 for e in events if e[1] == "alloc")
+    print(f"{args.snapshot}: {len(events)} events ({allocs} allocations) -> {args.output}",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

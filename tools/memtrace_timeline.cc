@@ -1,0 +1,120 @@
+// tools/memtrace_timeline.cc: `memtrace timeline SOURCE -o FILE.svg|FILE.html`: memory
+// over time from a trace file or a running process (its /debug/trace?since=0), stacked
+// by the sites that hold the most, with allocated and reserved lines and OOM marks
+// (tools/timeline.h says how it is computed and downsampled). The format follows the
+// output's extension.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "allocator/config.h"
+#include "tools/http_get.h"
+#include "tools/memtrace_commands.h"
+#include "tools/timeline.h"
+
+namespace devmem::memtrace {
+namespace {
+
+struct TimelineArgs {
+  std::string source, output, conf, token_file;
+  int points = 800, top = 8;
+  bool json = false;
+};
+
+int RunTimeline(const TimelineArgs& a) {
+  const bool html = absl::EndsWith(a.output, ".html") || absl::EndsWith(a.output, ".htm");
+  if (!html && !absl::EndsWith(a.output, ".svg")) {
+    std::fprintf(stderr, "memtrace timeline: -o %s: expected a .svg or .html file name\n",
+                 a.output.c_str());
+    return kExitBadInput;
+  }
+  if (a.points < 2 || a.points > 100000 || a.top < 1 || a.top > 64) {
+    std::fprintf(stderr, "memtrace timeline: --points must be 2..100000, --top 1..64\n");
+    return kExitBadInput;
+  }
+  TimelineOptions options;
+  options.max_points = a.points;
+  options.top_sites = a.top;
+  absl::StatusOr<Config> config = ParseConfig(a.conf);
+  if (!config.ok()) {
+    std::fprintf(stderr, "memtrace timeline: --conf: %s\n",
+                 std::string(config.status().message()).c_str());
+    return kExitBadInput;
+  }
+  options.config = *config;
+  absl::StatusOr<Timeline> t;
+  if (absl::StartsWith(a.source, "http://")) {
+    std::string token;
+    if (!a.token_file.empty()) {
+      absl::StatusOr<std::string> tok = ReadTokenFile(a.token_file);
+      if (!tok.ok()) {
+        std::fprintf(stderr, "memtrace timeline: %s\n", std::string(tok.status().message()).c_str());
+        return kExitBadInput;
+      }
+      token = *tok;
+    }
+    std::string url = a.source;
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    absl::StatusOr<std::string> body = HttpGetOk(url + "/debug/trace?since=0", token);
+    if (!body.ok()) {
+      std::fprintf(stderr, "memtrace timeline: %s\n", std::string(body.status().message()).c_str());
+      return kExitUnreachable;
+    }
+    t = BuildTimeline(*body, a.source, options);
+  } else {
+    t = ReadTimeline(a.source, options);
+  }
+  if (!t.ok()) {
+    std::fprintf(stderr, "memtrace timeline: %s\n", std::string(t.status().message()).c_str());
+    return kExitBadInput;
+  }
+  const std::string out = html ? TimelineHtml(*t, a.source) : TimelineSvg(*t, a.source);
+  std::ofstream file(a.output, std::ios::binary | std::ios::trunc);
+  file << out;
+  file.flush();
+  if (!file) {
+    std::fprintf(stderr, "memtrace timeline: %s: cannot write\n", a.output.c_str());
+    return kExitBadInput;
+  }
+  if (a.json) {
+    std::printf("{\"output\": \"%s\", \"events\": %llu, \"points\": %zu, "
+                "\"peak_allocated_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
+                "\"reserved_from_replay\": %s, \"ooms\": %zu, \"sites\": %zu}\n",
+                a.output.c_str(), static_cast<unsigned long long>(t->events), t->x.size(),
+                static_cast<unsigned long long>(t->peak_allocated),
+                static_cast<unsigned long long>(t->peak_reserved),
+                t->reserved_from_replay ? "true" : "false", t->ooms.size(),
+                t->site_names.size());
+  } else {
+    std::printf("%s: %llu events, %zu points, peak allocated %s, peak reserved %s%s, "
+                "%zu OOMs\n",
+                a.output.c_str(), static_cast<unsigned long long>(t->events), t->x.size(),
+                FormatBytes(t->peak_allocated).c_str(), FormatBytes(t->peak_reserved).c_str(),
+                t->reserved_from_replay ? " (replayed)" : "", t->ooms.size());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+void AddTimelineCommand(CLI::App& app, int* exit_code) {
+  auto a = std::make_shared<TimelineArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "timeline", "Draw memory over time (by site, allocated, reserved, OOMs) as SVG or HTML");
+  cmd->add_option("source", a->source,
+                  "trace file (JSON Lines) or a running process's URL (http://HOST:PORT)")
+      ->required();
+  cmd->add_option("-o,--output", a->output, "FILE.svg or FILE.html")->required();
+  cmd->add_option("--points", a->points, "at most this many points along x (default 800)");
+  cmd->add_option("--top", a->top, "sites drawn separately, the rest summed (default 8)");
+  cmd->add_option("--conf", a->conf,
+                  "configuration replayed for reserved bytes when the trace has no "
+                  "segment events");
+  cmd->add_option("--token-file", a->token_file, "bearer token for a process URL");
+  cmd->add_flag("--json", a->json, "print a JSON summary");
+  cmd->callback([a, exit_code] { *exit_code = RunTimeline(*a); });
+}
+
+}  // namespace devmem::memtrace

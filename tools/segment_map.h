@@ -1,0 +1,26 @@
+// tools/segment_map.h: a text picture of a device's segments for `memtrace oom`: one
+// character per fixed-size cell, '#' allocated, '.' free (cached), 'p' pending (freed,
+// waiting on other streams), ' ' not covered by any block; a cell shows the state that
+// holds most of its bytes (ties: allocated, then pending, then free). The cell size is
+// the same for every segment of the device, so lengths compare; it is chosen so the
+// largest segment takes at most `columns` x `max_lines` cells, and long segments wrap
+// every `columns` cells.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/snapshot_reader.h"
+
+namespace devmem::memtrace {
+
+// A power of two, at least 512 bytes (the allocator's rounding), such that the largest
+// segment of `device` fits in columns * max_lines cells.
+uint64_t ChooseCellBytes(const SnapDevice& device, int columns = 64, int max_lines = 4);
+
+// The map of one segment: ceil(size / cell) characters, split into lines of `columns`.
+std::vector<std::string> SegmentMap(const SnapDevice& device, const SnapSegment& segment,
+                                    uint64_t cell_bytes, int columns = 64);
+
+}  // namespace devmem::memtrace

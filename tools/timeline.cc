@@ -1,0 +1,342 @@
+// tools/timeline.cc: reads a trace into memory-over-time series (tools/timeline.h):
+// one pass of simdjson's DOM parser per line (errors name the line), then bucketing,
+// with a replay through the allocator when the trace has no segment events.
+#include "tools/timeline.h"
+
+#include <simdjson.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/caching_allocator.h"
+#include "tools/trace_replay.h"
+
+namespace devmem {
+namespace {
+
+enum class Kind : uint8_t { kAlloc, kFree, kSegmentUp, kSegmentDown, kOom };
+
+struct TimelineEvent {
+  int64_t time;
+  uint64_t addr;
+  uint64_t size;
+  uint32_t site;  // dense site index
+  Kind kind;
+};
+
+absl::Status LineError(const std::string& name, uint64_t line, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
+}
+
+std::string SiteName(simdjson::dom::object site) {
+  std::string_view file, function, tag;
+  uint64_t line = 0;
+  // Every field is optional here: a missing one leaves the name shorter.
+  if (site["file"].get_string().get(file)) file = {};
+  if (site["function"].get_string().get(function)) function = {};
+  if (site["tag"].get_string().get(tag)) tag = {};
+  if (site["line"].get_uint64().get(line)) line = 0;
+  // std::string pieces: Debian's absl::StrCat does not take std::string_view.
+  std::string where = file.empty() ? std::string(function)
+                                   : std::string(file) + ":" + std::to_string(line);
+  if (!tag.empty()) return std::string(tag) + " @ " + where;
+  if (!function.empty() && !file.empty()) where += " (" + std::string(function) + ")";
+  return where;
+}
+
+absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
+                                     const std::string& name, const TimelineOptions& options) {
+  const std::string_view text(buffer.data(), buffer.size());
+  simdjson::dom::parser parser;
+  std::vector<TimelineEvent> events;
+  absl::flat_hash_map<uint64_t, std::string> site_table;  // trace site id -> name
+  absl::flat_hash_map<uint64_t, uint32_t> dense;           // trace site id -> index
+  std::vector<uint64_t> dense_ids;                         // index -> trace site id
+  bool has_segments = false, has_time = false;
+  uint64_t line_no = 0;
+  const char* const data = buffer.data();
+  for (size_t pos = 0; pos < buffer.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    ++line_no;
+    std::string_view line(data + pos, end - pos);
+    const size_t start = pos;
+    pos = end + 1;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    if (line.empty()) continue;
+    simdjson::dom::element doc;
+    if (auto err = parser.parse(data + start, line.size(), false).get(doc); err) {
+      return LineError(name, line_no,
+                       absl::StrFormat("not JSON (%s)", simdjson::error_message(err)));
+    }
+    simdjson::dom::object obj;
+    if (doc.get_object().get(obj)) return LineError(name, line_no, "expected a JSON object");
+    // One pass over the fields (keyed lookups would scan the object once per key).
+    std::string_view schema, action;
+    simdjson::dom::array sites;
+    bool has_sites = false, has_addr = false, has_size = false;
+    uint64_t site = 0;
+    int64_t time = 0;
+    TimelineEvent e{};
+    for (const auto [key, value] : obj) {
+      simdjson::error_code err = simdjson::SUCCESS;
+      const char* expected = "an unsigned integer";
+      if (key == "schema") {
+        err = value.get_string().get(schema);
+        expected = "a string";
+      } else if (key == "sites") {
+        err = value.get_array().get(sites);
+        has_sites = true;
+        expected = "an array";
+      } else if (key == "action") {
+        err = value.get_string().get(action);
+        expected = "a string";
+      } else if (key == "addr") {
+        err = value.get_uint64().get(e.addr);
+        has_addr = true;
+      } else if (key == "size") {
+        err = value.get_uint64().get(e.size);
+        has_size = true;
+      } else if (key == "site") {
+        err = value.get_uint64().get(site);
+      } else if (key == "time_ns") {
+        err = value.get_int64().get(time);
+        expected = "an integer";
+      }
+      if (err) {
+        return LineError(name, line_no,
+                         absl::StrFormat("field \"%s\": expected %s", std::string(key), expected));
+      }
+    }
+    if (!schema.empty()) {
+      if (schema != "devmem.trace/1" && schema.rfind("devmem.trace/1.", 0) != 0) {
+        return LineError(name, line_no,
+                         absl::StrFormat("schema \"%s\" is not one this memtrace reads "
+                                         "(devmem.trace/1)",
+                                         std::string(schema.substr(0, 60))));
+      }
+      if (has_sites) {
+        for (simdjson::dom::element s : sites) {
+          simdjson::dom::object so;
+          uint64_t id = 0;
+          if (s.get_object().get(so) || so["id"].get_uint64().get(id)) {
+            return LineError(name, line_no, "sites: expected objects with an \"id\"");
+          }
+          site_table[id] = SiteName(so);
+        }
+      }
+      continue;
+    }
+    if (action.empty()) return LineError(name, line_no, "missing field \"action\" (a string)");
+    if (action == "alloc") {
+      e.kind = Kind::kAlloc;
+    } else if (action == "free") {
+      e.kind = Kind::kFree;
+    } else if (action == "segment_alloc" || action == "segment_map") {
+      e.kind = Kind::kSegmentUp;
+      has_segments = true;
+    } else if (action == "segment_free" || action == "segment_unmap") {
+      e.kind = Kind::kSegmentDown;
+      has_segments = true;
+    } else if (action == "oom") {
+      e.kind = Kind::kOom;
+    } else {
+      continue;
+    }
+    if (!has_addr && e.kind != Kind::kOom) return LineError(name, line_no, "missing field \"addr\"");
+    if (!has_size && e.kind != Kind::kFree) return LineError(name, line_no, "missing field \"size\"");
+    if (e.size > (uint64_t{1} << 50)) {
+      return LineError(name, line_no, "size is absurd (more than 2^50 bytes)");
+    }
+    e.time = time;
+    if (e.time != 0) has_time = true;
+    auto [it, inserted] = dense.try_emplace(site, static_cast<uint32_t>(dense_ids.size()));
+    if (inserted) dense_ids.push_back(site);
+    e.site = it->second;
+    events.push_back(e);
+  }
+
+  Timeline tl;
+  tl.events = events.size();
+  tl.x_is_time = has_time;
+  const int64_t x0 = events.empty() ? 0 : (has_time ? events.front().time : 0);
+  auto x_of = [&](size_t i) { return has_time ? events[i].time - x0 : static_cast<int64_t>(i); };
+  int64_t x_max = 0;
+  for (size_t i = 0; i < events.size(); ++i) x_max = std::max(x_max, x_of(i));
+  const int points = std::max(1, options.max_points);
+  auto bucket_of = [&](int64_t x) {
+    if (x_max <= 0) return 0;
+    const __int128 b = static_cast<__int128>(std::max<int64_t>(x, 0)) * points / (x_max + 1);
+    return static_cast<int>(std::min<__int128>(b, points - 1));
+  };
+
+  // Reserved bytes per event: from segment events, else from a replay.
+  std::vector<uint64_t> bucket_reserved;  // per output interval, from the replay
+  if (!has_segments && !events.empty()) {
+    tl.reserved_from_replay = true;
+    Trace trace;
+    std::vector<size_t> op_event;  // op index -> event index
+    absl::flat_hash_map<uint64_t, uint32_t> live;
+    for (size_t i = 0; i < events.size(); ++i) {
+      const TimelineEvent& e = events[i];
+      if (e.kind == Kind::kAlloc) {
+        if (!live.try_emplace(e.addr, trace.allocations).second) {
+          continue;  // an alloc of a live address: counted once, like the first
+        }
+        trace.ops.push_back(Trace::Op{e.size, trace.allocations++, 0, true});
+        op_event.push_back(i);
+      } else if (e.kind == Kind::kFree) {
+        auto it = live.find(e.addr);
+        if (it == live.end()) continue;
+        trace.ops.push_back(Trace::Op{0, it->second, 0, false});
+        live.erase(it);
+        op_event.push_back(i);
+      }
+    }
+    trace.streams = 1;
+    std::vector<bool> read(static_cast<size_t>(points), false);
+    bucket_reserved.assign(static_cast<size_t>(points), 0);
+    // stats() is a lock and a copy: it is read only at the last op of each output
+    // interval. That loses no peak: on an unbounded device nothing is ever flushed
+    // (no OOM, no retry), so reserved bytes only grow within an interval.
+    std::vector<bool> last_in_bucket(op_event.size(), false);
+    for (size_t op = 0; op < op_event.size(); ++op) {
+      last_in_bucket[op] = op + 1 == op_event.size() ||
+                           bucket_of(x_of(op_event[op])) != bucket_of(x_of(op_event[op + 1]));
+    }
+    uint64_t current = 0;
+    Replay(trace, options.config, kUnboundedCapacity, [&](size_t op, const CachingAllocator& a) {
+      if (last_in_bucket[op]) {
+        current = static_cast<uint64_t>(a.stats().reserved_bytes[kAggregatePool].current);
+        const int b = bucket_of(x_of(op_event[op]));
+        bucket_reserved[b] = current;
+        read[b] = true;
+      }
+    });
+    // Intervals without replayed ops keep the reading of the one before.
+    for (int b = 1; b < points; ++b) {
+      if (!read[b]) bucket_reserved[b] = bucket_reserved[b - 1];
+    }
+  }
+
+  // The pass: allocated bytes and per-site bytes, sampled per interval.
+  const size_t nsites = dense_ids.size();
+  std::vector<uint64_t> site_live(nsites, 0);
+  std::vector<std::vector<uint64_t>> site_samples;  // [point][site]
+  absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint32_t>> live;  // addr -> size, site
+  uint64_t allocated = 0, reserved = 0;
+  int current_bucket = -1;
+  uint64_t bucket_alloc_max = 0, bucket_res_max = 0;
+  auto close_bucket = [&](int b) {
+    tl.x.push_back(x_max <= 0 ? 0 : static_cast<int64_t>((static_cast<__int128>(b) + 1) *
+                                                         (x_max + 1) / points));
+    tl.allocated.push_back(bucket_alloc_max);
+    tl.reserved.push_back(bucket_res_max);
+    site_samples.push_back(site_live);
+  };
+  for (size_t i = 0; i < events.size(); ++i) {
+    const TimelineEvent& e = events[i];
+    const int b = bucket_of(x_of(i));
+    if (b != current_bucket) {
+      if (current_bucket >= 0) close_bucket(current_bucket);
+      current_bucket = b;
+      bucket_alloc_max = allocated;
+      bucket_res_max = reserved;
+    }
+    switch (e.kind) {
+      case Kind::kAlloc:
+        if (live.try_emplace(e.addr, e.size, e.site).second) {
+          allocated += e.size;
+          site_live[e.site] += e.size;
+        }
+        break;
+      case Kind::kFree: {
+        auto it = live.find(e.addr);
+        if (it != live.end()) {
+          allocated -= it->second.first;
+          site_live[it->second.second] -= it->second.first;
+          live.erase(it);
+        }
+        break;
+      }
+      case Kind::kSegmentUp:
+        reserved += e.size;
+        break;
+      case Kind::kSegmentDown:
+        reserved -= std::min(reserved, e.size);
+        break;
+      case Kind::kOom:
+        tl.ooms.push_back(x_of(i));
+        break;
+    }
+    if (tl.reserved_from_replay) reserved = bucket_reserved[b];
+    bucket_alloc_max = std::max(bucket_alloc_max, allocated);
+    bucket_res_max = std::max(bucket_res_max, reserved);
+    tl.peak_allocated = std::max(tl.peak_allocated, allocated);
+    tl.peak_reserved = std::max(tl.peak_reserved, reserved);
+  }
+  if (current_bucket >= 0) close_bucket(current_bucket);
+
+  // Top sites by their highest sampled bytes; the rest summed as "other sites".
+  std::vector<uint64_t> peak(nsites, 0);
+  for (const auto& sample : site_samples) {
+    for (size_t s = 0; s < nsites; ++s) peak[s] = std::max(peak[s], sample[s]);
+  }
+  std::vector<size_t> order(nsites);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return peak[a] != peak[b] ? peak[a] > peak[b] : dense_ids[a] < dense_ids[b];
+  });
+  size_t top = std::min<size_t>(order.size(), static_cast<size_t>(std::max(options.top_sites, 1)));
+  while (top > 0 && peak[order[top - 1]] == 0) --top;
+  for (size_t k = 0; k < top; ++k) {
+    const uint64_t id = dense_ids[order[k]];
+    auto it = site_table.find(id);
+    tl.site_names.push_back(it != site_table.end() ? it->second
+                            : id == 0              ? std::string("unknown site")
+                                                   : absl::StrCat("site ", id));
+    std::vector<uint64_t> series;
+    series.reserve(site_samples.size());
+    for (const auto& sample : site_samples) series.push_back(sample[order[k]]);
+    tl.site_peak_bytes.push_back(peak[order[k]]);
+    tl.by_site.push_back(std::move(series));
+  }
+  if (top < order.size()) {
+    std::vector<uint64_t> other;
+    other.reserve(site_samples.size());
+    uint64_t other_peak = 0;
+    for (const auto& sample : site_samples) {
+      uint64_t sum = 0;
+      for (size_t k = top; k < order.size(); ++k) sum += sample[order[k]];
+      other.push_back(sum);
+      other_peak = std::max(other_peak, sum);
+    }
+    if (other_peak > 0) {
+      tl.site_names.push_back("other sites");
+      tl.site_peak_bytes.push_back(other_peak);
+      tl.by_site.push_back(std::move(other));
+    }
+  }
+  return tl;
+}
+
+}  // namespace
+
+absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string& name,
+                                       const TimelineOptions& options) {
+  return BuildPadded(simdjson::padded_string(text), name, options);
+}
+
+absl::StatusOr<Timeline> ReadTimeline(const std::string& path, const TimelineOptions& options) {
+  simdjson::padded_string text;
+  if (auto err = simdjson::padded_string::load(path).get(text); err) {
+    return absl::NotFoundError(
+        absl::StrFormat("%s: cannot read (%s)", path, simdjson::error_message(err)));
+  }
+  return BuildPadded(text, path, options);  // in place: no second copy of a big file
+}
+
+}  // namespace devmem

@@ -1,0 +1,65 @@
+// tools/timeline.h: memory over time from a devmem trace, for `memtrace timeline`:
+// allocated bytes stacked by the sites that hold the most, the allocated and reserved
+// totals, and OOM marks, downsampled to a bounded number of points, then drawn as a
+// self-contained SVG or HTML page (no network, no external scripts or fonts).
+//
+// Example:
+//   absl::StatusOr<Timeline> t = BuildTimeline(text, "run.jsonl", TimelineOptions{});
+//   std::string svg = TimelineSvg(*t, "run.jsonl");
+//
+// Input: the trace format of docs/formats.md (header with the site table, then events).
+// Allocated bytes follow alloc/free (a free of an address that is not live is
+// skipped, as in replay). Reserved bytes follow segment_alloc/segment_map (+size) and
+// segment_free/segment_unmap (-size) when the trace has such events; when it has none
+// (imported or synthetic traces) the trace is replayed through a fresh allocator with
+// `config` on an unbounded sim device and its reserved bytes are sampled instead
+// (`reserved_from_replay`). The x axis is time_ns (relative to the first event); when
+// the trace has no times (all zero) it is the event number.
+//
+// Downsampling: the x range is cut into `max_points` equal intervals; each point has
+// the highest allocated and reserved bytes within its interval (so no peak is lost)
+// and the per-site bytes at the interval's end.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
+
+namespace devmem {
+
+struct TimelineOptions {
+  int max_points = 800;
+  int top_sites = 8;   // the rest are summed as "other sites"
+  Config config;       // the policy replayed when the trace has no segment events
+};
+
+struct Timeline {
+  std::vector<int64_t> x;                     // interval ends (ns or event numbers)
+  bool x_is_time = true;
+  std::vector<uint64_t> allocated;            // max within each interval
+  std::vector<uint64_t> reserved;             // max within each interval
+  bool reserved_from_replay = false;
+  std::vector<std::string> site_names;        // top sites, largest first, then "other"
+  std::vector<uint64_t> site_peak_bytes;      // each series' highest sampled value
+  std::vector<std::vector<uint64_t>> by_site; // [series][point]
+  std::vector<int64_t> ooms;                  // x of each OOM event
+  uint64_t events = 0;
+  uint64_t peak_allocated = 0;
+  uint64_t peak_reserved = 0;
+};
+
+absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string& name,
+                                       const TimelineOptions& options);
+// The same from a file, parsed in place (errors name the file and line).
+absl::StatusOr<Timeline> ReadTimeline(const std::string& path, const TimelineOptions& options);
+
+// `title` is shown at the top (escaped). The SVG is one standalone document; the HTML
+// page embeds it and adds a legend with a per-point readout under the pointer.
+std::string TimelineSvg(const Timeline& timeline, const std::string& title);
+std::string TimelineHtml(const Timeline& timeline, const std::string& title);
+
+}  // namespace devmem

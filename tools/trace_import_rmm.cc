@@ -1,0 +1,145 @@
+// tools/trace_import_rmm.cc: RMM's logging_resource_adaptor CSV -> devmem trace
+// (the format is described in tools/trace_import.h).
+#include <array>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "tools/trace_import.h"
+#include "tools/trace_import_writer.h"
+
+namespace devmem {
+namespace {
+
+using import_internal::ParseUnsigned;
+using import_internal::Split;
+using import_internal::Strip;
+
+absl::Status LineError(const std::string& name, uint64_t line, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
+}
+
+bool ParseDecimal(std::string_view text, uint64_t* value) {
+  if (text.empty() || (text.size() > 2 && (text[1] == 'x' || text[1] == 'X'))) return false;
+  return ParseUnsigned(text, value);
+}
+
+// "HH:MM:SS.ffffff" or "HH:MM:SS:ffffff" (any number of fraction digits) -> ns of day.
+bool ParseTimeOfDay(std::string_view text, int64_t* ns) {
+  std::vector<std::string_view> parts = Split(text, ":.");
+  if (parts.size() != 3 && parts.size() != 4) return false;
+  uint64_t h = 0, m = 0, s = 0, frac = 0;
+  if (!ParseDecimal(parts[0], &h) || !ParseDecimal(parts[1], &m) ||
+      !ParseDecimal(parts[2], &s) || h > 23 || m > 59 || s > 60) {
+    return false;
+  }
+  int64_t frac_ns = 0;
+  if (parts.size() == 4) {
+    std::string_view f = parts[3];
+    if (f.size() > 9 || !ParseDecimal(f, &frac)) return false;
+    frac_ns = static_cast<int64_t>(frac);
+    for (size_t i = f.size(); i < 9; ++i) frac_ns *= 10;
+  }
+  *ns = ((static_cast<int64_t>(h) * 60 + static_cast<int64_t>(m)) * 60 +
+         static_cast<int64_t>(s)) * 1'000'000'000 + frac_ns;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<ImportStats> ImportRmmCsv(std::string_view text, const std::string& name,
+                                         std::string* out) {
+  import_internal::TraceLineWriter writer(out, "rmm-csv:" + name);
+  // Column indices, found by name in the header so that column order does not matter.
+  enum Column { kTime, kAction, kPointer, kSize, kStream, kColumns };
+  static constexpr std::array<std::string_view, kColumns> kNames = {"Time", "Action", "Pointer",
+                                                                   "Size", "Stream"};
+  std::array<int, kColumns> col;
+  col.fill(-1);
+  bool have_header = false;
+  int64_t first_ns = -1, last_ns = 0, day_offset = 0;
+  uint64_t line_no = 0;
+  for (std::string_view line : Split(text, "\n")) {
+    ++line_no;
+    line = Strip(line);
+    if (line.empty()) continue;
+    std::vector<std::string_view> fields = Split(line, ",");
+    for (auto& f : fields) f = Strip(f);
+    if (!have_header) {
+      for (size_t i = 0; i < fields.size(); ++i) {
+        for (int c = 0; c < kColumns; ++c) {
+          if (fields[i] == kNames[c]) col[c] = static_cast<int>(i);
+        }
+      }
+      for (int c = 0; c < kColumns; ++c) {
+        if (col[c] < 0 && c != kStream) {  // old RMM versions have no Stream column
+          return LineError(name, line_no,
+                           absl::StrFormat("expected the RMM log header "
+                                           "\"Thread,Time,Action,Pointer,Size,Stream\" "
+                                           "(no column \"%s\")",
+                                           kNames[c]));
+        }
+      }
+      have_header = true;
+      continue;
+    }
+    auto field = [&](Column c) -> std::string_view {
+      return col[c] >= 0 && static_cast<size_t>(col[c]) < fields.size() ? fields[col[c]]
+                                                                         : std::string_view();
+    };
+    int64_t ns = 0;
+    if (!ParseTimeOfDay(field(kTime), &ns)) {
+      return LineError(name, line_no,
+                       absl::StrFormat("Time \"%s\": expected HH:MM:SS.ffffff",
+                                       std::string(field(kTime).substr(0, 40))));
+    }
+    ns += day_offset;
+    if (first_ns < 0) first_ns = ns;
+    if (ns < last_ns) {  // the log passed midnight
+      day_offset += int64_t{86400} * 1'000'000'000;
+      ns += int64_t{86400} * 1'000'000'000;
+    }
+    last_ns = ns;
+    const int64_t t = ns - first_ns;
+    uint64_t ptr = 0, size = 0, stream = 0;
+    const std::string_view action = field(kAction);
+    if (!field(kStream).empty() && !ParseUnsigned(field(kStream), &stream)) {
+      return LineError(name, line_no,
+                       absl::StrFormat("Stream \"%s\": expected a hex or decimal number",
+                                       std::string(field(kStream).substr(0, 40))));
+    }
+    if (!ParseUnsigned(field(kSize), &size) || size > (uint64_t{1} << 50)) {
+      return LineError(name, line_no,
+                       absl::StrFormat("Size \"%s\": expected a byte count (at most 2^50)",
+                                       std::string(field(kSize).substr(0, 40))));
+    }
+    if (action == "allocate failure") {
+      writer.Oom(size, stream, t);
+      continue;
+    }
+    if (action != "allocate" && action != "free") {
+      return LineError(name, line_no,
+                       absl::StrFormat("Action \"%s\": expected allocate, free or "
+                                       "allocate failure",
+                                       std::string(action.substr(0, 40))));
+    }
+    if (!ParseUnsigned(field(kPointer), &ptr)) {
+      return LineError(name, line_no,
+                       absl::StrFormat("Pointer \"%s\": expected a hex or decimal address",
+                                       std::string(field(kPointer).substr(0, 40))));
+    }
+    if (action == "allocate") {
+      if (!writer.Alloc(ptr, size, stream, t)) {
+        return LineError(name, line_no,
+                         absl::StrFormat("allocate of pointer 0x%x, which is already live",
+                                         ptr));
+      }
+    } else {
+      writer.Free(ptr, stream, t);
+    }
+  }
+  if (!have_header) return LineError(name, line_no, "empty file: expected the RMM log header");
+  return writer.stats();
+}
+
+}  // namespace devmem

@@ -1,0 +1,47 @@
+// tools/trace_import_writer.h: the devmem trace writer the importers share: numbers the
+// events, keeps the live allocations (so a free carries its allocation's size) and
+// formats each event line with every field docs/formats.md requires.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "tools/trace_import.h"
+
+namespace devmem::import_internal {
+
+class TraceLineWriter {
+ public:
+  // Appends the header line; `source` names the converted format and file.
+  TraceLineWriter(std::string* out, const std::string& source);
+
+  // Returns false when `addr` is already live (the caller reports the line).
+  bool Alloc(uint64_t addr, uint64_t size, uint64_t stream, int64_t time_ns);
+  void Free(uint64_t addr, uint64_t stream, int64_t time_ns);
+  void Oom(uint64_t size, uint64_t stream, int64_t time_ns);
+  void Skip() { ++stats_.skipped; }
+
+  const ImportStats& stats() const { return stats_; }
+
+ private:
+  void Event(const char* action, uint64_t addr, uint64_t size, uint64_t stream,
+             int64_t time_ns);
+
+  std::string* out_;
+  uint64_t seq_ = 0;
+  absl::flat_hash_map<uint64_t, uint64_t> live_;  // addr -> size
+  ImportStats stats_;
+};
+
+// std::string_view helpers: Debian's abseil has its own absl::string_view, which does
+// not convert from std::string_view, so absl's StrSplit/Strip are not used here.
+std::string_view Strip(std::string_view text);
+std::vector<std::string_view> Split(std::string_view text, std::string_view any_of);
+
+// Parses an unsigned integer, hex with a 0x/0X prefix or decimal; false if malformed.
+bool ParseUnsigned(std::string_view text, uint64_t* value);
+
+}  // namespace devmem::import_internal
