@@ -4,7 +4,10 @@
 
 #include <simdjson.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <chrono>
 #include <string>
 #include <vector>
@@ -40,6 +43,33 @@ namespace {
 // Parses text that is followed by at least SIMDJSON_PADDING readable bytes (a
 // padded_string): every line's view then has the rest of the buffer (and the padding)
 // after it, as simdjson requires, so no line is copied.
+// Progress on stderr while a large trace is read, only when stderr is a terminal (a
+// log file or a pipe gets nothing). Rewrites one line; cleared when done.
+class ReadProgress {
+ public:
+  ReadProgress(const std::string& name, size_t total)
+      : name_(name), total_(total),
+        enabled_(total >= (size_t{64} << 20) && isatty(STDERR_FILENO) != 0) {}
+  ~ReadProgress() {
+    if (shown_) std::fprintf(stderr, "\r%*s\r", 72, "");
+  }
+  // Cheap enough to call every line: prints at most every 1/100 of the input.
+  void update(size_t done) {
+    if (!enabled_ || done < next_) return;
+    next_ = done + total_ / 100;
+    std::fprintf(stderr, "\rmemtrace: reading %s: %3d%%", name_.c_str(),
+                 static_cast<int>(100.0 * static_cast<double>(done) / static_cast<double>(total_)));
+    shown_ = true;
+  }
+
+ private:
+  const std::string& name_;
+  const size_t total_;
+  const bool enabled_;
+  size_t next_ = 0;
+  bool shown_ = false;
+};
+
 absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const std::string& name) {
   const std::string_view text(buffer.data(), buffer.size());
   simdjson::dom::parser parser;
@@ -51,7 +81,9 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
   const char* const data = buffer.data();
   const size_t total = buffer.size();
   uint64_t line_no = 0;
+  ReadProgress progress(name, total);
   for (size_t pos = 0; pos < total;) {
+    progress.update(pos);
     size_t end = text.find('\n', pos);
     if (end == std::string_view::npos) end = total;
     ++line_no;
