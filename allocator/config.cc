@@ -35,6 +35,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "allocator/string_view_bridge.h"
 #include "allocator/types.h"
 
 namespace devmem {
@@ -53,11 +54,6 @@ namespace {
 
 constexpr size_t kTiB = size_t{1} << 40;
 constexpr size_t kPiB = size_t{1} << 50;
-
-// Debian's abseil has its own absl::string_view (ABSL_OPTION_USE_STD_STRING_VIEW is
-// 0), which does not convert from std::string_view; these cross the boundary.
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-std::string_view Sv(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 
 std::string_view Trim(std::string_view s) { return Sv(absl::StripAsciiWhitespace(Av(s))); }
 std::string_view TrimLeft(std::string_view s) {

@@ -1,16 +1,13 @@
 #include "allocator/types.h"
 
+
 #include <charconv>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "allocator/string_view_bridge.h"
 
 namespace devmem {
-namespace {
-// Debian's abseil has its own absl::string_view, which does not convert from
-// std::string_view.
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-}  // namespace
 
 std::string_view DeviceTypeName(DeviceType type) {
   switch (type) {

@@ -46,6 +46,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/config.h"
+#include "allocator/string_view_bridge.h"
 #include "allocator/types.h"
 #include "runtime/json.h"
 #include "runtime/metrics.h"
@@ -55,10 +56,6 @@
 
 namespace devmem {
 namespace {
-
-// Debian's absl::string_view is not std::string_view (see allocator/config.cc).
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
-std::string_view Sv(absl::string_view s) { return std::string_view(s.data(), s.size()); }
 
 // How long civetweb waits on a client's request or on writing our response.
 constexpr const char* kRequestTimeoutMs = "10000";

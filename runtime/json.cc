@@ -22,6 +22,7 @@
 #include "absl/strings/string_view.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
+#include "allocator/string_view_bridge.h"
 #include "nlohmann/json.hpp"
 
 namespace devmem {
@@ -29,9 +30,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 using json = nlohmann::json;
-
-// Debian's absl::string_view does not convert from std::string_view.
-absl::string_view Av(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
 // --- the stats tables -----------------------------------------------------------------
 

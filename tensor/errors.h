@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "allocator/errors.h"
+#include "allocator/string_view_bridge.h"
 
 namespace devmem {
 
@@ -36,9 +37,9 @@ class UnsupportedDeviceError : public std::runtime_error {
 };
 
 namespace tensor_internal {
-// Debian's abseil has its own absl::string_view, which does not convert from
-// std::string_view (ABSL_OPTION_USE_STD_STRING_VIEW is 0); Cat() bridges them.
-inline absl::string_view CatArg(std::string_view s) { return {s.data(), s.size()}; }
+// Debian's abseil has its own absl::string_view (allocator/string_view_bridge.h);
+// Cat() bridges std::string_view arguments.
+inline absl::string_view CatArg(std::string_view s) { return Av(s); }
 template <typename T>
 const T& CatArg(const T& value) {
   return value;
