@@ -49,22 +49,39 @@ struct Block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
+// An expandable reservation: one virtual address range per (stream, pool), from
+// Backend::reserve_address, of which any granule-aligned parts may be mapped. Each
+// maximal mapped run is one Segment (Segment::reservation points here) whose blocks
+// tile it, so everything that walks segments sees mapped memory only.
+// Invariants (validate checks them): runs lie inside [addr, addr + va_size), start and
+// end on granule boundaries, and are never adjacent (mapping next to a run extends
+// it; mapping between two runs merges them); `mapped` is the sum of their sizes. A
+// reservation with no runs maps nothing; it stays in the table until empty_cache.
+struct Reservation {
+  uintptr_t addr = 0;
+  size_t va_size = 0;
+  Stream stream;
+  bool small_pool = false;
+  size_t mapped = 0;  // bytes mapped: the sum of its runs' sizes
+  int runs = 0;       // segments (mapped runs) in it
+};
+
 // A regular segment is one backend allocation of `size` bytes. An expandable segment
-// is a virtual reservation of `va_size` bytes of which the prefix [addr, addr + size)
-// is mapped; it grows and shrinks at its tail, one granule at a time, and may be
-// empty (size 0, no blocks).
+// is one mapped run [addr, addr + size) of a Reservation: it grows when granules next
+// to it are mapped, splits in two when granules inside a free block are unmapped, and
+// merges with the next run when the gap between them is mapped.
 struct Segment {
   uintptr_t addr = 0;
   size_t size = 0;           // bytes backed by memory (the blocks tile exactly these)
   Stream stream;
   bool small_pool = false;
-  bool expandable = false;
+  bool expandable = false;   // == (reservation != nullptr)
   // Made for a request of max_split_size or more. Only such segments' blocks are
   // "oversize": a standard 20 MiB segment that coalesces back to 20 MiB must stay
   // usable for small requests even when max_split_size is 20 MiB.
   bool oversize = false;
-  size_t va_size = 0;        // expandable only: the reserved address range
-  Block* head = nullptr;     // the lowest block (nullptr only for an empty expandable)
+  Reservation* reservation = nullptr;  // expandable only: the range this run is in
+  Block* head = nullptr;     // the lowest block (never nullptr)
   Block* tail = nullptr;     // the highest block
   int busy_blocks = 0;       // allocated + pending blocks in this segment
   uint64_t last_used = 0;    // DevicePool::use_clock_ when it last became unused

@@ -40,6 +40,15 @@
 
 namespace devmem {
 
+std::string_view ExpandableModeName(ExpandableMode mode) {
+  switch (mode) {
+    case ExpandableMode::kAuto: return "auto";
+    case ExpandableMode::kOff: return "false";
+    case ExpandableMode::kOn: return "true";
+  }
+  return "?";
+}
+
 std::string_view BackendKindName(BackendKind kind) {
   switch (kind) {
     case BackendKind::kAuto: return "auto";
@@ -326,8 +335,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 17>& Keys() {
-  static const std::array<KeySpec, 17> keys = {{
+const std::array<KeySpec, 18>& Keys() {
+  static const std::array<KeySpec, 18> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -398,12 +407,47 @@ const std::array<KeySpec, 17>& Keys() {
          return "";
        },
        [](const Config& c) { return FormatDouble(c.garbage_collection_threshold); }},
-      {"expandable_segments", "bool", "false",
+      {"expandable_segments", "auto or bool", "auto",
        "One growable virtual reservation per (stream, pool) instead of fixed segments, "
-       "so that fragmentation across segments disappears (cuda VMM; sim emulates it).",
-       [](std::string_view v, Config* c) { return ParseBool(v, &c->expandable_segments); },
+       "so that fragmentation across segments disappears (cuda VMM; sim emulates it). "
+       "auto = on where the backend has virtual memory management, silently off "
+       "elsewhere; true warns when the backend cannot.",
+       [](std::string_view v, Config* c) -> std::string {
+         if (Lower(Trim(v)) == "auto") {
+           c->expandable_segments = ExpandableMode::kAuto;
+           return "";
+         }
+         bool on = false;
+         std::string why = ParseBool(v, &on);
+         if (!why.empty()) {
+           return "is not auto or a boolean (expected auto, true/false, 1/0, yes/no or "
+                  "on/off)";
+         }
+         c->expandable_segments = on ? ExpandableMode::kOn : ExpandableMode::kOff;
+         return "";
+       },
+       [](const Config& c) { return std::string(ExpandableModeName(c.expandable_segments)); }},
+      {"expandable_recycle_threshold", "number or none", "0.25",
+       "Expandable segments: when a request must map more memory and reserved would then "
+       "exceed (1 + x) times allocated, whole free granules elsewhere are unmapped first "
+       "(up to the bytes being mapped): fragmentation moves addresses instead of growing "
+       "the footprint. none (or inf) = only under memory pressure.",
+       [](std::string_view v, Config* c) -> std::string {
+         const std::string lower = Lower(Trim(v));
+         if (lower == "none" || lower == "inf") {
+           c->expandable_recycle_threshold = std::numeric_limits<double>::infinity();
+           return "";
+         }
+         double x = 0;
+         std::string why = ParseFiniteDouble(v, &x);
+         if (!why.empty()) return why;
+         if (x < 0) return "is out of range (x >= 0, or none)";
+         c->expandable_recycle_threshold = x;
+         return "";
+       },
        [](const Config& c) -> std::string {
-         return c.expandable_segments ? "true" : "false";
+         if (std::isinf(c.expandable_recycle_threshold)) return "none";
+         return FormatDouble(c.expandable_recycle_threshold);
        }},
       {"per_process_memory_fraction", "number", "1",
        "Cap on reserved memory as a fraction (0 < x <= 1) of the device total.",

@@ -28,6 +28,12 @@ namespace devmem {
 enum class BackendKind : uint8_t { kAuto, kCuda, kSim, kCpu };
 std::string_view BackendKindName(BackendKind kind);
 
+// expandable_segments: kAuto uses them where the backend has virtual memory management
+// (sim, and cuda on devices that support VMM) and regular segments elsewhere, silently;
+// kOn asks for them and warns once per device when the backend cannot.
+enum class ExpandableMode : uint8_t { kAuto, kOff, kOn };
+std::string_view ExpandableModeName(ExpandableMode mode);  // "auto", "false", "true"
+
 struct Config {
   // --- which device ---------------------------------------------------------------
   BackendKind backend = BackendKind::kAuto;  // key backend: auto|cuda|sim|cpu
@@ -49,7 +55,15 @@ struct Config {
   // (0 .. 1, exclusive of 1).
   double garbage_collection_threshold = 0;
   // One growable virtual reservation per (stream, pool) instead of fixed segments.
-  bool expandable_segments = false;  // key expandable_segments (bool)
+  // key expandable_segments (auto or bool).
+  ExpandableMode expandable_segments = ExpandableMode::kAuto;
+  // Expandable segments only: when a request must map more memory and reserved bytes
+  // would then exceed (1 + this) x allocated bytes, whole free granules elsewhere are
+  // unmapped first (up to the bytes being mapped), so the footprint does not grow
+  // because of fragmentation. +inf turns this off (granules are then unmapped only
+  // under memory pressure, on trim and on empty_cache). key
+  // expandable_recycle_threshold (number >= 0, or none).
+  double expandable_recycle_threshold = 0.25;
   // Cap on reserved bytes as a fraction of device total. key
   // per_process_memory_fraction (0 .. 1, exclusive of 0).
   double per_process_memory_fraction = 1.0;

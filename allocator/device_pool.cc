@@ -33,11 +33,12 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       device_(backend_->device()),
       config_(config),
       device_total_(backend_->mem_info().total_bytes),
-      use_expandable_(config.expandable_segments && backend_->caps().virtual_memory &&
-                      backend_->granularity() > 0),
+      use_expandable_(config.expandable_segments != ExpandableMode::kOff &&
+                      backend_->caps().virtual_memory && backend_->granularity() > 0),
+      recycle_threshold_(config.expandable_recycle_threshold),
       granularity_(backend_->caps().virtual_memory ? backend_->granularity() : 0),
       memory_fraction_(config.per_process_memory_fraction) {
-  if (config.expandable_segments && !use_expandable_) {
+  if (config.expandable_segments == ExpandableMode::kOn && !use_expandable_) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
                  "which this backend (%s) does not offer; using regular segments\n",
@@ -62,8 +63,7 @@ DevicePool::~DevicePool() {
   }
   for (auto& [addr, s] : segments_) {
     if (s->expandable) {
-      if (s->size > 0) backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
-      backend_->release_address(reinterpret_cast<void*>(s->addr), s->va_size);
+      backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
     } else {
       backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
     }
@@ -75,6 +75,11 @@ DevicePool::~DevicePool() {
     delete s;
   }
   segments_.clear();
+  for (auto& [key, r] : expandable_) {
+    backend_->release_address(reinterpret_cast<void*>(r->addr), r->va_size);
+    delete r;
+  }
+  expandable_.clear();
   for (Block* b : spare_blocks_) delete b;
   spare_blocks_.clear();
 }
@@ -142,20 +147,25 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
 
 Block* DevicePool::take_free_block(size_t size, Stream stream) {
   FreeSet& set = free_set(IsSmall(size));
-  auto it = set.lower_bound(BlockKey{stream, size, 0});
-  if (it == set.end() || (*it)->stream != stream) return nullptr;
-  Block* b = *it;
   const size_t max_split = config_.max_split_size;
-  // The oversize rule: blocks of segments made for requests of max_split_size or more
-  // serve only requests of that size or more, and only when they waste less than one
-  // large segment. Expandable segments are never oversize: their blocks are split
-  // freely (no segment boundaries strand memory), which max_split_size works around.
-  if (b->segment->oversize) {
-    if (size < max_split) return nullptr;
-    if (b->size - size >= kLargeBuffer) return nullptr;
+  // The smallest block on `stream` that is >= size and may serve it. The oversize
+  // rule: blocks of segments made for requests of max_split_size or more serve only
+  // requests of that size or more, and only when they waste less than one large
+  // segment. Such blocks are skipped rather than ending the search, so a larger
+  // ordinary block (an expandable run's, say) still serves the request; there are
+  // few oversize blocks, so the walk is short. Expandable segments are never oversize:
+  // their blocks are split freely (no segment boundaries strand memory), which
+  // max_split_size works around.
+  for (auto it = set.lower_bound(BlockKey{stream, size, 0});
+       it != set.end() && (*it)->stream == stream; ++it) {
+    Block* b = *it;
+    if (b->segment->oversize && (size < max_split || b->size - size >= kLargeBuffer)) {
+      continue;
+    }
+    erase_free(b);
+    return b;
   }
-  erase_free(b);
-  return b;
+  return nullptr;
 }
 
 Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream stream,
@@ -212,138 +222,16 @@ size_t DevicePool::memory_limit() const {
 
 Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream stream) {
   if (use_expandable_) {
-    if (Segment* s = expandable_segment(stream, small)) {
+    if (Reservation* r = reservation(stream, small)) {
       bool va_full = false;
-      Block* b = try_expand(s, size, &va_full);
+      Block* b = try_expand(r, size, &va_full);
       if (b != nullptr || !va_full) return b;
-      // The reserved range is used up (a request larger than the device total, or a
-      // small-pool range that filled): fall back to a regular segment.
+      // No unmapped gap of the reserved range can hold it (a request larger than the
+      // device total, or a small-pool range that filled): fall back to a regular
+      // segment.
     }
   }
   return try_new_segment(size, segment_size, small, stream);
-}
-
-Segment* DevicePool::expandable_segment(Stream stream, bool small) {
-  auto it = expandable_.find(std::make_pair(stream.handle, small));
-  if (it != expandable_.end()) return it->second;
-  // Address space is cheap but not free: the large pool may grow to the whole device,
-  // the small pool (requests <= 1 MiB) to an eighth of it.
-  const size_t total = std::min(device_total_, memory_limit());
-  size_t va = small ? total / 8 : total;
-  va = std::max(granularity_, (va + granularity_ - 1) / granularity_ * granularity_);
-  absl::StatusOr<void*> p = backend_->reserve_address(va);
-  if (!p.ok()) return nullptr;
-  auto* s = new Segment;
-  s->addr = reinterpret_cast<uintptr_t>(*p);
-  s->size = 0;
-  s->stream = stream;
-  s->small_pool = small;
-  s->expandable = true;
-  s->va_size = va;
-  segments_.emplace(s->addr, s);
-  expandable_.emplace(std::make_pair(stream.handle, small), s);
-  Add(stats_.segment, small, 1);
-  return s;
-}
-
-Block* DevicePool::try_expand(Segment* s, size_t size, bool* va_full) {
-  Block* tail = s->tail;
-  const size_t have = (tail != nullptr && tail->state == BlockState::kFree) ? tail->size : 0;
-  if (have >= size) {  // the free tail already fits (it was passed over by best fit)
-    erase_free(tail);
-    return tail;
-  }
-  const size_t delta = (size - have + granularity_ - 1) / granularity_ * granularity_;
-  if (delta > s->va_size - s->size) {
-    *va_full = true;
-    return nullptr;
-  }
-  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
-  const size_t limit = memory_limit();
-  if (delta > limit || reserved > limit - delta) return nullptr;
-  const uintptr_t at = s->addr + s->size;
-  if (absl::Status st = backend_->map(reinterpret_cast<void*>(at), delta); !st.ok()) {
-    if (absl::IsResourceExhausted(st)) return nullptr;
-    throw std::runtime_error(absl::StrFormat("devmem: %s: mapping %u bytes at %p failed: %s",
-                                             device_.ToString(), delta,
-                                             reinterpret_cast<void*>(at), st.ToString()));
-  }
-  s->size += delta;
-  Add(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(delta));
-  ++stats_.num_device_alloc;
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, s->stream, at, delta,
-                                   0, kUnknownSite});
-  }
-  if (have > 0) {  // grow the free tail block in place
-    erase_free(tail);
-    tail->size += delta;
-    return tail;
-  }
-  Block* b = new_block();
-  b->addr = at;
-  b->size = delta;
-  b->segment = s;
-  b->stream = s->stream;
-  b->state = BlockState::kFree;
-  b->prev = tail;
-  if (tail != nullptr) {
-    tail->next = b;
-  } else {
-    s->head = b;
-  }
-  s->tail = b;
-  return b;
-}
-
-size_t DevicePool::shrink_tail(Segment* s) {
-  Block* t = s->tail;
-  if (t == nullptr || t->state != BlockState::kFree) return 0;
-  const uintptr_t end = s->addr + s->size;
-  const uintptr_t cut = s->addr + (t->addr - s->addr + granularity_ - 1) / granularity_ *
-                                       granularity_;
-  if (cut >= end) return 0;
-  const size_t bytes = end - cut;
-  erase_free(t);
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, cut,
-                                   bytes, 0, kUnknownSite});
-  }
-  backend_->unmap(reinterpret_cast<void*>(cut), bytes);
-  s->size -= bytes;
-  Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
-  ++stats_.num_device_free;
-  if (cut == t->addr) {  // the whole tail block goes
-    s->tail = t->prev;
-    if (s->tail != nullptr) {
-      s->tail->next = nullptr;
-    } else {
-      s->head = nullptr;
-    }
-    delete_block(t);
-  } else {
-    t->size = cut - t->addr;
-    insert_free(t);
-  }
-  return bytes;
-}
-
-size_t DevicePool::shrink_expandable(size_t bytes) {
-  if (!use_expandable_ || bytes == 0) return 0;
-  std::vector<std::pair<size_t, Segment*>> tails;
-  for (const auto& [key, s] : expandable_) {
-    if (s->tail != nullptr && s->tail->state == BlockState::kFree && s->busy_blocks > 0) {
-      tails.emplace_back(s->tail->size, s);
-    }
-  }
-  std::stable_sort(tails.begin(), tails.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  size_t released = 0;
-  for (const auto& [free_bytes, s] : tails) {
-    if (released >= bytes) break;
-    released += shrink_tail(s);
-  }
-  return released;
 }
 
 Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
@@ -547,25 +435,26 @@ void DevicePool::process_events_locked(bool wait) {
 // --- releasing segments ---------------------------------------------------------------
 
 void DevicePool::release_segment(Segment* s) {
-  Block* b = s->head;  // the single free block, or nullptr for an empty expandable one
-  if (b != nullptr) erase_free(b);
+  Block* b = s->head;  // the single free block
+  erase_free(b);
   emit_segment(AllocAction::kSegmentFree, s);
+  // The block is free in stream order only: work queued on its stream before the
+  // free may still use it. cudaFree synchronizes by itself, unmapping does not, and
+  // the sim backend does neither; so wait here, as the Backend contract asks.
+  backend_->synchronize_stream(s->stream);
   if (s->expandable) {
-    if (s->size > 0) {
-      backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
-      ++stats_.num_device_free;
-    }
-    backend_->release_address(reinterpret_cast<void*>(s->addr), s->va_size);
-    expandable_.erase(std::make_pair(s->stream.handle, s->small_pool));
+    backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
+    s->reservation->mapped -= s->size;
+    --s->reservation->runs;
   } else {
     backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
     if (s->oversize) stats_.oversize_segments.decrease(1);
-    ++stats_.num_device_free;
   }
+  ++stats_.num_device_free;
   Sub(stats_.segment, s->small_pool, 1);
   Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
   segments_.erase(s->addr);
-  if (b != nullptr) delete_block(b);
+  delete_block(b);
   delete s;
 }
 
@@ -586,7 +475,7 @@ size_t DevicePool::release_unused(size_t bytes) {
     released += s->size;
     release_segment(s);
   }
-  if (released < bytes) released += shrink_expandable(bytes - released);
+  if (released < bytes) released += recycle(bytes - released);
   return released;
 }
 
@@ -610,15 +499,14 @@ void DevicePool::garbage_collect(size_t incoming) {
     if (reserved() + incoming <= threshold) break;
     release_segment(s);
   }
-  if (reserved() + incoming > threshold) {
-    shrink_expandable(reserved() + incoming - threshold);
-  }
+  if (reserved() + incoming > threshold) recycle(reserved() + incoming - threshold);
 }
 
 void DevicePool::empty_cache() {
   MutexLock lock(&mu_);
   if (pending_count_ != 0) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
+  release_empty_reservations();
 }
 
 void DevicePool::trim(size_t keep_bytes) {
@@ -631,7 +519,7 @@ void DevicePool::trim(size_t keep_bytes) {
     release_segment(s);
   }
   if (cached > static_cast<int64_t>(keep_bytes)) {
-    shrink_expandable(static_cast<size_t>(cached) - keep_bytes);
+    recycle(static_cast<size_t>(cached) - keep_bytes);
   }
 }
 
@@ -815,7 +703,7 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
       r->copy_bytes += static_cast<size_t>(site_stats_[id].live_bytes);
     }
   }
-  ChooseRemedy(r, config_.max_split_size, config_.expandable_segments);
+  ChooseRemedy(r, config_.max_split_size, use_expandable_);
 }
 
 void DevicePool::emit(AllocAction action, const Block* b, size_t size, size_t requested) {

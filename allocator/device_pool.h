@@ -79,7 +79,7 @@ class DevicePool {
                                 SiteId site, OomReport* report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // One attempt at more memory for a request of `size`: grows the (stream, pool)'s
-  // expandable segment when those are on, else allocates a regular segment of
+  // expandable reservation when those are on, else allocates a regular segment of
   // `segment_size`. Returns a free block of at least `size` bytes out of any free set,
   // or nullptr when the device (or the memory fraction) says no.
   Block* try_grow(size_t size, size_t segment_size, bool small, Stream stream)
@@ -88,17 +88,52 @@ class DevicePool {
   // (honours the memory fraction).
   Block* try_new_segment(size_t size, size_t segment_size, bool small, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The expandable segment of (stream, pool), reserving its address range on first
-  // use; nullptr when no address range can be reserved.
-  Segment* expandable_segment(Stream stream, bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Maps granules at the tail of `s` so that its tail block is free and >= `size`;
-  // returns that block out of the free set. nullptr when out of memory, with
-  // *va_full set when the reserved range itself is used up.
-  Block* try_expand(Segment* s, size_t size, bool* va_full) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unmaps the whole granules of `s`'s free tail block; returns the bytes unmapped.
-  size_t shrink_tail(Segment* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Shrinks expandable segments' free tails, largest first, until `bytes` are unmapped.
-  size_t shrink_expandable(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // --- expandable segments (device_pool_expandable.cc) -----------------------------
+  // Where mapping for a request goes: map [at, at + bytes), which joins the free
+  // blocks `left` (ending at `at`) and/or `right` (starting at at + bytes) when set.
+  struct Placement {
+    uintptr_t at = 0;
+    size_t bytes = 0;  // 0: nothing fits in the reservation's unmapped gaps
+    Block* left = nullptr;
+    Block* right = nullptr;
+  };
+  // The reservation of (stream, pool), reserving its address range on first use;
+  // nullptr when no address range can be reserved.
+  Reservation* reservation(Stream stream, bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The placement in `r` that maps the fewest bytes for a block of `size` (ties: the
+  // lowest address), using free blocks at the edges of its runs.
+  Placement place(const Reservation* r, size_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Maps memory in `r` for a request of `size`, first recycling idle granules when the
+  // footprint would grow past expandable_recycle_threshold or the memory limit, or
+  // when the device is out of memory. Returns a free block >= `size` out of any free
+  // set, or nullptr when out of memory, with *va_full set when no unmapped gap of the
+  // reservation can hold it.
+  Block* try_expand(Reservation* r, size_t size, bool* va_full)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that [at, at + bytes) of `r` was just mapped: extends, creates or merges
+  // runs and returns the free block holding the range (coalesced with free
+  // neighbours), out of any free set.
+  Block* link_mapped(Reservation* r, uintptr_t at, size_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps [c0, c1) (granule-aligned) of the free block `b` of an expandable run,
+  // splitting the run around the hole. The caller has synchronized the run's stream.
+  // Returns the bytes unmapped.
+  size_t unmap_range(Block* b, uintptr_t c0, uintptr_t c1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unmaps whole free granules of expandable runs, from the blocks with the most whole
+  // granules first (only as many of a block's granules as are still wanted, from its
+  // top), until `bytes` are unmapped or none are left; never touches `keep_a` or
+  // `keep_b`, and with `only` takes from that reservation alone. Synchronizes each
+  // run's stream before unmapping its memory. Returns the bytes unmapped.
+  size_t recycle(size_t bytes, const Block* keep_a = nullptr, const Block* keep_b = nullptr,
+                 const Reservation* only = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the address ranges of reservations that map nothing.
+  void release_empty_reservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  size_t round_to_granule(size_t bytes) const {
+    return (bytes + granularity_ - 1) / granularity_ * granularity_;
+  }
+
   // Splits `block` (out of any set) so that it is exactly `size` when the remainder
   // is worth keeping; the remainder goes to the free set.
   void maybe_split(Block* block, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -120,10 +155,12 @@ class DevicePool {
     return s->busy_blocks == 0;
   }
   void release_segment(Segment* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Unused segments, largest first.
+  // Unused segments (regular, and expandable runs that are one free block), largest
+  // first.
   std::vector<Segment*> unused_segments_largest_first() const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Releases unused segments, largest first, until `bytes` have been released.
+  // Releases unused segments, largest first, until `bytes` have been released; then
+  // recycles idle granules of expandable runs for the rest.
   size_t release_unused(size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // garbage_collection_threshold: releases the longest-unused segments until
   // reserved + incoming fits under the threshold.
@@ -153,8 +190,10 @@ class DevicePool {
   const DeviceId device_;
   const Config config_;
   const size_t device_total_;
-  // expandable_segments is on and the backend has virtual memory.
+  // expandable_segments is on (or auto) and the backend has virtual memory.
   const bool use_expandable_;
+  // expandable_recycle_threshold (+inf: recycle only under memory pressure).
+  const double recycle_threshold_;
   const size_t granularity_;  // of the backend's virtual memory (0 without)
 
   mutable Mutex mu_;
@@ -163,8 +202,9 @@ class DevicePool {
   FreeSet large_free_ ABSL_GUARDED_BY(mu_);
   // Allocated blocks by address (what free() looks up).
   absl::flat_hash_map<uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
-  // Expandable segments by (stream, small pool); also in segments_.
-  absl::flat_hash_map<std::pair<uintptr_t, bool>, Segment*> expandable_ ABSL_GUARDED_BY(mu_);
+  // Expandable reservations by (stream, small pool); their runs are in segments_.
+  absl::flat_hash_map<std::pair<uintptr_t, bool>, Reservation*> expandable_
+      ABSL_GUARDED_BY(mu_);
   // Every segment by base address (for interior-pointer lookups and snapshots).
   absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   // Events to wait for, per stream they were recorded on; each stream completes its

@@ -5,7 +5,10 @@
 // operations); it is O(blocks) and takes the device lock for the whole walk.
 #include <array>
 #include <cinttypes>
+#include <iterator>
+#include <utility>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_format.h"
 #include "allocator/device_pool.h"
 
@@ -60,6 +63,8 @@ absl::Status DevicePool::validate() const {
   int64_t pending_events = 0;
   std::vector<SiteStats> site_recount(site_stats_.size());
   uintptr_t previous_end = 0;
+  // Per reservation: its runs and the bytes they map, recounted.
+  absl::flat_hash_map<const Reservation*, std::pair<int, size_t>> runs;
   for (const auto& [base, s] : segments_) {
     if (base != s->addr) return Violation("segment table key differs from its address");
     if (s->addr < previous_end) {
@@ -71,24 +76,41 @@ absl::Status DevicePool::validate() const {
     Recount::add(rc.segment, small, 1);
     Recount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
     if (s->oversize) ++rc.oversize_segments;
+    if (s->expandable != (s->reservation != nullptr)) {
+      return Violation(absl::StrFormat("segment %#x: expandable flag and reservation differ",
+                                       s->addr));
+    }
     if (s->expandable) {
-      auto it = expandable_.find(std::make_pair(s->stream.handle, s->small_pool));
-      if (it == expandable_.end() || it->second != s) {
-        return Violation(absl::StrFormat("expandable segment %#x is not in the table",
-                                         s->addr));
-      }
-      if (s->size > s->va_size || (granularity_ != 0 && s->size % granularity_ != 0)) {
+      const Reservation* r = s->reservation;
+      auto it = expandable_.find(std::make_pair(r->stream.handle, r->small_pool));
+      if (it == expandable_.end() || it->second != r) {
         return Violation(absl::StrFormat(
-            "expandable segment %#x maps %u of %u bytes (granularity %u)", s->addr,
-            s->size, s->va_size, granularity_));
+            "expandable segment %#x belongs to a reservation not in the table", s->addr));
       }
-      if (s->size == 0) {
-        if (s->head != nullptr || s->tail != nullptr || s->busy_blocks != 0) {
-          return Violation(absl::StrFormat("empty expandable segment %#x has blocks",
-                                           s->addr));
-        }
-        continue;
+      if (s->stream != r->stream || s->small_pool != r->small_pool) {
+        return Violation(absl::StrFormat(
+            "expandable segment %#x: stream or pool differs from its reservation", s->addr));
       }
+      if (s->addr < r->addr || s->size > r->va_size || s->addr - r->addr > r->va_size - s->size) {
+        return Violation(absl::StrFormat(
+            "expandable segment %#x (%u bytes) lies outside its reservation %#x (%u bytes)",
+            s->addr, s->size, r->addr, r->va_size));
+      }
+      if (s->size == 0 || granularity_ == 0 || s->addr % granularity_ != 0 ||
+          s->size % granularity_ != 0) {
+        return Violation(absl::StrFormat(
+            "expandable segment %#x maps %u bytes, not whole granules of %u", s->addr,
+            s->size, granularity_));
+      }
+      if (const auto next = std::next(segments_.find(base));
+          next != segments_.end() && next->second->reservation == r &&
+          next->first == s->addr + s->size) {
+        return Violation(absl::StrFormat(
+            "expandable segments %#x and %#x are adjacent but not merged", s->addr,
+            next->first));
+      }
+      runs[r].first += 1;
+      runs[r].second += s->size;
     }
     if (s->head == nullptr || s->head->prev != nullptr) {
       return Violation(absl::StrFormat("segment %#x: bad head block", s->addr));
@@ -191,11 +213,13 @@ absl::Status DevicePool::validate() const {
                                        s->addr));
     }
   }
-  size_t expandable_in_table = 0;
-  for (const auto& [addr, s] : segments_) expandable_in_table += s->expandable ? 1 : 0;
-  if (expandable_in_table != expandable_.size()) {
-    return Violation(absl::StrFormat("%u expandable segments, table holds %u",
-                                     expandable_in_table, expandable_.size()));
+  for (const auto& [key, r] : expandable_) {
+    const auto [count, mapped] = runs[r];
+    if (count != r->runs || mapped != r->mapped) {
+      return Violation(absl::StrFormat(
+          "reservation %#x records %d runs mapping %u bytes; its segments are %d mapping %u",
+          r->addr, r->runs, r->mapped, count, mapped));
+    }
   }
   if (free_blocks != small_free_.size() + large_free_.size()) {
     return Violation(absl::StrFormat("free sets hold %u blocks but segments hold %u free",

@@ -60,7 +60,8 @@ namespace {
 // Every segment and every virtual reservation starts on this boundary, like the
 // 2 MiB pages cudaMalloc hands large segments out from.
 constexpr size_t kSegmentAlign = size_t{2} << 20;
-// The reservation: 4x capacity, within these bounds. Smaller ones are tried (halving)
+// The reservation: 16x capacity, within these bounds (each stream's expandable
+// segments reserve 2.25x capacity of address space). Smaller ones are tried (halving)
 // when the kernel refuses, down to kMinReservation.
 constexpr size_t kMinPreferredReservation = size_t{1} << 30;
 constexpr size_t kMaxReservation = size_t{64} << 40;
@@ -414,10 +415,11 @@ SimBackendImpl::SimBackendImpl(const SimOptions& options)
     Fatal(absl::StrCat(Name(), ": SimOptions::granularity ", options_.granularity,
                        " is not a power of two multiple of the page size"));
   }
-  // 4x capacity leaves room for the 2 MiB rounding of segments and for fragmentation
-  // of the address space, so capacity (not addresses) is what runs out first.
+  // 16x capacity leaves room for the 2 MiB rounding of segments, for fragmentation of
+  // the address space, and for the address ranges of several streams' expandable
+  // segments, so capacity (not addresses) is what runs out first.
   size_t want =
-      options_.capacity > kMaxReservation / 4 ? kMaxReservation : options_.capacity * 4;
+      options_.capacity > kMaxReservation / 16 ? kMaxReservation : options_.capacity * 16;
   want =
       RoundUp(std::clamp(want, kMinPreferredReservation, kMaxReservation), kSegmentAlign);
   for (size_t size = want; size >= kMinReservation; size /= 2) {

@@ -586,6 +586,14 @@ TEST(CachingAllocatorRandomTest, TwoThreadsExpandableSegments) {
       testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4);
 }
 
+// Recycling on every growth (threshold 0) on a small device: runs split around holes
+// and merge again all the time, across three streams, with frequent OOMs.
+TEST(CachingAllocatorRandomTest, TwoThreadsExpandableRecycling) {
+  TwoThreadsThreeStreams(
+      "sim_capacity:96MiB,expandable_segments:true,expandable_recycle_threshold:0",
+      0x5eed0006, testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4);
+}
+
 // One thread, so the model can predict the allocation statistics exactly after every
 // operation: allocated bytes and count, requested bytes, per pool; and reserved bytes
 // always equal what the sim device has handed out.
@@ -741,6 +749,12 @@ TEST(CachingAllocatorRandomTest, SingleThreadExactStatisticsExpandable) {
   SingleThreadExactStatistics(
       "sim_capacity:128MiB,expandable_segments:true,garbage_collection_threshold:0.7",
       0x5eed0005, testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 10);
+}
+
+TEST(CachingAllocatorRandomTest, SingleThreadExactStatisticsRecycling) {
+  SingleThreadExactStatistics(
+      "sim_capacity:128MiB,expandable_segments:true,expandable_recycle_threshold:0.05",
+      0x5eed0007, testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 10);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // values, the grammar's edge cases, all-or-nothing, and the round trip.
 #include "allocator/config.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -99,16 +100,38 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
        [](const Config& c) { return c.garbage_collection_threshold == 0.8; }},
       {"garbage_collection_threshold:0.999999",
        [](const Config& c) { return c.garbage_collection_threshold == 0.999999; }},
-      {"expandable_segments:true", [](const Config& c) { return c.expandable_segments; }},
-      {"expandable_segments:True", [](const Config& c) { return c.expandable_segments; }},
-      {"expandable_segments:1", [](const Config& c) { return c.expandable_segments; }},
-      {"expandable_segments:yes", [](const Config& c) { return c.expandable_segments; }},
-      {"expandable_segments:on", [](const Config& c) { return c.expandable_segments; }},
+      {"expandable_segments:true",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOn; }},
+      {"expandable_segments:True",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOn; }},
+      {"expandable_segments:1",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOn; }},
+      {"expandable_segments:yes",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOn; }},
+      {"expandable_segments:on",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOn; }},
       {"expandable_segments:false",
-       [](const Config& c) { return !c.expandable_segments; }},
-      {"expandable_segments:0", [](const Config& c) { return !c.expandable_segments; }},
-      {"expandable_segments:no", [](const Config& c) { return !c.expandable_segments; }},
-      {"expandable_segments:OFF", [](const Config& c) { return !c.expandable_segments; }},
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOff; }},
+      {"expandable_segments:auto",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kAuto; }},
+      {"expandable_segments: AUTO ",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kAuto; }},
+      {"expandable_recycle_threshold:0",
+       [](const Config& c) { return c.expandable_recycle_threshold == 0; }},
+      {"expandable_recycle_threshold:0.25",
+       [](const Config& c) { return c.expandable_recycle_threshold == 0.25; }},
+      {"expandable_recycle_threshold:3",
+       [](const Config& c) { return c.expandable_recycle_threshold == 3; }},
+      {"expandable_recycle_threshold:none",
+       [](const Config& c) { return std::isinf(c.expandable_recycle_threshold); }},
+      {"expandable_recycle_threshold:inf",
+       [](const Config& c) { return std::isinf(c.expandable_recycle_threshold); }},
+      {"expandable_segments:0",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOff; }},
+      {"expandable_segments:no",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOff; }},
+      {"expandable_segments:OFF",
+       [](const Config& c) { return c.expandable_segments == ExpandableMode::kOff; }},
       {"per_process_memory_fraction:0.5",
        [](const Config& c) { return c.per_process_memory_fraction == 0.5; }},
       {"per_process_memory_fraction:1",
@@ -153,7 +176,7 @@ TEST(ParseConfigTest, SeveralKeysAndWhitespace) {
   EXPECT_EQ(c->backend, BackendKind::kSim);
   EXPECT_EQ(c->sim_capacity, 4 * kGiB);
   EXPECT_EQ(c->max_split_size, 128 * kMiB);
-  EXPECT_TRUE(c->expandable_segments);
+  EXPECT_EQ(c->expandable_segments, ExpandableMode::kOn);
   EXPECT_EQ(c->http, "[::1]:9400");
   // Keys not named keep the base's values.
   EXPECT_EQ(c->site_top_k, Config{}.site_top_k);
@@ -233,9 +256,13 @@ TEST(ParseConfigTest, EveryKeyRejectsBadValuesNamingKeyAndValue) {
       {"garbage_collection_threshold", "-0.5", "out of range"},
       {"garbage_collection_threshold", "nan", "not a finite number"},
       {"garbage_collection_threshold", "x", "is not a number"},
-      {"expandable_segments", "maybe", "is not a boolean"},
-      {"expandable_segments", "2", "is not a boolean"},
-      {"expandable_segments", "", "is not a boolean"},
+      {"expandable_segments", "maybe", "is not auto or a boolean"},
+      {"expandable_segments", "2", "is not auto or a boolean"},
+      {"expandable_segments", "", "is not auto or a boolean"},
+      {"expandable_recycle_threshold", "-0.1", "out of range (x >= 0, or none)"},
+      {"expandable_recycle_threshold", "nan", "not a finite number"},
+      {"expandable_recycle_threshold", "lots", "is not a number"},
+      {"expandable_recycle_threshold", "", "is empty"},
       {"per_process_memory_fraction", "0", "out of range (0 < x <= 1)"},
       {"per_process_memory_fraction", "1.01", "out of range"},
       {"per_process_memory_fraction", "-1", "out of range"},
@@ -439,7 +466,8 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "backend:auto,sim_capacity:16GiB,sim_alloc_latency_us:0,"
             "sim_free_latency_us:0,sim_fail_nth:0,sim_fail_probability:0,sim_seed:0,"
             "max_split_size_mb:none,garbage_collection_threshold:0,"
-            "expandable_segments:false,per_process_memory_fraction:1,trace_entries:0,"
+            "expandable_segments:auto,expandable_recycle_threshold:0.25,"
+            "per_process_memory_fraction:1,trace_entries:0,"
             "http:,http_token_file:,http_allow_remote:false,oom_dump_dir:,site_top_k:10");
 }
 
@@ -454,7 +482,8 @@ TEST(ToStringTest, RoundTripsHandPickedValues) {
   c.sim_seed = 0x0123456789abcdefULL;
   c.max_split_size = 20 * kMiB;
   c.garbage_collection_threshold = std::nextafter(1.0, 0.0);
-  c.expandable_segments = true;
+  c.expandable_segments = ExpandableMode::kOn;
+  c.expandable_recycle_threshold = std::numeric_limits<double>::infinity();
   c.per_process_memory_fraction = std::numeric_limits<double>::denorm_min();
   c.trace_entries = 12345;
   c.http = "[::1]:0";
@@ -501,7 +530,9 @@ TEST(ToStringTest, RoundTripsRandomValidConfigs) {
                    : uniform(20, uint64_t{std::numeric_limits<int64_t>::max()} / kMiB) *
                          kMiB;
     c.garbage_collection_threshold = real();
-    c.expandable_segments = uniform(0, 1);
+    c.expandable_segments = static_cast<ExpandableMode>(uniform(0, 2));
+    c.expandable_recycle_threshold =
+        i % 4 == 0 ? std::numeric_limits<double>::infinity() : 4 * real();
     c.per_process_memory_fraction = 1.0 - real();  // (0, 1]
     c.trace_entries = uniform(0, 100'000'000);
     c.http = addresses[uniform(0, addresses.size() - 1)];
@@ -721,7 +752,8 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.sim_seed = 1;
   base.max_split_size = 64 * kMiB;
   base.garbage_collection_threshold = 0.5;
-  base.expandable_segments = true;
+  base.expandable_segments = ExpandableMode::kOn;
+  base.expandable_recycle_threshold = 0.5;
   base.per_process_memory_fraction = 0.5;
   base.trace_entries = 1;
   base.http = "localhost:1";

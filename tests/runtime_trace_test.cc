@@ -87,6 +87,7 @@ TEST(TraceRingTest, AllocatorEventsCarrySiteThreadStreamAndSizes) {
   Config config;
   config.backend = BackendKind::kSim;
   config.sim_capacity = 64 * kMiB;
+  config.expandable_segments = ExpandableMode::kOff;  // the events of regular segments
   CachingAllocator alloc(MakeSimBackend(config, 31), config);
   TraceRing ring(1024);
   alloc.set_observer(&ring);

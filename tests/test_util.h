@@ -44,11 +44,16 @@ namespace devmem::testutil {
 constexpr size_t RoundUp(size_t n, size_t unit) { return (n + unit - 1) / unit * unit; }
 
 // Parses `conf` (DEVMEM_CONF syntax) on top of a sim-backed Config whose capacity is
-// `default_capacity` unless `conf` names sim_capacity itself.
+// `default_capacity` unless `conf` names sim_capacity itself. Expandable segments are
+// off unless `conf` turns them on: most policy tests pin the regular-segment policy
+// (the one a backend without virtual memory gets), and the sim backend would otherwise
+// use expandable segments by default (expandable_segments:auto; DefaultPolicyTest
+// covers that default).
 inline Config MakeSimConfig(std::string_view conf, size_t default_capacity = kGiB) {
   Config base;
   base.backend = BackendKind::kSim;
   base.sim_capacity = default_capacity;
+  base.expandable_segments = ExpandableMode::kOff;
   if (conf.empty()) return base;
   absl::StatusOr<Config> parsed = ParseConfig(conf, base);
   EXPECT_TRUE(parsed.ok()) << "bad test config \"" << conf << "\": " << parsed.status();

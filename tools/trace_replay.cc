@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -210,16 +211,29 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
   config.sim_fail_nth = 0;
   config.sim_fail_probability = 0;
   CachingAllocator alloc(MakeSimBackend(config), config);
+  // Trace stream i (dense) runs on backend stream handles[i], made on first use:
+  // releasing memory synchronizes the stream that freed it, so every stream the
+  // allocator sees must be one the backend knows. Stream 0 is the default stream.
+  std::vector<Stream> handles(std::max<size_t>(trace.streams, 1), Stream{});
+  std::vector<bool> made(handles.size(), false);
+  made[0] = true;
+  auto backend_stream = [&](uint16_t index) {
+    if (!made[index]) {
+      absl::StatusOr<Stream> s = alloc.backend().create_stream();
+      if (!s.ok()) throw std::runtime_error(std::string(s.status().message()));
+      handles[index] = *s;
+      made[index] = true;
+    }
+    return handles[index];
+  };
   std::vector<void*> ptrs(trace.allocations, nullptr);
   int64_t ooms = 0;
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const Trace::Op& op = trace.ops[i];
-    // Stream handles only key the free lists here (no events are recorded), so the
-    // dense index serves as the handle without creating backend streams.
     if (op.alloc) {
       try {
-        ptrs[op.id] = alloc.allocate(op.size, Stream{op.stream});
+        ptrs[op.id] = alloc.allocate(op.size, backend_stream(op.stream));
       } catch (const OutOfMemoryError&) {
         ++ooms;
       }
