@@ -27,9 +27,14 @@
 //     (2) synchronize every pending event, release every unused segment, retry;
 //     (3) large pool only: try a segment of just the request rounded to 2 MiB;
 //     (4) throw OutOfMemoryError with an OomReport;
-//   * with expandable_segments (and a backend with virtual memory) each (stream, pool)
-//     has one growable reservation: misses map granules at its tail, releases unmap
-//     its free tail;
+//   * with expandable_segments (auto: wherever the backend has virtual memory) each
+//     (stream, pool) has one address reservation: a miss maps the fewest granules that
+//     can hold the request (next to free blocks, in a gap or at the end); whole free
+//     granules are unmapped under memory pressure, on trim/empty_cache, and when
+//     fragmentation would take reserved bytes past (1 + expandable_recycle_threshold)
+//     x the peak of allocated bytes (device_pool_expandable.cc);
+//   * memory goes back to the device only after its stream has been synchronized
+//     (work queued before a free may still use the block);
 //   * with garbage_collection_threshold, cached segments unused for longest are
 //     released before a new segment is taken, while reserved exceeds the threshold;
 //   * per_process_memory_fraction caps reserved bytes at that share of the device.

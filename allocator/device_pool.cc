@@ -211,7 +211,9 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
       return b;
     }
   }
-  fill_oom_report(requested, size, segment_size, stream, site, report);
+  // With expandable segments the last attempt was a map of the request's granules.
+  fill_oom_report(requested, size, use_expandable_ ? round_to_granule(size) : segment_size,
+                  stream, site, report);
   return nullptr;
 }
 

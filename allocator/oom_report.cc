@@ -206,8 +206,8 @@ std::string OomReport::ToString() const {
                     " of the device, per_process_memory_fraction)\n");
   }
   absl::StrAppend(&out, "  reserved: ", FormatBytes(reserved), " in ", segment_count,
-                  " segments (could not get another of ", FormatBytes(segment_bytes),
-                  "); pending on other streams: ", FormatBytes(pending), "\n");
+                  " segments (could not get ", FormatBytes(segment_bytes),
+                  " more); pending on other streams: ", FormatBytes(pending), "\n");
   absl::StrAppend(&out, "  largest free block: ", FormatBytes(largest_free_block), " of ",
                   FormatBytes(TotalFree(*this)), " free in ", free_blocks,
                   " cached blocks; fragmentation ", Percent(fragmentation), "\n");

@@ -41,7 +41,8 @@ struct OomReport {
   SiteId site = kUnknownSite;  // who asked
   size_t requested_bytes = 0;  // what the caller asked for
   size_t rounded_bytes = 0;    // after rounding to the allocator's granule
-  size_t segment_bytes = 0;    // the segment size that could not be obtained
+  size_t segment_bytes = 0;    // bytes that could not be obtained: a segment, or the
+                               // granules an expandable reservation tried to map
   size_t device_total = 0;     // MemInfo::total_bytes
   size_t driver_free = 0;      // MemInfo::free_bytes at the time of the failure
   size_t memory_limit = 0;     // device_total * per_process_memory_fraction

@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Issue 5's replay targets, as a regression test: with the default configuration,
+every workload trace replays with peak reserved / peak requested <= 1.3 and a smallest
+safe capacity / peak requested <= 1.15.
+
+    replay_targets_test.py MEMTRACE TRACE...
+
+Traces that do not exist (the real PyTorch traces in ../shared/traces/ outside this
+workspace) are reported and skipped. The figures are deterministic, so a policy change
+that loses a target fails here, naming the trace and the figure.
+"""
+import json
+import os
+import subprocess
+import sys
+
+RESERVED_TARGET = 1.3
+CAPACITY_TARGET = 1.15
+
+
+def main():
+    memtrace, traces = sys.argv[1], sys.argv[2:]
+    failures = []
+    checked = 0
+    for trace in traces:
+        if not os.path.exists(trace):
+            print("skip: %s is not present" % trace)
+            continue
+        out = subprocess.run([memtrace, "replay", trace, "--min-capacity", "--json"],
+                             check=True, capture_output=True, text=True).stdout
+        d = json.loads(out)
+        res = d["reserved_over_requested"]
+        fit = d["min_capacity_over_peak_requested"]
+        print("%s: reserved/requested %.3f (<= %.2f), min capacity/peak %.3f (<= %.2f), "
+              "ooms %d" % (os.path.basename(trace), res, RESERVED_TARGET, fit,
+                           CAPACITY_TARGET, d["ooms"]))
+        if res > RESERVED_TARGET:
+            failures.append("%s: reserved_over_requested %.3f > %.2f" % (trace, res, RESERVED_TARGET))
+        if fit > CAPACITY_TARGET:
+            failures.append("%s: min_capacity_over_peak_requested %.3f > %.2f" % (
+                trace, fit, CAPACITY_TARGET))
+        if d["ooms"] != 0:
+            failures.append("%s: %d OOMs at unbounded capacity" % (trace, d["ooms"]))
+        checked += 1
+    if checked == 0:
+        failures.append("no trace was checked")
+    for f in failures:
+        print("FAIL: " + f)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Prints the README's replay table: every workload trace under several policies.
+
+    tools/replay_table.py [--memtrace build/bin/memtrace] [--conf C ...]
+
+Runs `memtrace replay TRACE --min-capacity --json [--conf C]` for the four synthetic
+traces in tests/data/traces/ and the two real PyTorch traces in ../shared/traces/
+(skipped when absent), and prints one Markdown row per (trace, configuration) with
+issue 5's targets: peak reserved / peak requested <= 1.3 and the smallest safe
+capacity / peak requested <= 1.15. Replays are deterministic, so the table is too
+(only ns/op, which it leaves out, varies).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRACES = [
+    ("training loop", os.path.join(ROOT, "tests/data/traces/training_loop.jsonl")),
+    ("transformer step", os.path.join(ROOT, "tests/data/traces/transformer.jsonl")),
+    ("fragmentation adversary", os.path.join(ROOT, "tests/data/traces/fragmentation.jsonl")),
+    ("multi-stream producer/consumer", os.path.join(ROOT, "tests/data/traces/multistream.jsonl")),
+    ("ResNet-18", os.path.join(ROOT, "../shared/traces/resnet18_train.jsonl")),
+    ("MobileNetV2", os.path.join(ROOT, "../shared/traces/mobilenet_v2_train.jsonl")),
+]
+CONFS = [
+    ("", "default"),
+    ("expandable_recycle_threshold:none", "`expandable_recycle_threshold:none`"),
+    ("expandable_segments:false", "`expandable_segments:false`"),
+]
+MIB = 1 << 20
+
+
+def replay(memtrace, trace, conf):
+    cmd = [memtrace, "replay", trace, "--min-capacity", "--json"]
+    if conf:
+        cmd += ["--conf", conf]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memtrace", default=os.path.join(ROOT, "build/bin/memtrace"))
+    parser.add_argument("--conf", action="append",
+                        help="configurations to compare (default: the three of the README)")
+    args = parser.parse_args()
+    confs = [(c, "default" if not c else "`%s`" % c) for c in args.conf] if args.conf else CONFS
+    print("| trace (peak requested) | configuration | peak reserved (/ requested) "
+          "| maps / unmaps | fits from (/ peak requested) | targets met (reserved / fits) |")
+    print("|---|---|---|---|---|---|")
+    for name, path in TRACES:
+        if not os.path.exists(path):
+            print("%s: %s is not present; skipped" % (name, path), file=sys.stderr)
+            continue
+        for i, (conf, label) in enumerate(confs):
+            d = replay(args.memtrace, path, conf)
+            res = d["reserved_over_requested"]
+            fit = d["min_capacity_over_peak_requested"]
+            first = "%s (`%s`, %.1f MiB)" % (name, os.path.basename(path),
+                                              d["peak_requested_bytes"] / MIB)
+            mark = "" if d["min_capacity_monotonic"] else " ¹"
+            print("| %s | %s | %.1f MiB (%.3f) | %d / %d | %.1f MiB (%.3f)%s | %s / %s |" % (
+                first if i == 0 else name, label, d["peak_reserved_bytes"] / MIB, res,
+                d["device_allocs"], d["device_frees"], d["min_capacity_bytes"] / MIB, fit, mark,
+                "yes" if res <= 1.3 else "no", "yes" if fit <= 1.15 else "no"))
+
+
+if __name__ == "__main__":
+    main()
