@@ -22,7 +22,10 @@
 //   * Virtual memory (only when caps().virtual_memory): reserve_address returns an
 //     address range that holds no memory; map() backs [addr, addr+bytes) with physical
 //     memory (ResourceExhausted when there is none); unmap() releases it. Offsets and
-//     sizes are multiples of granularity().
+//     sizes are multiples of granularity(); an unmap may cover parts of several maps.
+//   * Releasing memory (free_segment, unmap) need not wait for queued work: the
+//     allocator synchronizes the owning stream first. So a stream must outlive the
+//     memory cached for it (empty_cache before destroy_stream).
 #pragma once
 
 #include <cstddef>
