@@ -12,22 +12,6 @@
 #include "allocator/errors.h"
 
 namespace devmem::internal {
-namespace {
-
-int PoolIndex(bool small) { return small ? kSmallPool : kLargePool; }
-
-// Adds `n` to the aggregate and to the pool's entry of a StatArray.
-void Add(StatArray& a, bool small, int64_t n) {
-  a[kAggregatePool].increase(n);
-  a[PoolIndex(small)].increase(n);
-}
-void Sub(StatArray& a, bool small, int64_t n) {
-  a[kAggregatePool].decrease(n);
-  a[PoolIndex(small)].decrease(n);
-}
-
-}  // namespace
-
 DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
     : backend_(std::move(backend)),
       device_(backend_->device()),
@@ -116,11 +100,11 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
       b->alloc_time_ns = CoarseNowNs();
       ++b->segment->busy_blocks;
       allocated_.emplace(b->addr, b);
-      Add(stats_.allocation, small, 1);
-      Add(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
-      Add(stats_.requested_bytes, small, static_cast<int64_t>(requested));
-      Add(stats_.active, small, 1);
-      Add(stats_.active_bytes, small, static_cast<int64_t>(b->size));
+      IncreaseStat(stats_.allocation, small, 1);
+      IncreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
+      IncreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(requested));
+      IncreaseStat(stats_.active, small, 1);
+      IncreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
       if (b->segment->oversize) stats_.oversize_allocations.increase(1);
       if (site >= site_stats_.size()) site_stats_.resize(site + 1);
       SiteStats& ss = site_stats_[site];
@@ -265,8 +249,8 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   s->head = b;
   s->tail = b;
   segments_.emplace(s->addr, s);
-  Add(stats_.segment, small, 1);
-  Add(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
+  IncreaseStat(stats_.segment, small, 1);
+  IncreaseStat(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
   if (s->oversize) stats_.oversize_segments.increase(1);
   ++stats_.num_device_alloc;
   emit_segment(AllocAction::kSegmentAlloc, s);
@@ -311,9 +295,9 @@ void DevicePool::free(void* ptr) {
   Block* b = it->second;
   allocated_.erase(it);
   const bool small = b->segment->small_pool;
-  Sub(stats_.allocation, small, 1);
-  Sub(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
-  Sub(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
+  DecreaseStat(stats_.allocation, small, 1);
+  DecreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
+  DecreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
   if (b->segment->oversize) stats_.oversize_allocations.decrease(1);
   ++stats_.num_frees;
   SiteStats& ss = site_stats_[b->site];
@@ -333,14 +317,14 @@ void DevicePool::free(void* ptr) {
   }
   b->stream_uses.clear();
   b->state = BlockState::kPending;
-  Add(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
+  IncreaseStat(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
 }
 
 void DevicePool::release_block(Block* b) {
   Segment* s = b->segment;
   const bool small = s->small_pool;
-  Sub(stats_.active, small, 1);
-  Sub(stats_.active_bytes, small, static_cast<int64_t>(b->size));
+  DecreaseStat(stats_.active, small, 1);
+  DecreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
   b->state = BlockState::kFree;
   b->requested = 0;
   b->site = kUnknownSite;
@@ -374,16 +358,16 @@ void DevicePool::release_block(Block* b) {
 void DevicePool::insert_free(Block* b) {
   free_set(b->segment->small_pool).insert(b);
   if (b->is_split()) {
-    Add(stats_.inactive_split, b->segment->small_pool, 1);
-    Add(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+    IncreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
+    IncreaseStat(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
   }
 }
 
 void DevicePool::erase_free(Block* b) {
   free_set(b->segment->small_pool).erase(b);
   if (b->is_split()) {
-    Sub(stats_.inactive_split, b->segment->small_pool, 1);
-    Sub(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+    DecreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
+    DecreaseStat(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
   }
 }
 
@@ -421,7 +405,7 @@ void DevicePool::process_events_locked(bool wait) {
       --pending_count_;
       Block* b = pe.block;
       if (--b->pending_events == 0) {
-        Sub(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+        DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
         emit(AllocAction::kFreeCompleted, b, b->size, 0);
         release_block(b);
       }
@@ -453,8 +437,8 @@ void DevicePool::release_segment(Segment* s) {
     if (s->oversize) stats_.oversize_segments.decrease(1);
   }
   ++stats_.num_device_free;
-  Sub(stats_.segment, s->small_pool, 1);
-  Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
+  DecreaseStat(stats_.segment, s->small_pool, 1);
+  DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
   segments_.erase(s->addr);
   delete_block(b);
   delete s;

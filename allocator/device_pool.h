@@ -128,6 +128,8 @@ class DevicePool {
   // run's stream before unmapping its memory. Returns the bytes unmapped.
   size_t recycle(size_t bytes, const Block* keep_a = nullptr, const Block* keep_b = nullptr,
                  const Reservation* only = nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves `s` to a new base address in segments_ (its start changed).
+  void rekey_segment(Segment* s, uintptr_t addr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the address ranges of reservations that map nothing.
   void release_empty_reservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t round_to_granule(size_t bytes) const {

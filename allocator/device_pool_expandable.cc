@@ -35,20 +35,6 @@
 #include "allocator/device_pool.h"
 
 namespace devmem::internal {
-namespace {
-
-int PoolIndex(bool small) { return small ? kSmallPool : kLargePool; }
-void Add(StatArray& a, bool small, int64_t n) {
-  a[kAggregatePool].increase(n);
-  a[PoolIndex(small)].increase(n);
-}
-void Sub(StatArray& a, bool small, int64_t n) {
-  a[kAggregatePool].decrease(n);
-  a[PoolIndex(small)].decrease(n);
-}
-
-}  // namespace
-
 Reservation* DevicePool::reservation(Stream stream, bool small) {
   auto it = expandable_.find(std::make_pair(stream.handle, small));
   if (it != expandable_.end()) return it->second;
@@ -165,7 +151,7 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
 Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
   const uintptr_t end = at + bytes;
   r->mapped += bytes;
-  Add(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
+  IncreaseStat(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
   ++stats_.num_device_alloc;
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, r->stream, at, bytes,
@@ -208,15 +194,13 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
       s->busy_blocks += hi->busy_blocks;
       for (Block* x = hi->head; x != nullptr; x = x->next) x->segment = s;
       segments_.erase(hi->addr);
-      Sub(stats_.segment, r->small_pool, 1);
+      DecreaseStat(stats_.segment, r->small_pool, 1);
       --r->runs;
       delete hi;
     }
   } else if (hi != nullptr) {
     s = hi;
-    segments_.erase(s->addr);
-    s->addr = at;
-    segments_.emplace(at, s);
+    rekey_segment(s, at);
     s->size += bytes;
     b->next = hi->head;
     hi->head->prev = b;
@@ -232,7 +216,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     s->head = s->tail = b;
     s->last_used = use_clock_;
     segments_.emplace(at, s);
-    Add(stats_.segment, r->small_pool, 1);
+    IncreaseStat(stats_.segment, r->small_pool, 1);
     ++r->runs;
   }
   b->segment = s;
@@ -271,7 +255,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
   }
   backend_->unmap(reinterpret_cast<void*>(c0), bytes);
   r->mapped -= bytes;
-  Sub(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
+  DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
   ++stats_.num_device_free;
 
   // What is left of b below and above the hole.
@@ -323,11 +307,9 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       n->size = c0 - s->addr;
       n->head = s->head;
       n->tail = left_tail;
-      segments_.erase(s->addr);
-      s->addr = c1;
+      rekey_segment(s, c1);
       s->size = s_end - c1;
       s->head = right_head;
-      segments_.emplace(s->addr, s);
     } else {
       n->addr = c1;
       n->size = s_end - c1;
@@ -342,20 +324,18 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       if (m->state != BlockState::kFree) ++n->busy_blocks;
     }
     s->busy_blocks -= n->busy_blocks;
-    Add(stats_.segment, s->small_pool, 1);
+    IncreaseStat(stats_.segment, s->small_pool, 1);
     ++r->runs;
   } else if (left_tail != nullptr) {
     s->size = c0 - s->addr;
     s->tail = left_tail;
   } else if (right_head != nullptr) {
-    segments_.erase(s->addr);
-    s->addr = c1;
+    rekey_segment(s, c1);
     s->size = s_end - c1;
     s->head = right_head;
-    segments_.emplace(s->addr, s);
   } else {
     segments_.erase(s->addr);
-    Sub(stats_.segment, s->small_pool, 1);
+    DecreaseStat(stats_.segment, s->small_pool, 1);
     --r->runs;
     delete s;
   }
@@ -400,6 +380,12 @@ size_t DevicePool::recycle(size_t bytes, const Block* keep_a, const Block* keep_
     released += unmap_range(b, c1 - take, c1);
   }
   return released;
+}
+
+void DevicePool::rekey_segment(Segment* s, uintptr_t addr) {
+  segments_.erase(s->addr);
+  s->addr = addr;
+  segments_.emplace(addr, s);
 }
 
 void DevicePool::release_empty_reservations() {

@@ -46,6 +46,17 @@ enum StatPool : int { kAggregatePool = 0, kSmallPool = 1, kLargePool = 2 };
 inline constexpr int kNumStatPools = 3;
 using StatArray = std::array<Stat, kNumStatPools>;
 
+// Adds `n` (may be negative via DecreaseStat) to the aggregate and to the small or
+// large pool's entry: every change to a per-pool statistic goes to both.
+inline void IncreaseStat(StatArray& a, bool small_pool, int64_t n) {
+  a[kAggregatePool].increase(n);
+  a[small_pool ? kSmallPool : kLargePool].increase(n);
+}
+inline void DecreaseStat(StatArray& a, bool small_pool, int64_t n) {
+  a[kAggregatePool].decrease(n);
+  a[small_pool ? kSmallPool : kLargePool].decrease(n);
+}
+
 struct DeviceStats {
   // counts
   StatArray allocation;           // allocated blocks
