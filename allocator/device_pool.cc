@@ -45,6 +45,15 @@ DevicePool::~DevicePool() {
                  "allocated; their memory is released anyway\n",
                  device_.ToString().c_str(), allocated_.size(), bytes);
   }
+  // As everywhere memory goes back to the device: wait for work queued on the
+  // segments' streams first (once per stream).
+  std::vector<uintptr_t> synced;
+  for (const auto& [addr, s] : segments_) {
+    if (std::find(synced.begin(), synced.end(), s->stream.handle) == synced.end()) {
+      backend_->synchronize_stream(s->stream);
+      synced.push_back(s->stream.handle);
+    }
+  }
   for (auto& [addr, s] : segments_) {
     if (s->expandable) {
       backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
