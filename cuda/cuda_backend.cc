@@ -1,35 +1,62 @@
 // cuda/cuda_backend.cc: the CUDA backend (cuda_backend.h), and its registration with
 // allocator/backend_factory.h.
 //
+// Virtual memory (expandable segments) uses the driver API's cuMem* calls, which are
+// not in the runtime. libcuda is never linked: a devmem program must start, and fall
+// back to sim, on a machine without a driver. The driver's entry points are fetched
+// once per process through the runtime (cudaGetDriverEntryPointByVersion, DriverApi()
+// below); <cuda.h> is included for its types and enums only. One physical allocation
+// (cuMemCreate) backs each granule, and a table maps granule addresses to their
+// handles, so that unmap may take any granule-aligned part of earlier maps, as the
+// allocator asks (PyTorch's ExpandableSegment does the same).
+//
 // Error policy:
 //   * allocate_segment: cudaErrorMemoryAllocation is ResourceExhausted (the sticky
 //     last-error is cleared so later calls do not see it); other failures name the
 //     call and the CUDA error.
+//   * map: CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate is ResourceExhausted; any other
+//     driver failure names the call and the driver's error. Either way the granules
+//     this call created and mapped are unmapped and released first, so a failed map
+//     leaves nothing behind. Bad arguments (misaligned, outside every reservation,
+//     overlapping a mapping) are InvalidArgument naming the pointer and size.
+//     reserve_address fails the same way (ResourceExhausted when the driver has no
+//     address space left).
 //   * Calls whose answer the allocator's correctness rests on (recording, querying and
 //     waiting for events, synchronizing streams) end the process with the CUDA error
 //     when they fail: answering "done" wrongly would let memory be reused while a
 //     kernel still uses it. Such failures mean the CUDA context is already broken.
-//   * Clean-up calls (cudaFree, cudaStreamDestroy, cudaEventDestroy) report failures
-//     on stderr and carry on, except cudaErrorCudartUnloading (process exit), which is
-//     expected and ignored.
+//   * Clean-up calls (cudaFree, cudaStreamDestroy, cudaEventDestroy, and unmap's and
+//     release_address's cuMemUnmap, cuMemRelease and cuMemAddressFree) report failures
+//     on stderr and carry on, except cudaErrorCudartUnloading and
+//     CUDA_ERROR_DEINITIALIZED (process exit), which are expected and ignored. unmap
+//     and release_address of a range that is not (entirely) mapped or reserved are
+//     reported the same way and change nothing.
 #include "cuda/cuda_backend.h"
 
+#include <cuda.h>  // driver API types and enums only: no cu* function is linked
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "absl/base/thread_annotations.h"
 #include "allocator/backend_factory.h"
 #include "allocator/config.h"
+#include "allocator/mutex.h"
 
 namespace devmem {
 namespace {
@@ -77,15 +104,22 @@ void ReportCuda(absl::string_view where, absl::string_view call, cudaError_t err
 
 // Makes `device` current for the guard's lifetime and restores the caller's current
 // device afterwards, so the backend never changes which device its callers' own CUDA
-// calls go to. Switching is skipped when the device is already current.
+// calls go to. Switching is skipped when the device is already current, except with
+// kBindContext: driver API calls (cuMem*) do not initialize anything by themselves
+// and need the device's primary context current on this thread, which cudaSetDevice
+// guarantees (CUDA 12 and later; cudaFree(nullptr) before that).
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int device) {
+  enum Mode { kRuntimeOnly, kBindContext };
+  explicit DeviceGuard(int device, Mode mode = kRuntimeOnly) {
     if (cudaGetDevice(&previous_) != cudaSuccess) {
       cudaGetLastError();  // not sticky, but leave nothing behind
       previous_ = -1;
     }
-    if (previous_ != device) cudaSetDevice(device);
+    if (previous_ != device || mode == kBindContext) cudaSetDevice(device);
+#if CUDART_VERSION < 12000
+    if (mode == kBindContext) cudaFree(nullptr);
+#endif
   }
   ~DeviceGuard() {
     int current = -1;
@@ -100,6 +134,210 @@ class DeviceGuard {
  private:
   int previous_ = -1;
 };
+
+// --- the driver API, through the runtime ---------------------------------------------
+
+// The driver entry points the virtual-memory code uses. Their types come from <cuda.h>'s
+// declarations (decltype does not reference the symbols, so nothing links libcuda).
+struct DriverApi {
+  decltype(&::cuGetErrorString) get_error_string = nullptr;
+  decltype(&::cuGetErrorName) get_error_name = nullptr;
+  decltype(&::cuDeviceGet) device_get = nullptr;
+  decltype(&::cuDeviceGetAttribute) device_get_attribute = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
+  decltype(&::cuMemAddressReserve) mem_address_reserve = nullptr;
+  decltype(&::cuMemAddressFree) mem_address_free = nullptr;
+  decltype(&::cuMemCreate) mem_create = nullptr;
+  decltype(&::cuMemMap) mem_map = nullptr;
+  decltype(&::cuMemSetAccess) mem_set_access = nullptr;
+  decltype(&::cuMemUnmap) mem_unmap = nullptr;
+  decltype(&::cuMemRelease) mem_release = nullptr;
+  // Empty when every entry point resolved; else why one did not.
+  std::string error;
+  bool ok() const { return error.empty(); }
+};
+
+// Fetches `symbol` from the driver into `*fn`, in the version of the <cuda.h> this file
+// was compiled against (so the pointer's type matches). False, with the reason in
+// `*error`, when the driver lacks it or cannot be loaded.
+template <typename Fn>
+bool ResolveDriverSymbol(const char* symbol, Fn* fn, std::string* error) {
+  void* p = nullptr;
+  cudaError_t err = cudaSuccess;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+  // cudaGetDriverEntryPoint is deprecated from 12.5 on, in favour of this.
+  err = cudaGetDriverEntryPointByVersion(symbol, &p, CUDA_VERSION, cudaEnableDefault,
+                                         &found);
+#elif CUDART_VERSION >= 12000
+  err = cudaGetDriverEntryPoint(symbol, &p, cudaEnableDefault, &found);
+#else
+  err = cudaGetDriverEntryPoint(symbol, &p, cudaEnableDefault);
+  if (err == cudaSuccess && p != nullptr) found = cudaDriverEntryPointSuccess;
+#endif
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    *error = absl::StrCat("cudaGetDriverEntryPoint(", symbol, "): ", CudaErrorText(err));
+    return false;
+  }
+  if (found != cudaDriverEntryPointSuccess || p == nullptr) {
+    *error = absl::StrCat("the CUDA driver has no ", symbol, " for CUDA ", CUDA_VERSION,
+                          found == cudaDriverEntryPointVersionNotSufficent
+                              ? " (the driver is older than the toolkit)"
+                              : "");
+    return false;
+  }
+  *fn = reinterpret_cast<Fn>(p);
+  return true;
+}
+
+// The process's driver entry points, resolved on first use (thread-safe: a function-local
+// static) and never freed. Call only after the runtime found a device (CudaDeviceCount),
+// which also initializes the driver (cuInit) that these calls need.
+const DriverApi& Driver() {
+  static const DriverApi* const api = [] {
+    auto* d = new DriverApi;
+    std::string error;
+    const bool ok =
+        ResolveDriverSymbol("cuGetErrorString", &d->get_error_string, &error) &&
+        ResolveDriverSymbol("cuGetErrorName", &d->get_error_name, &error) &&
+        ResolveDriverSymbol("cuDeviceGet", &d->device_get, &error) &&
+        ResolveDriverSymbol("cuDeviceGetAttribute", &d->device_get_attribute, &error) &&
+        ResolveDriverSymbol("cuMemGetAllocationGranularity",
+                            &d->mem_get_allocation_granularity, &error) &&
+        ResolveDriverSymbol("cuMemAddressReserve", &d->mem_address_reserve, &error) &&
+        ResolveDriverSymbol("cuMemAddressFree", &d->mem_address_free, &error) &&
+        ResolveDriverSymbol("cuMemCreate", &d->mem_create, &error) &&
+        ResolveDriverSymbol("cuMemMap", &d->mem_map, &error) &&
+        ResolveDriverSymbol("cuMemSetAccess", &d->mem_set_access, &error) &&
+        ResolveDriverSymbol("cuMemUnmap", &d->mem_unmap, &error) &&
+        ResolveDriverSymbol("cuMemRelease", &d->mem_release, &error);
+    if (!ok) d->error = error.empty() ? "a driver entry point did not resolve" : error;
+    return d;
+  }();
+  return *api;
+}
+
+// "out of memory (CUDA_ERROR_OUT_OF_MEMORY, error 2)", the driver's CudaErrorText.
+std::string CuErrorText(CUresult result) {
+  const DriverApi& d = Driver();
+  const char* text = nullptr;
+  const char* name = nullptr;
+  if (d.get_error_string == nullptr ||
+      d.get_error_string(result, &text) != CUDA_SUCCESS) {
+    text = nullptr;
+  }
+  if (d.get_error_name == nullptr || d.get_error_name(result, &name) != CUDA_SUCCESS) {
+    name = nullptr;
+  }
+  return absl::StrCat(text != nullptr ? text : "unknown driver error", " (",
+                      name != nullptr ? name : "CUresult", ", error ",
+                      static_cast<int>(result), ")");
+}
+
+// The absl code for a driver failure of `call` (as CudaStatus for the runtime).
+absl::Status CuStatus(absl::string_view where, absl::string_view call, CUresult result) {
+  std::string message = absl::StrCat(where, ": ", call, ": ", CuErrorText(result));
+  switch (result) {
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      return absl::ResourceExhaustedError(std::move(message));
+    case CUDA_ERROR_NOT_INITIALIZED:
+    case CUDA_ERROR_DEINITIALIZED:
+    case CUDA_ERROR_NO_DEVICE:
+      return absl::UnavailableError(std::move(message));
+    case CUDA_ERROR_INVALID_VALUE:
+    case CUDA_ERROR_INVALID_DEVICE:
+      return absl::InvalidArgumentError(std::move(message));
+    case CUDA_ERROR_NOT_SUPPORTED:
+      return absl::UnimplementedError(std::move(message));
+    default:
+      return absl::InternalError(std::move(message));
+  }
+}
+
+// ReportCuda for driver calls; CUDA_ERROR_DEINITIALIZED is the driver's
+// cudaErrorCudartUnloading (the process is exiting) and is ignored.
+void ReportCu(absl::string_view where, absl::string_view call, CUresult result) {
+  if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) return;
+  std::fprintf(stderr, "devmem: %s: %s: %s\n", std::string(where).c_str(),
+               std::string(call).c_str(), CuErrorText(result).c_str());
+}
+
+void Report(absl::string_view where, absl::string_view message) {
+  std::fprintf(stderr, "devmem: %s: %s\n", std::string(where).c_str(),
+               std::string(message).c_str());
+}
+
+// Pinned device memory on `device`: what each granule is made of.
+CUmemAllocationProp PinnedOn(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
+}
+
+// What NewCudaBackend found out about the device's virtual memory management.
+struct VirtualMemorySupport {
+  bool supported = false;
+  CUdevice device = 0;
+  size_t granularity = 0;  // the recommended granularity, at least 2 MiB
+  std::string unavailable;  // why not, when !supported
+};
+
+constexpr size_t kMinGranularity = 2 * kMiB;
+
+VirtualMemorySupport ProbeVirtualMemory(const std::string& name, int index) {
+  VirtualMemorySupport vm;
+  const DriverApi& d = Driver();
+  if (!d.ok()) {
+    vm.unavailable = d.error;
+    return vm;
+  }
+  DeviceGuard guard(index, DeviceGuard::kBindContext);
+  if (CUresult r = d.device_get(&vm.device, index); r != CUDA_SUCCESS) {
+    vm.unavailable = std::string(CuStatus(name, "cuDeviceGet", r).message());
+    return vm;
+  }
+  int supported = 0;
+  if (CUresult r = d.device_get_attribute(
+          &supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, vm.device);
+      r != CUDA_SUCCESS) {
+    vm.unavailable = std::string(
+        CuStatus(name,
+                 "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_"
+                 "SUPPORTED)",
+                 r)
+            .message());
+    return vm;
+  }
+  if (supported == 0) {
+    vm.unavailable = "the device reports no virtual memory management "
+                     "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)";
+    return vm;
+  }
+  const CUmemAllocationProp prop = PinnedOn(vm.device);
+  size_t recommended = 0;
+  if (CUresult r = d.mem_get_allocation_granularity(&recommended, &prop,
+                                                    CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+      r != CUDA_SUCCESS || recommended == 0) {
+    vm.unavailable =
+        r != CUDA_SUCCESS
+            ? std::string(CuStatus(name,
+                                   "cuMemGetAllocationGranularity(pinned device memory, "
+                                   "CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)",
+                                   r)
+                              .message())
+            : std::string("cuMemGetAllocationGranularity reported a granularity of 0");
+    return vm;
+  }
+  // At least 2 MiB (the allocator's large-block rounding), and still a multiple of
+  // what the driver recommends.
+  const size_t at_least = std::max(recommended, kMinGranularity);
+  vm.granularity = (at_least + recommended - 1) / recommended * recommended;
+  vm.supported = true;
+  return vm;
+}
 
 cudaStream_t ToCuda(Stream stream) {
   return reinterpret_cast<cudaStream_t>(stream.handle);
@@ -124,15 +362,33 @@ void CUDART_CB RunHostFn(void* arg) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(int index, DeviceInfo info)
+  CudaBackend(int index, DeviceInfo info, VirtualMemorySupport vm)
       : device_{DeviceType::kCuda, index},
         name_(device_.ToString()),
-        info_(std::move(info)) {}
+        info_(std::move(info)),
+        vm_(std::move(vm)) {}
+
+  // Gives back what the allocator left mapped or reserved (nothing, normally).
+  ~CudaBackend() override {
+    MutexLock lock(&vm_mu_);
+    if (granules_.empty() && reservations_.empty()) return;
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    const DriverApi& d = Driver();
+    for (const auto& [at, handle] : granules_) {
+      ReportCu(name_, "cuMemUnmap", d.mem_unmap(at, vm_.granularity));
+      ReportCu(name_, "cuMemRelease", d.mem_release(handle));
+    }
+    for (const auto& [base, bytes] : reservations_) {
+      ReportCu(name_, "cuMemAddressFree", d.mem_address_free(base, bytes));
+    }
+    granules_.clear();
+    reservations_.clear();
+  }
 
   DeviceId device() const override { return device_; }
   Capabilities caps() const override {
     return Capabilities{
-        .streams = true, .virtual_memory = false, .host_accessible = false};
+        .streams = true, .virtual_memory = vm_.supported, .host_accessible = false};
   }
   DeviceInfo info() const override { return info_; }
 
@@ -239,10 +495,201 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // --- virtual memory -----------------------------------------------------------------
+
+  size_t granularity() const override { return vm_.supported ? vm_.granularity : 0; }
+
+  absl::StatusOr<void*> reserve_address(size_t bytes) override {
+    if (!vm_.supported) return NoVirtualMemory();
+    if (bytes == 0 || bytes % vm_.granularity != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: reserve_address(%u bytes): the size must be a non-zero multiple of the "
+          "granularity (%u bytes)",
+          name_, bytes, vm_.granularity));
+    }
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    CUdeviceptr base = 0;
+    if (CUresult r = Driver().mem_address_reserve(&base, bytes, vm_.granularity, 0, 0);
+        r != CUDA_SUCCESS) {
+      return CuStatus(name_,
+                      absl::StrCat("cuMemAddressReserve(", bytes, " bytes = ",
+                                   FormatBytes(bytes), ")"),
+                      r);
+    }
+    MutexLock lock(&vm_mu_);
+    reservations_.emplace(base, bytes);
+    return reinterpret_cast<void*>(base);
+  }
+
+  void release_address(void* p, size_t bytes) override {
+    const auto base = reinterpret_cast<CUdeviceptr>(p);
+    const std::string call = absl::StrFormat("release_address(%p, %u bytes)", p, bytes);
+    MutexLock lock(&vm_mu_);
+    auto it = reservations_.find(base);
+    if (it == reservations_.end() || it->second != bytes) {
+      Report(name_, absl::StrCat(call, ": not a range reserve_address returned; nothing "
+                                       "released"));
+      return;
+    }
+    if (const size_t mapped = MappedGranules(base, bytes); mapped > 0) {
+      Report(name_, absl::StrFormat("%s: %u granules (%u bytes) of it are still mapped; "
+                                    "unmap them first; nothing released",
+                                    call, mapped, mapped * vm_.granularity));
+      return;
+    }
+    reservations_.erase(it);
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    ReportCu(name_, absl::StrCat("cuMemAddressFree (", call, ")"),
+             Driver().mem_address_free(base, bytes));
+  }
+
+  // One cuMemCreate + cuMemMap per granule, then one cuMemSetAccess over the range.
+  absl::Status map(void* p, size_t bytes) override {
+    if (!vm_.supported) return NoVirtualMemory();
+    const auto start = reinterpret_cast<CUdeviceptr>(p);
+    const size_t g = vm_.granularity;
+    const std::string call = absl::StrFormat("map(%p, %u bytes)", p, bytes);
+    if (bytes == 0 || start % g != 0 || bytes % g != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s: the address and size must be non-zero multiples of the granularity "
+          "(%u bytes)",
+          name_, call, g));
+    }
+    const CUdeviceptr end = start + bytes;
+    if (end < start) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": ", call, ": the range wraps around"));
+    }
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    MutexLock lock(&vm_mu_);
+    if (!InsideOneReservation(start, bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": ", call, ": not inside a range that reserve_address returned"));
+    }
+    if (auto it = granules_.lower_bound(start);
+        it != granules_.end() && it->first < end) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s: %s: %p is already mapped", name_, call,
+                          reinterpret_cast<void*>(it->first)));
+    }
+    const DriverApi& d = Driver();
+    const CUmemAllocationProp prop = PinnedOn(vm_.device);
+    Granules made;
+    made.reserve(bytes / g);
+    for (CUdeviceptr at = start; at < end; at += g) {
+      CUmemGenericAllocationHandle handle = 0;
+      if (CUresult r = d.mem_create(&handle, g, &prop, 0); r != CUDA_SUCCESS) {
+        Undo(made);
+        return CuStatus(
+            name_,
+            absl::StrFormat("cuMemCreate(%u bytes = %s) for granule %u of %u of %s", g,
+                            FormatBytes(g), (at - start) / g + 1, bytes / g, call),
+            r);
+      }
+      if (CUresult r = d.mem_map(at, g, 0, handle, 0); r != CUDA_SUCCESS) {
+        ReportCu(name_, "cuMemRelease", d.mem_release(handle));
+        Undo(made);
+        return CuStatus(name_,
+                        absl::StrFormat("cuMemMap(%p, %u bytes) of %s",
+                                        reinterpret_cast<void*>(at), g, call),
+                        r);
+      }
+      made.emplace_back(at, handle);
+    }
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = vm_.device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (CUresult r = d.mem_set_access(start, bytes, &access, 1); r != CUDA_SUCCESS) {
+      Undo(made);
+      return CuStatus(name_, absl::StrCat("cuMemSetAccess(read/write) of ", call), r);
+    }
+    granules_.insert(made.begin(), made.end());
+    return absl::OkStatus();
+  }
+
+  // The caller synchronizes the stream that owns the range before calling this
+  // (DevicePool::release_segment calls synchronize_stream first): cuMemUnmap does not
+  // wait for kernels that may still use the memory, as cudaFree implicitly does.
+  void unmap(void* p, size_t bytes) override {
+    const auto start = reinterpret_cast<CUdeviceptr>(p);
+    const std::string call = absl::StrFormat("unmap(%p, %u bytes)", p, bytes);
+    if (!vm_.supported) {
+      Report(name_, absl::StrCat(call, ": ", NoVirtualMemory().message()));
+      return;
+    }
+    const size_t g = vm_.granularity;
+    if (bytes == 0 || start % g != 0 || bytes % g != 0 || start + bytes < start) {
+      Report(name_, absl::StrFormat("%s: the address and size must be non-zero multiples "
+                                    "of the granularity (%u bytes); nothing unmapped",
+                                    call, g));
+      return;
+    }
+    MutexLock lock(&vm_mu_);
+    if (MappedGranules(start, bytes) != bytes / g) {
+      Report(name_, absl::StrCat(call, ": the range is not entirely mapped; nothing "
+                                       "unmapped"));
+      return;
+    }
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    const DriverApi& d = Driver();
+    auto it = granules_.lower_bound(start);
+    while (it != granules_.end() && it->first < start + bytes) {
+      ReportCu(name_,
+               absl::StrFormat("cuMemUnmap(%p, %u bytes) of %s",
+                               reinterpret_cast<void*>(it->first), g, call),
+               d.mem_unmap(it->first, g));
+      ReportCu(name_, absl::StrCat("cuMemRelease of ", call), d.mem_release(it->second));
+      it = granules_.erase(it);
+    }
+  }
+
  private:
+  absl::Status NoVirtualMemory() const {
+    return absl::UnimplementedError(
+        absl::StrCat(name_, ": no virtual memory management: ", vm_.unavailable));
+  }
+
+  // True when [start, start + bytes) lies inside one range from reserve_address.
+  bool InsideOneReservation(CUdeviceptr start, size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(vm_mu_) {
+    auto it = reservations_.upper_bound(start);
+    if (it == reservations_.begin()) return false;
+    --it;
+    return start - it->first <= it->second && bytes <= it->second - (start - it->first);
+  }
+
+  // How many granules of [start, start + bytes) are mapped.
+  size_t MappedGranules(CUdeviceptr start, size_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(vm_mu_) {
+    return static_cast<size_t>(std::distance(granules_.lower_bound(start),
+                                             granules_.lower_bound(start + bytes)));
+  }
+
+  // Granules a map call made: (address, handle), in address order.
+  using Granules = std::vector<std::pair<CUdeviceptr, CUmemGenericAllocationHandle>>;
+
+  // Takes back a failed map's granules, newest first.
+  void Undo(const Granules& made) {
+    const DriverApi& d = Driver();
+    for (auto it = made.rbegin(); it != made.rend(); ++it) {
+      ReportCu(name_, "cuMemUnmap (undoing a failed map)",
+               d.mem_unmap(it->first, vm_.granularity));
+      ReportCu(name_, "cuMemRelease (undoing a failed map)", d.mem_release(it->second));
+    }
+  }
+
   const DeviceId device_;
   const std::string name_;  // "cuda:N", for messages
   const DeviceInfo info_;
+  const VirtualMemorySupport vm_;
+
+  // Virtual memory: every range reserve_address returned (base -> bytes), and the
+  // physical allocation behind each mapped granule (granule address -> handle). Held
+  // across the driver calls of map/unmap so a range is never half-mapped to others.
+  Mutex vm_mu_;
+  std::map<CUdeviceptr, size_t> reservations_ ABSL_GUARDED_BY(vm_mu_);
+  std::map<CUdeviceptr, CUmemGenericAllocationHandle> granules_ ABSL_GUARDED_BY(vm_mu_);
 };
 
 // Registers the factory before main(): cuda/ is linked whole-archive, so this object
@@ -283,7 +730,36 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int index) {
     return CudaStatus(name, "cudaGetDeviceProperties", err);
   }
   DeviceInfo info{.name = prop.name, .uuid = FormatUuid(prop.uuid), .backend = "cuda"};
-  return std::make_unique<CudaBackend>(index, std::move(info));
+  return std::make_unique<CudaBackend>(index, std::move(info),
+                                       ProbeVirtualMemory(name, index));
+}
+
+absl::Status CudaMemsetSync(int index, void* device_ptr, int value, size_t bytes) {
+  const std::string name = absl::StrCat("cuda:", index);
+  DeviceGuard guard(index);
+  if (cudaError_t err = cudaMemset(device_ptr, value, bytes); err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(
+        name, absl::StrFormat("cudaMemset(%p, %u bytes)", device_ptr, bytes), err);
+  }
+  if (cudaError_t err = cudaStreamSynchronize(nullptr); err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(name, "cudaStreamSynchronize after cudaMemset", err);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaCopyToHost(int index, void* host, const void* device_ptr, size_t bytes) {
+  DeviceGuard guard(index);
+  if (cudaError_t err = cudaMemcpy(host, device_ptr, bytes, cudaMemcpyDeviceToHost);
+      err != cudaSuccess) {
+    cudaGetLastError();
+    return CudaStatus(absl::StrCat("cuda:", index),
+                      absl::StrFormat("cudaMemcpy(device %p to host, %u bytes)",
+                                      device_ptr, bytes),
+                      err);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace devmem

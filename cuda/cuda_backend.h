@@ -3,8 +3,18 @@
 // Segments are cudaMalloc/cudaFree; streams are non-blocking CUDA streams (Stream{0}
 // is the legacy default stream); events are timing-free CUDA events; launch_host_fn is
 // cudaLaunchHostFunc. Every call runs with the backend's device current and restores
-// the caller's current device afterwards. No virtual-memory management yet (that needs
-// the driver API's cuMemCreate/cuMemMap), and device memory is not host accessible.
+// the caller's current device afterwards. Device memory is not host accessible.
+//
+// Virtual memory (expandable segments): caps().virtual_memory is true when the driver's
+// cuMem* entry points resolved (through the runtime: libcuda is not linked) and the
+// device reports CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED. granularity()
+// is the driver's recommended granularity for pinned device memory, at least 2 MiB.
+// reserve_address/release_address are cuMemAddressReserve/cuMemAddressFree; map backs
+// each granule with its own cuMemCreate allocation (so unmap may take any granule-
+// aligned part of earlier maps) and grants this device read/write access; unmap
+// unmaps and releases the granules. When either condition fails, granularity() is 0,
+// reserve_address and map return Unimplemented with the reason, and the allocator
+// uses regular segments.
 //
 // Programs do not call this header: the backend registers itself with
 // RegisterCudaBackendFactory (allocator/backend_factory.h) at static-initialization
@@ -13,12 +23,15 @@
 //
 // This header includes no CUDA header, so its users need no CUDA toolkit.
 //
-// Thread-safety: every method may be called from any thread (the CUDA runtime is
-// thread-safe; the backend keeps no mutable state of its own).
+// Thread-safety: every method may be called from any thread (the CUDA runtime and
+// driver are thread-safe; the backend's one mutable state, its table of reservations
+// and mapped granules, is guarded by a mutex).
 #pragma once
 
+#include <cstddef>
 #include <memory>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/backend.h"
 
@@ -31,5 +44,11 @@ absl::StatusOr<int> CudaDeviceCount();
 // A backend for cuda:`index`. Errors: those of CudaDeviceCount, InvalidArgument for an
 // index with no device, and errors from cudaGetDeviceProperties.
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int index);
+
+// Device memory, for tests and tools, since the host cannot touch it: fills `bytes` at
+// `device_ptr` with `value`, and copies `bytes` from `device_ptr` to `host`, on
+// cuda:`index`. Both return when the work is done; errors name the CUDA call.
+absl::Status CudaMemsetSync(int index, void* device_ptr, int value, size_t bytes);
+absl::Status CudaCopyToHost(int index, void* host, const void* device_ptr, size_t bytes);
 
 }  // namespace devmem

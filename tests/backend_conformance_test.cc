@@ -4,6 +4,10 @@
 //   BackendConformanceTest/{cpu,sim,cuda}  the allocator/backend.h contract, the same
 //                                          test for each backend; cuda is skipped,
 //                                          with the reason, where there is no device.
+//                                          The VirtualMemory* and ExpandableSegments*
+//                                          cases run where caps().virtual_memory (sim;
+//                                          cuda on a GPU with VMM) and are skipped,
+//                                          with the backend's reason, elsewhere.
 //   SimBackendTest, SimBackendDeathTest    capacity, failure injection, latency,
 //                                          first-fit determinism, decommit on free,
 //                                          streams, virtual-memory emulation.
@@ -31,10 +35,14 @@
 #include "absl/strings/str_format.h"
 #include "allocator/backend.h"
 #include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/sim_backend.h"
 #include "allocator/types.h"
 #include "gtest/gtest.h"
+#ifdef DEVMEM_HAVE_CUDA
+#include "cuda/cuda_backend.h"
+#endif
 
 namespace devmem {
 namespace {
@@ -92,6 +100,53 @@ bool Overlap(const std::pair<uintptr_t, size_t>& a,
   return a.first < b.first + b.second && b.first < a.first + a.second;
 }
 
+// Fills device memory with `value`, whatever the backend: plain stores where the host
+// can reach it, the CUDA runtime for cuda.
+absl::Status FillDevice(Backend& backend, void* p, unsigned char value, size_t bytes) {
+  if (backend.caps().host_accessible) {
+    std::memset(p, value, bytes);
+    return absl::OkStatus();
+  }
+#ifdef DEVMEM_HAVE_CUDA
+  if (backend.device().type == DeviceType::kCuda) {
+    return CudaMemsetSync(backend.device().index, p, value, bytes);
+  }
+#endif
+  return absl::UnimplementedError("no way to write this backend's memory");
+}
+
+// Copies device memory to the host, as FillDevice writes it.
+absl::StatusOr<std::vector<unsigned char>> ReadDevice(Backend& backend, const void* p,
+                                                      size_t bytes) {
+  std::vector<unsigned char> out(bytes);
+  if (backend.caps().host_accessible) {
+    std::memcpy(out.data(), p, bytes);
+    return out;
+  }
+#ifdef DEVMEM_HAVE_CUDA
+  if (backend.device().type == DeviceType::kCuda) {
+    absl::Status st = CudaCopyToHost(backend.device().index, out.data(), p, bytes);
+    if (!st.ok()) return st;
+    return out;
+  }
+#endif
+  return absl::UnimplementedError("no way to read this backend's memory");
+}
+
+// Empty when every byte of [p, p + bytes) holds `value`; else where the first one that
+// does not is, and what it holds.
+std::string CheckDevice(Backend& backend, const void* p, size_t bytes,
+                        unsigned char value) {
+  absl::StatusOr<std::vector<unsigned char>> data = ReadDevice(backend, p, bytes);
+  if (!data.ok()) return std::string(data.status().message());
+  for (size_t i = 0; i < bytes; ++i) {
+    if ((*data)[i] != value) {
+      return absl::StrFormat("byte %u of %p is %d, not %d", i, p, (*data)[i], value);
+    }
+  }
+  return "";
+}
+
 // ---------------------------------------------------------------------------------
 // The conformance suite.
 
@@ -116,9 +171,32 @@ class BackendConformanceTest : public ::testing::TestWithParam<std::string> {
   void DoneWith(Stream stream) {
     if (stream.handle != 0) backend_->destroy_stream(stream);
   }
+  // Why the backend has no virtual memory, in its own words (reserve_address's
+  // Unimplemented message: cuda names the driver's reason).
+  std::string NoVirtualMemoryReason() {
+    absl::StatusOr<void*> r = backend_->reserve_address(2 * kMiB);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented) << r.status();
+    if (r.ok()) backend_->release_address(*r, 2 * kMiB);
+    return std::string(r.status().message());
+  }
 
   std::unique_ptr<Backend> backend_;
 };
+
+// Fails the test, printing the status, unless `expr` is OK.
+#define ASSERT_STATUS_OK(expr)            \
+  do {                                    \
+    const absl::Status status_ = (expr);  \
+    ASSERT_TRUE(status_.ok()) << status_; \
+  } while (false)
+
+// Skips the test, with the backend's reason, unless it has virtual memory.
+#define SKIP_WITHOUT_VIRTUAL_MEMORY()                        \
+  do {                                                       \
+    if (!backend_->caps().virtual_memory) {                  \
+      GTEST_SKIP() << NoVirtualMemoryReason();               \
+    }                                                        \
+  } while (false)
 
 TEST_P(BackendConformanceTest, ReportsItsKind) {
   const std::string kind = GetParam();
@@ -377,6 +455,258 @@ TEST_P(BackendConformanceTest, ConcurrentUseIsSafe) {
   if (GetParam() == "sim") {
     EXPECT_EQ(static_cast<SimBackend&>(*backend_).used_bytes(), 0u);
   }
+}
+
+// ---------------------------------------------------------------------------------
+// Virtual memory (caps().virtual_memory): what expandable segments rest on.
+
+TEST_P(BackendConformanceTest, VirtualMemoryFollowsCaps) {
+  if (!backend_->caps().virtual_memory) {
+    EXPECT_EQ(backend_->granularity(), 0u);
+    EXPECT_EQ(backend_->reserve_address(2 * kMiB).status().code(),
+              absl::StatusCode::kUnimplemented);
+    int x = 0;
+    EXPECT_EQ(backend_->map(&x, 2 * kMiB).code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  const size_t g = backend_->granularity();
+  EXPECT_GE(g, 2 * kMiB);  // sim: exactly 2 MiB; cuda: the driver's, at least 2 MiB
+  EXPECT_EQ(g % 4096, 0u);
+  if (GetParam() == "sim") {
+    EXPECT_EQ(g, 2 * kMiB);
+  }
+}
+
+// Maps two adjacent ranges, unmaps a range that takes part of each, maps the hole
+// again, grows past the end, and unmaps everything in one call that spans four
+// earlier maps: the allocator grows and shrinks expandable segments in these shapes.
+TEST_P(BackendConformanceTest, VirtualMemoryMapsAdjacentRangesAndUnmapsAcrossThem) {
+  SKIP_WITHOUT_VIRTUAL_MEMORY();
+  const size_t g = backend_->granularity();
+  const MemInfo before = backend_->mem_info();
+  absl::StatusOr<void*> r = backend_->reserve_address(8 * g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto* base = static_cast<char*>(*r);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(base) % g, 0u);
+
+  ASSERT_STATUS_OK(backend_->map(base, 2 * g));
+  absl::Status second = backend_->map(base + 2 * g, 2 * g);  // adjacent to the first
+  ASSERT_TRUE(second.ok()) << second;
+  if (GetParam() == "sim") {
+    EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes - 4 * g);
+  }
+  // Each granule gets its own value, so a granule mapped at the wrong place shows.
+  for (size_t i = 0; i < 4; ++i) {
+    const auto value = static_cast<unsigned char>(0x10 + i);
+    ASSERT_STATUS_OK(FillDevice(*backend_, base + i * g, value, g));
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    const auto value = static_cast<unsigned char>(0x10 + i);
+    EXPECT_EQ(CheckDevice(*backend_, base + i * g, g, value), "") << "granule " << i;
+  }
+
+  // Half of each mapping goes; the other halves keep their data.
+  backend_->unmap(base + g, 2 * g);
+  if (GetParam() == "sim") {
+    EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes - 2 * g);
+  }
+  EXPECT_EQ(CheckDevice(*backend_, base, g, 0x10), "");
+  EXPECT_EQ(CheckDevice(*backend_, base + 3 * g, g, 0x13), "");
+  // The hole is unmapped (it can be mapped again), the rest is not (it cannot).
+  absl::Status refill = backend_->map(base + g, 2 * g);
+  ASSERT_TRUE(refill.ok()) << refill;
+  EXPECT_EQ(backend_->map(base, g).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->map(base + 3 * g, g).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_STATUS_OK(FillDevice(*backend_, base + g, 0x7e, 2 * g));
+  EXPECT_EQ(CheckDevice(*backend_, base + g, 2 * g, 0x7e), "");
+  EXPECT_EQ(CheckDevice(*backend_, base, g, 0x10), "");
+  EXPECT_EQ(CheckDevice(*backend_, base + 3 * g, g, 0x13), "");
+
+  // Growing past the end of what is mapped, as an expandable segment does.
+  ASSERT_STATUS_OK(backend_->map(base + 4 * g, 4 * g));
+  ASSERT_STATUS_OK(FillDevice(*backend_, base + 4 * g, 0x44, 4 * g));
+  EXPECT_EQ(CheckDevice(*backend_, base + 4 * g, 4 * g, 0x44), "");
+
+  backend_->unmap(base, 8 * g);  // spans all four earlier maps
+  if (GetParam() == "sim") {
+    EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes);
+  }
+  // All of it is unmapped: mapped again whole, in one call.
+  ASSERT_STATUS_OK(backend_->map(base, 8 * g));
+  backend_->unmap(base, 8 * g);
+  backend_->release_address(base, 8 * g);
+}
+
+TEST_P(BackendConformanceTest, VirtualMemoryRejectsBadArgumentsAndLeavesNothingBehind) {
+  SKIP_WITHOUT_VIRTUAL_MEMORY();
+  const size_t g = backend_->granularity();
+  EXPECT_EQ(backend_->reserve_address(0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(backend_->reserve_address(g + 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<void*> r = backend_->reserve_address(4 * g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto* base = static_cast<char*>(*r);
+  absl::StatusOr<void*> segment = backend_->allocate_segment(g);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  const MemInfo before = backend_->mem_info();
+
+  auto expect_invalid = [&](void* p, size_t bytes) {
+    absl::Status status = backend_->map(p, bytes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << p << " " << bytes;
+    EXPECT_TRUE(absl::StrContains(status.message(), absl::StrFormat("%p", p))) << status;
+  };
+  expect_invalid(base + 4096, g);       // misaligned address
+  expect_invalid(base, 4096);           // size not a multiple of the granularity
+  expect_invalid(base, 0);              // empty
+  expect_invalid(base + 3 * g, 2 * g);  // runs past the end of the reservation
+  expect_invalid(*segment, g);          // a segment, not reserved address space
+  ASSERT_STATUS_OK(backend_->map(base + g, g));
+  expect_invalid(base, 2 * g);          // overlaps that mapping from below
+  expect_invalid(base + g, 2 * g);      // and from its start
+  if (GetParam() == "sim") {
+    EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes - g);
+  }
+  // Nothing of the refused calls stayed mapped: the whole range maps around it.
+  ASSERT_STATUS_OK(backend_->map(base, g));
+  ASSERT_STATUS_OK(backend_->map(base + 2 * g, 2 * g));
+  backend_->unmap(base, 4 * g);
+  backend_->release_address(base, 4 * g);
+  backend_->free_segment(*segment, g);
+}
+
+// A map larger than the memory left is ResourceExhausted and takes back the granules
+// it did get. The device is first filled with a segment, so the map fails fast.
+TEST_P(BackendConformanceTest, VirtualMemoryExhaustionIsResourceExhaustedAndUndone) {
+  SKIP_WITHOUT_VIRTUAL_MEMORY();
+  const size_t g = backend_->granularity();
+  // Leave about `margin` free; cudaMalloc may refuse the last bytes, so back off.
+  void* filler = nullptr;
+  size_t filler_bytes = 0;
+  for (size_t margin = 16 * g; margin <= 512 * g && filler == nullptr; margin *= 2) {
+    const size_t free_bytes = backend_->mem_info().free_bytes;
+    if (free_bytes <= margin) break;
+    filler_bytes = free_bytes - margin;
+    absl::StatusOr<void*> p = backend_->allocate_segment(filler_bytes);
+    if (p.ok()) filler = *p;
+  }
+  ASSERT_NE(filler, nullptr) << "could not fill the device with one segment";
+  const MemInfo before = backend_->mem_info();
+  const size_t va = (before.free_bytes / g + 8) * g;  // more than is left
+  absl::StatusOr<void*> r = backend_->reserve_address(va);
+  ASSERT_TRUE(r.ok()) << r.status();
+
+  absl::Status over = backend_->map(*r, va);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  const MemInfo after = backend_->mem_info();
+  if (GetParam() == "sim") {
+    EXPECT_EQ(after.free_bytes, before.free_bytes);
+  } else {
+    // The driver's own figures move a little; what the failed map took came back.
+    EXPECT_GE(after.free_bytes + 4 * g, before.free_bytes)
+        << before.free_bytes << " free before the map, " << after.free_bytes << " after";
+  }
+  // Nothing stayed mapped: the first granule maps again.
+  absl::Status small = backend_->map(*r, g);
+  EXPECT_TRUE(small.ok()) << small;
+  if (small.ok()) backend_->unmap(*r, g);
+  backend_->release_address(*r, va);
+  backend_->free_segment(filler, filler_bytes);
+}
+
+// Threads reserving, mapping and unmapping at once; meant for ThreadSanitizer too.
+TEST_P(BackendConformanceTest, ConcurrentVirtualMemoryIsSafe) {
+  SKIP_WITHOUT_VIRTUAL_MEMORY();
+  const size_t g = backend_->granularity();
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 12;
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      absl::StatusOr<void*> r = backend_->reserve_address(4 * g);
+      if (!r.ok()) {
+        ++failures;
+        return;
+      }
+      auto* base = static_cast<char*>(*r);
+      const auto value = static_cast<unsigned char>(t + 1);
+      for (int round = 0; round < kRounds; ++round) {
+        if (!backend_->map(base, 2 * g).ok() || !backend_->map(base + 2 * g, g).ok()) {
+          ++failures;
+          break;
+        }
+        if (!FillDevice(*backend_, base, value, 3 * g).ok() ||
+            !CheckDevice(*backend_, base, 3 * g, value).empty()) {
+          ++failures;
+        }
+        backend_->unmap(base + g, 2 * g);
+        backend_->unmap(base, g);
+      }
+      backend_->release_address(base, 4 * g);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  if (GetParam() == "sim") {
+    EXPECT_EQ(static_cast<SimBackend&>(*backend_).used_bytes(), 0u);
+  }
+}
+
+// The allocator's expandable segments on this backend, end to end: reserve, map as
+// the segment grows, the memory holds data, unmap on empty_cache.
+TEST_P(BackendConformanceTest, ExpandableSegmentsWorkThroughTheAllocator) {
+  SKIP_WITHOUT_VIRTUAL_MEMORY();
+  const size_t g = backend_->granularity();
+  Config base;
+  if (GetParam() == "sim") {
+    base = SimConfig();
+  } else {
+    base.backend = BackendKind::kCuda;
+  }
+  absl::StatusOr<Config> config = ParseConfig("expandable_segments:true", base);
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeForKind(GetParam());
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  CachingAllocator alloc(std::move(*backend), *config);
+
+  std::vector<std::pair<void*, size_t>> live;
+  unsigned char value = 1;
+  // Small and large pools; a size past a granule boundary; one that must map more.
+  const size_t sizes[] = {4096, 3 * kMiB, 5 * g + 12345, 24 * kMiB, 700 * 1024};
+  for (size_t bytes : sizes) {
+    void* p = alloc.allocate(bytes);
+    ASSERT_NE(p, nullptr);
+    ASSERT_STATUS_OK(FillDevice(alloc.backend(), p, value, bytes));
+    live.emplace_back(p, bytes);
+    ++value;
+  }
+  value = 1;
+  for (const auto& [p, bytes] : live) {
+    EXPECT_EQ(CheckDevice(alloc.backend(), p, bytes, value), "");
+    ++value;
+  }
+  const DeviceStats during = alloc.stats();
+  EXPECT_GT(during.reserved_bytes[kAggregatePool].current, 0);
+  EXPECT_EQ(during.reserved_bytes[kAggregatePool].current % static_cast<int64_t>(g), 0);
+  EXPECT_TRUE(alloc.validate().ok()) << alloc.validate();
+  // Free every other one and allocate into the holes.
+  for (size_t i = 0; i < live.size(); i += 2) alloc.free(live[i].first);
+  void* again = alloc.allocate(2 * kMiB);
+  ASSERT_NE(again, nullptr);
+  ASSERT_STATUS_OK(FillDevice(alloc.backend(), again, 0x5c, 2 * kMiB));
+  EXPECT_EQ(CheckDevice(alloc.backend(), again, 2 * kMiB, 0x5c), "");
+  for (size_t i = 1; i < live.size(); i += 2) {
+    EXPECT_EQ(CheckDevice(alloc.backend(), live[i].first, live[i].second,
+                          static_cast<unsigned char>(i + 1)),
+              "");
+    alloc.free(live[i].first);
+  }
+  alloc.free(again);
+  EXPECT_TRUE(alloc.validate().ok()) << alloc.validate();
+  alloc.empty_cache();
+  EXPECT_EQ(alloc.stats().reserved_bytes[kAggregatePool].current, 0);
+  EXPECT_TRUE(alloc.validate().ok()) << alloc.validate();
 }
 
 INSTANTIATE_TEST_SUITE_P(AllBackends, BackendConformanceTest,

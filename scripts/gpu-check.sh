@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: the one check a session runs on a borrowed GPU machine.
+#
+# The GPU machine (an H200 with the CUDA driver, PyTorch and CuPy, but none of the
+# Debian packages devmem builds against, and no network) cannot build devmem. So the
+# work is split in two:
+#
+#   scripts/gpu-check.sh --prepare [BUILD_DIR]
+#       HERE, on a development machine (scripts/setup.sh done, CUDA toolkit in
+#       /usr/local/cuda). Configures BUILD_DIR (default build-cuda/, configured as
+#       scripts/build.sh does: Ninja, RelWithDebInfo) if it is not yet, builds
+#       devmem_tests and devmem-demo, and writes a self-contained bundle to build-gpu/
+#       (ignored by .gitignore's /build-*/): bin/ (the two executables, debug info
+#       stripped), lib/ (every shared library they load except glibc's, found with
+#       ldd: abseil, jemalloc, prometheus-cpp, civetweb, simdjson, curl, libstdc++...),
+#       glibc/ (glibc and its loader, used only if the GPU machine's glibc is too old
+#       for the binaries) and MANIFEST.txt. libcuda is never bundled: the binaries do
+#       not link it, the CUDA runtime (linked statically) loads the machine's own.
+#
+#   scripts/gpu-check.sh
+#       THERE, from the repository root, with build-gpu/ carried along: through the
+#       device tool, `run` with carry ["build-gpu"] and command
+#       `bash scripts/gpu-check.sh` (timeout_s 300 is plenty: it takes about a minute).
+#       Steps, each logged under $OUT (build-gpu/out/ when OUT is unset):
+#         nvidia-smi.txt            nvidia-smi and the machine (glibc, libcuda found)
+#         gtest-cuda.log / .xml     devmem_tests --gtest_filter=
+#                                   AllBackends/BackendConformanceTest.*:BackendFactoryTest.*
+#                                   (the conformance suite on cpu, sim and cuda:
+#                                   segments, streams, events, and the VirtualMemory* and
+#                                   ExpandableSegments* cases on the GPU's VMM)
+#         demo-cuda.log             DEVMEM_CONF=backend:cuda devmem-demo --epochs 2
+#         demo-cuda-expandable.log  DEVMEM_CONF=backend:cuda,expandable_segments:true
+#         summary.txt               one line per step and the verdict
+#       The allocator policy tests (tests/caching_allocator_*) are not run: the test
+#       harness (tests/test_util.h, MakeSimAllocator) always builds sim allocators and
+#       has no way to choose the backend, so DEVMEM_CONF=backend:cuda would not reach
+#       them. The demo's training loop needs tensor kernels for cuda, which this build
+#       does not have: a demo that stops with "no kernels for device cuda:0" is
+#       reported as that known limit (after the allocator's first cuda allocations),
+#       not as a failure.
+#       Exit status: 0 when every CUDA case passed, or when there is no usable GPU (the
+#       CUDA cases then skip, and summary.txt says so and why); 1 on any failure; 2 when
+#       the bundle is missing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bundle=build-gpu
+
+die() {
+  echo "gpu-check: $*" >&2
+  exit 2
+}
+
+# --- here: build and bundle ------------------------------------------------------------
+prepare() {
+  set -e
+  local dir=${1:-build-cuda}
+  if [[ ! -f "$dir/CMakeCache.txt" ]]; then
+    cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  fi
+  cmake --build "$dir" -j "${DEVMEM_JOBS:-$(nproc)}" --target devmem_tests devmem-demo
+  [[ -f "$dir/lib/libdevmem_cuda.a" ]] ||
+    die "$dir was built without the CUDA backend (no CUDA toolkit in /usr/local/cuda, or -DDEVMEM_WITH_CUDA=OFF); the GPU check would test nothing"
+
+  rm -rf "$bundle"
+  mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/glibc"
+  local exe lib name
+  for exe in devmem_tests devmem-demo; do
+    strip --strip-debug -o "$bundle/bin/$exe" "$dir/bin/$exe"
+  done
+  # Every library the loader resolves for them; glibc's own apart (a newer libc than
+  # the machine's must not be forced on it, nor on the driver the runtime loads).
+  for lib in $(ldd "$dir/bin/devmem_tests" "$dir/bin/devmem-demo" |
+      awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' | sort -u); do
+    name=$(basename "$lib")
+    case "$name" in
+      libcuda.so* | libnvidia*) die "$name is linked, but the driver must come from the GPU machine" ;;
+      ld-linux* | libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | \
+      libresolv.so.* | libutil.so.* | libmvec.so.*)
+        cp -L "$lib" "$bundle/glibc/$name" ;;
+      *) cp -L "$lib" "$bundle/lib/$name" ;;
+    esac
+  done
+  {
+    echo "devmem GPU bundle, made $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -srm)"
+    echo "source: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+      "($(git status --porcelain 2>/dev/null | wc -l) files changed in the working tree)"
+    echo "build dir: $dir; CUDA toolkit: $(/usr/local/cuda/bin/nvcc --version 2>/dev/null | sed -n 's/.*release \([0-9.]*\).*/\1/p' | head -1)"
+    echo "glibc here: $(ldd --version | head -1)"
+    (cd "$bundle" && find bin lib glibc -type f -printf '%s\t%p\n' | sort -k2)
+  } >"$bundle/MANIFEST.txt"
+  echo "gpu-check: bundle ready in $bundle/ ($(du -sh "$bundle" | cut -f1)); on the GPU machine run" \
+    "'bash scripts/gpu-check.sh' with carry [\"$bundle\"]"
+}
+
+if [[ "${1:-}" == "--prepare" ]]; then
+  shift
+  prepare "$@"
+  exit 0
+fi
+[[ $# -eq 0 ]] || die "usage: scripts/gpu-check.sh [--prepare [BUILD_DIR]]"
+
+# --- there: run from the bundle ----------------------------------------------------------
+[[ -x "$bundle/bin/devmem_tests" && -x "$bundle/bin/devmem-demo" ]] ||
+  die "no bundle in $bundle/: run 'scripts/gpu-check.sh --prepare' on the build machine first and carry $bundle"
+out=${OUT:-$bundle/out}
+mkdir -p "$out"
+ulimit -c 0  # a demo that aborts should not leave a core dump
+summary=$out/summary.txt
+: >"$summary"
+note() { echo "$*" | tee -a "$summary"; }
+failed=0
+root=$(pwd)
+
+note "devmem gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ), on $(hostname)"
+sed -n '1,3p' "$bundle/MANIFEST.txt" | sed 's/^/  bundle: /' | tee -a "$summary"
+
+# 1. The machine.
+{
+  echo "== nvidia-smi"
+  if command -v nvidia-smi >/dev/null; then timeout 60 nvidia-smi 2>&1; else echo "not found"; fi
+  echo "== nvidia-smi --query-gpu"
+  command -v nvidia-smi >/dev/null &&
+    timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+  echo "== uname: $(uname -a)"
+  echo "== glibc: $(ldd --version 2>&1 | head -1)"
+  echo "== libcuda as the loader sees it"
+  ldconfig -p 2>/dev/null | grep -E 'libcuda\.so' || echo "(not in ldconfig's cache)"
+  echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+} >"$out/nvidia-smi.txt" 2>&1
+gpu_line=$(grep -m1 -E 'NVIDIA|No devices|not found|failed' "$out/nvidia-smi.txt" || true)
+note "nvidia-smi: ${gpu_line:-see nvidia-smi.txt}"
+
+# 2. How to start the bundle's programs: with the machine's glibc when it is new enough
+#    (the usual case), else through the bundled glibc's loader.
+lib_path="$root/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+runner=(env "LD_LIBRARY_PATH=$lib_path")
+if ! probe=$("${runner[@]}" "$bundle/bin/devmem_tests" --gtest_list_tests 2>&1 >/dev/null); then
+  loader=$(find "$bundle/glibc" -name "ld-linux*" -print -quit)
+  [[ -n "$loader" ]] || die "the bundle's programs do not start here and it has no loader: $probe"
+  note "loader: the machine's glibc cannot run the bundle ($(echo "$probe" | head -1)); using the bundled glibc"
+  runner=("$root/$loader" --library-path "$root/$bundle/lib:$root/$bundle/glibc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+else
+  note "loader: the machine's glibc, LD_LIBRARY_PATH=$bundle/lib"
+fi
+
+# 3. The CUDA backend's conformance cases (and cpu/sim's, as a control).
+filter='AllBackends/BackendConformanceTest.*:BackendFactoryTest.*'
+timeout 240 "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_filter="$filter" \
+  --gtest_output="xml:$out/gtest-cuda.xml" >"$out/gtest-cuda.log" 2>&1
+rc=$?
+cuda_ran=$(grep -cE '^\[       OK \] .*/cuda ' "$out/gtest-cuda.log")
+cuda_skipped=$(grep -cE '^\[  SKIPPED \] .*/cuda ' "$out/gtest-cuda.log")
+vm_skipped=$(grep -cE '^\[  SKIPPED \] .*(VirtualMemory|ExpandableSegments).*/cuda ' "$out/gtest-cuda.log")
+no_device=0
+if [[ $rc -ne 0 ]]; then
+  failed=1
+  note "gtest: FAILED (exit status $rc); failing cases:"
+  grep -E '^\[  FAILED  \] .*\(' "$out/gtest-cuda.log" | sed 's/^/  /' | tee -a "$summary"
+  [[ $rc -eq 124 ]] && note "  (timed out after 240 s)"
+elif [[ $cuda_ran -eq 0 ]]; then
+  no_device=1
+  note "gtest: passed, but every cuda case was SKIPPED ($cuda_skipped): $(grep -m1 -A1 ': Skipped$' "$out/gtest-cuda.log" | tail -1)"
+else
+  note "gtest: passed; cuda cases: $cuda_ran ran, $cuda_skipped skipped"
+  if [[ $vm_skipped -gt 0 ]]; then
+    note "  the virtual-memory cases were SKIPPED on this GPU: $(grep -A1 ': Skipped$' "$out/gtest-cuda.log" | grep -m1 'virtual memory')"
+  else
+    note "  the virtual-memory cases (VirtualMemory*, ExpandableSegments*) ran on the GPU"
+  fi
+fi
+
+# 4. The demo on the CUDA device, with regular and with expandable segments.
+run_demo() {
+  local log=$1 conf=$2
+  local rc=0
+  # (The braces keep bash's "Aborted" job notice out of the output: the demo aborts on
+  # an uncaught exception, and its exit status says so.)
+  {
+    DEVMEM_CONF=$conf timeout 120 "${runner[@]}" "$bundle/bin/devmem-demo" --epochs 2 \
+      >"$out/$log" 2>&1
+    rc=$?
+  } 2>/dev/null
+  if [[ $rc -eq 0 ]]; then
+    note "demo ($conf): passed"
+  elif grep -q 'no kernels for device cuda' "$out/$log"; then
+    note "demo ($conf): stopped at the known limit, no tensor kernels for cuda in this build (exit status $rc)"
+  elif [[ $no_device -eq 1 ]] && grep -qiE 'cudaGetDeviceCount|no cuda|CUDA driver' "$out/$log"; then
+    note "demo ($conf): no usable GPU here (exit status $rc): $(grep -m1 -iE 'cuda' "$out/$log")"
+  else
+    failed=1
+    note "demo ($conf): FAILED (exit status $rc): $(tail -1 "$out/$log")"
+  fi
+  if grep -q 'needs virtual memory management' "$out/$log"; then
+    note "  the allocator fell back to regular segments: $(grep -m1 'needs virtual memory management' "$out/$log")"
+  fi
+  grep -m3 -E '^devmem: ' "$out/$log" | sed 's/^/  stderr: /' | tee -a "$summary"
+}
+run_demo demo-cuda.log backend:cuda
+run_demo demo-cuda-expandable.log backend:cuda,expandable_segments:true
+
+if [[ $failed -ne 0 ]]; then
+  note "verdict: FAILED (logs in $out)"
+  exit 1
+fi
+if [[ $no_device -eq 1 ]]; then
+  note "verdict: SKIPPED, no usable GPU on this machine, so nothing of the CUDA backend ran (logs in $out)"
+  exit 0
+fi
+note "verdict: PASSED (logs in $out)"
