@@ -661,6 +661,30 @@ absl::StatusOr<std::vector<TraceEvent>> TraceFromJsonl(std::string_view text, Si
   return events;
 }
 
+std::string DeviceStatsToJson(DeviceId device, const DeviceStats& stats,
+                              const std::vector<SiteStats>& sites) {
+  ojson j;
+  j["schema"] = kStatsSchema;
+  j["device"] = device.ToString();
+  j["stats"] = StatsToJson(stats);
+  ojson list = ojson::array();
+  for (size_t id = 0; id < sites.size(); ++id) {
+    const SiteStats& s = sites[id];
+    if (s.total_count == 0) continue;
+    const SiteInfo info = GetSite(static_cast<SiteId>(id));
+    ojson e = SiteToJson(static_cast<SiteId>(id), info);
+    e["where"] = info.ToString();
+    e["live_bytes"] = s.live_bytes;
+    e["live_count"] = s.live_count;
+    e["peak_live_bytes"] = s.peak_live_bytes;
+    e["total_bytes"] = s.total_bytes;
+    e["total_count"] = s.total_count;
+    list.push_back(std::move(e));
+  }
+  j["sites"] = std::move(list);
+  return j.dump();
+}
+
 std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& filter) {
   struct Buffer {
     const AllocatorSnapshot* device;

@@ -10,6 +10,8 @@
 //   buffers    {"schema": "devmem.buffers/1", "buffers": [...]} (what /debug/buffers
 //              serves), filtered and largest first.
 //   OOM dump   a snapshot of the failing device plus {"oom": <OomReport>}.
+//   stats      {"schema": "devmem.stats/1", "device", "stats", "sites"}: one device's
+//              statistics and per-site counters (libdevmem.so's devmem_stats_json).
 // Snapshots and traces describe buffers, never their contents. Written and read with
 // nlohmann::json. Readers accept any minor version of their major version
 // ("devmem.snapshot/1" and "devmem.snapshot/1.3") and refuse other majors, naming the
@@ -30,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/oom_report.h"
 #include "allocator/site.h"
+#include "allocator/stats.h"
 #include "runtime/runtime.h"
 #include "runtime/trace.h"
 
@@ -38,6 +41,7 @@ namespace devmem {
 inline constexpr const char* kSnapshotSchema = "devmem.snapshot/1";
 inline constexpr const char* kBuffersSchema = "devmem.buffers/1";
 inline constexpr const char* kTraceSchema = "devmem.trace/1";
+inline constexpr const char* kStatsSchema = "devmem.stats/1";
 
 // A site table as files carry it: the writer's site ids and what they name. Ids are the
 // writing process's; a reader keeps them as they are and looks names up here.
@@ -74,6 +78,13 @@ absl::Status WriteTraceFile(const std::string& path, const std::vector<TraceEven
 // names the line number, the field and what was expected.
 absl::StatusOr<std::vector<TraceEvent>> TraceFromJsonl(std::string_view text,
                                                        SiteMap* sites = nullptr);
+
+// One device's statistics (docs/formats.md, devmem.stats/1; what libdevmem.so's
+// devmem_stats_json returns): the device, `stats` as in a snapshot, and the counters
+// of every site in `sites` (indexed by SiteId, as CachingAllocator::site_stats()
+// returns them) that has allocated, with its site table entry and its text.
+std::string DeviceStatsToJson(DeviceId device, const DeviceStats& stats,
+                              const std::vector<SiteStats>& sites);
 
 // Live buffers of a snapshot, filtered as /debug/buffers and memtrace do.
 struct BufferFilter {

@@ -1,0 +1,189 @@
+/* capi/devmem.h: devmem's C ABI, the interface of libdevmem.so.
+ *
+ * Programs that are not C++ (Python through ctypes, PyTorch, CuPy, C) use devmem as
+ * their device-memory allocator through these functions. capi/README.md shows how to
+ * load the library from PyTorch and CuPy.
+ *
+ * Plain C99 plus POSIX's ssize_t: no CUDA header is needed. A stream is declared
+ * `void*`; on CUDA it is the cudaStream_t (a pointer too, so the ABI is the same).
+ *
+ * Devices. `device` N is device N of the runtime's default type: cuda:N when the
+ * runtime runs on CUDA (DEVMEM_CONF backend:auto found a GPU, or backend:cuda), sim:N
+ * on the simulated device (backend:sim, or auto without a GPU), and cpu (N must be 0)
+ * with backend:cpu. The runtime is created by the first call of any function here,
+ * from the environment variable DEVMEM_CONF (docs/configuration.md); every device's
+ * allocator is created on its first use.
+ *
+ * Streams. NULL is the device's default stream. On CUDA any other value is passed
+ * through as a cudaStream_t of the caller's (it must belong to the device and outlive
+ * the memory cached for it: call devmem_empty_cache before destroying it). The sim and
+ * cpu devices know only the streams they created themselves, so through this API only
+ * NULL is valid there; any other value is DEVMEM_ERR_INVALID. A block is reused only
+ * on the stream it was allocated on; use on another stream must be declared with
+ * devmem_record_stream.
+ *
+ * Sites. Every allocation is attributed to a site of kind alloc, so that stats,
+ * snapshots and out-of-memory reports say who holds the memory. The site names the
+ * entry point ("capi" for devmem_alloc, "capi/torch", "capi/cupy") and the innermost
+ * tag this thread pushed with devmem_push_tag: "train @ capi/torch (alloc)".
+ *
+ * Errors. No C++ exception ever leaves these functions. A failure returns an error code
+ * (or NULL where the function returns a pointer) and sets this thread's last error
+ * message, which devmem_last_error returns. Success leaves the last error as it was.
+ *
+ * Thread-safety: every function may be called from any thread at any time. The last
+ * error and the tag stack are per thread.
+ *
+ * Symbols: libdevmem.so exports the devmem_* functions only. It does not export or
+ * replace malloc, free or operator new, and does not link jemalloc (capi/README.md
+ * says why); the cpu device (backend:cpu) works only when jemalloc is already loaded
+ * (LD_PRELOAD=libjemalloc.so.2).
+ */
+#ifndef DEVMEM_CAPI_DEVMEM_H_
+#define DEVMEM_CAPI_DEVMEM_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h> /* ssize_t (POSIX) */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes returned by the int functions. */
+#define DEVMEM_OK 0
+/* Device memory is exhausted after the allocator's staged retry (freeing cached
+   blocks, synchronizing streams). The last error is the OOM report: what was asked,
+   what the device and devmem hold, the largest holders by site, cause and remedy. */
+#define DEVMEM_ERR_OOM 1
+/* A bad argument: an unknown, interior or already freed pointer (the message names
+   the pointer), a size that overflows, a device index that does not exist, a stream
+   the device cannot use, an empty tag stack. Nothing changed. */
+#define DEVMEM_ERR_INVALID 2
+/* The runtime could not start: DEVMEM_CONF is malformed (the message names the key
+   and value) or its http listener could not be opened. Every call fails the same way
+   until the process restarts with a valid configuration. */
+#define DEVMEM_ERR_CONFIG 3
+/* Anything else: a driver failure that is not about memory (the message names the
+   call), host memory exhausted while doing the bookkeeping. */
+#define DEVMEM_ERR_INTERNAL 4
+
+/* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------------- */
+
+/* The allocation function of CUDAPluggableAllocator(path, "devmem_torch_alloc",
+ * "devmem_torch_free"): `size` bytes on cuda device `device` (devmem device N as
+ * above), usable at once by work on `stream` (PyTorch passes its current stream).
+ *
+ * Returns the pointer, or NULL for size 0. The caller owns the memory until it passes
+ * it to devmem_torch_free (or devmem_free).
+ * Errors: NULL with the last error set, and the message is also written to stderr:
+ * PyTorch does not check the pointer its allocation function returns (a NULL becomes
+ * a tensor whose data pointer is 0), so stderr is the one place the report is sure to
+ * be seen. A negative size is DEVMEM_ERR_INVALID.
+ * Thread-safe. */
+void* devmem_torch_alloc(ssize_t size, int device, void* stream);
+
+/* The free function of CUDAPluggableAllocator: frees `ptr`, which devmem_torch_alloc
+ * returned for `device`. `size` and `stream` are what PyTorch recorded at allocation
+ * and are not needed (the block remembers its stream). NULL does nothing.
+ * Errors: a pointer that is not a live allocation of that device is reported on stderr
+ * and in the last error; nothing is freed. Thread-safe. */
+void devmem_torch_free(void* ptr, ssize_t size, int device, void* stream);
+
+/* ---- CuPy: cupy.cuda.memory.CFunctionAllocator ----------------------------------- */
+
+/* The malloc function of CFunctionAllocator(0, malloc_addr, free_addr, owner), of the
+ * type CuPy casts it to, void*(*)(void*, size_t, int): `size` bytes on device
+ * `device_id` on its default stream. `param` is ignored (pass 0).
+ * Returns the pointer (NULL for size 0, which CuPy never asks for). The caller owns it
+ * until devmem_cupy_free.
+ * Errors: NULL with the last error set, also written to stderr (CuPy does not check
+ * the pointer either; capi/README.md shows a wrapper that raises instead).
+ * Thread-safe. */
+void* devmem_cupy_malloc(void* param, size_t size, int device_id);
+
+/* The free function of CFunctionAllocator, void(*)(void*, void*, int): frees `ptr`
+ * of device `device_id`. `param` is ignored; NULL does nothing.
+ * Errors: reported on stderr and in the last error; nothing is freed. Thread-safe. */
+void devmem_cupy_free(void* param, void* ptr, int device_id);
+
+/* ---- The general API --------------------------------------------------------------- */
+
+/* Allocates `size` bytes on `device`, usable at once by work on `stream` (NULL: the
+ * default stream), and stores the pointer in *out (NULL for size 0). The pointer is
+ * 512-byte aligned. The caller owns the memory until devmem_free.
+ * Returns DEVMEM_OK; DEVMEM_ERR_OOM (the last error is the OOM report, naming the
+ * requesting site and the largest holders); DEVMEM_ERR_INVALID for out == NULL, a bad
+ * device or stream, or a size that overflows; DEVMEM_ERR_CONFIG. *out is NULL after
+ * any error (when out is not NULL). Thread-safe. */
+int devmem_alloc(void** out, size_t size, int device, void* stream);
+
+/* Frees a pointer returned by any allocation function here, on whichever device it
+ * lives. If other streams were declared with devmem_record_stream, the block is reused
+ * only after they reach this point. NULL does nothing.
+ * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID when `ptr` is not the start of a live
+ * allocation (unknown, interior or already freed: the message names the pointer and
+ * says which); nothing changes then. Thread-safe. */
+int devmem_free(void* ptr);
+
+/* Declares that work on `stream` uses the live allocation `ptr` (the pointer an
+ * allocation function returned). Its free will then wait for that work before the
+ * block is reused. `stream` follows the stream rules above.
+ * Returns DEVMEM_OK or DEVMEM_ERR_INVALID (ptr not allocated, a bad stream).
+ * Thread-safe. */
+int devmem_record_stream(void* ptr, void* stream);
+
+/* Returns every unused cached segment of `device` to the driver, after waiting for
+ * pending cross-stream frees; `device` -1 does so for every device devmem has used.
+ * Live allocations are not touched. A device devmem has not used has nothing cached:
+ * nothing happens (no allocator, and no CUDA context, is created for it).
+ * Returns DEVMEM_OK, DEVMEM_ERR_INVALID (a device below -1) or DEVMEM_ERR_CONFIG.
+ * Thread-safe. */
+int devmem_empty_cache(int device);
+
+/* The message of the most recent failed call on this thread ("" when none has failed).
+ * Owned by devmem: valid until the next failing call on this thread; copy it to keep
+ * it. Never NULL. Thread-safe (each thread has its own). */
+const char* devmem_last_error(void);
+
+/* The name of an error code: "DEVMEM_OK", "DEVMEM_ERR_OOM", ...; "unknown" for other
+ * values. A static string: never freed. Thread-safe. */
+const char* devmem_error_name(int code);
+
+/* The runtime's snapshot as JSON (docs/formats.md, devmem.snapshot/1): every device
+ * with its stats, segments, blocks and live buffers, and the site table, in which the
+ * sites of this API carry the tags pushed with devmem_push_tag.
+ * Returns a NUL-terminated string from malloc that the caller owns and frees with
+ * devmem_string_free; NULL on failure (the last error says why). Thread-safe. */
+char* devmem_snapshot_json(void);
+
+/* One device's statistics as JSON (docs/formats.md, devmem.stats/1): the device name
+ * ("cuda:0", "sim:0"), every DeviceStats field in PyTorch's vocabulary, and the
+ * counters of every site that allocated on it, with its tag and text ("where").
+ * Returns a malloc'd string the caller frees with devmem_string_free; NULL on failure
+ * (a bad device: DEVMEM_ERR_INVALID in the last error). Thread-safe. */
+char* devmem_stats_json(int device);
+
+/* Frees a string returned by devmem_snapshot_json or devmem_stats_json (it came from
+ * the C library's malloc, so free() would do too). NULL does nothing; any other pointer
+ * is undefined behaviour. Never fails. Thread-safe. */
+void devmem_string_free(char* s);
+
+/* Pushes `tag` on this thread's tag stack: until it is popped, allocations this thread
+ * makes through this API are attributed to the site named after it (the text is
+ * copied). Tags nest; the innermost names the site. Tags are per thread: work that a
+ * framework runs on its own threads (PyTorch's autograd engine runs backward on one)
+ * is attributed to the untagged site unless those threads push tags too.
+ * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID for a NULL tag. Thread-safe. */
+int devmem_push_tag(const char* tag);
+
+/* Pops the innermost tag of this thread.
+ * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID when this thread has no tag pushed.
+ * Thread-safe. */
+int devmem_pop_tag(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DEVMEM_CAPI_DEVMEM_H_ */
