@@ -30,6 +30,10 @@
 #                                   ExpandableSegments* cases on the GPU's VMM)
 #         demo-cuda.log             DEVMEM_CONF=backend:cuda devmem-demo --epochs 2
 #         demo-cuda-expandable.log  DEVMEM_CONF=backend:cuda,expandable_segments:true
+#         torch.log, cupy.log       tests/gpu/torch_pluggable.py and cupy_allocator.py:
+#                                   PyTorch and CuPy allocating through the bundle's
+#                                   libdevmem.so (each skips when its framework is
+#                                   missing)
 #         summary.txt               one line per step and the verdict
 #       The allocator policy tests (tests/caching_allocator_*) are not run: the test
 #       harness (tests/test_util.h, MakeSimAllocator) always builds sim allocators and
@@ -57,7 +61,7 @@ prepare() {
   if [[ ! -f "$dir/CMakeCache.txt" ]]; then
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
   fi
-  cmake --build "$dir" -j "${DEVMEM_JOBS:-$(nproc)}" --target devmem_tests devmem-demo
+  cmake --build "$dir" -j "${DEVMEM_JOBS:-$(nproc)}" --target devmem_tests devmem-demo devmem_capi
   [[ -f "$dir/lib/libdevmem_cuda.a" ]] ||
     die "$dir was built without the CUDA backend (no CUDA toolkit in /usr/local/cuda, or -DDEVMEM_WITH_CUDA=OFF); the GPU check would test nothing"
 
@@ -67,9 +71,10 @@ prepare() {
   for exe in devmem_tests devmem-demo; do
     strip --strip-debug -o "$bundle/bin/$exe" "$dir/bin/$exe"
   done
+  strip --strip-debug -o "$bundle/lib/libdevmem.so" "$dir/lib/libdevmem.so"
   # Every library the loader resolves for them; glibc's own apart (a newer libc than
   # the machine's must not be forced on it, nor on the driver the runtime loads).
-  for lib in $(ldd "$dir/bin/devmem_tests" "$dir/bin/devmem-demo" |
+  for lib in $(ldd "$dir/bin/devmem_tests" "$dir/bin/devmem-demo" "$dir/lib/libdevmem.so" |
       awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' | sort -u); do
     name=$(basename "$lib")
     case "$name" in
@@ -197,6 +202,28 @@ run_demo() {
 }
 run_demo demo-cuda.log backend:cuda
 run_demo demo-cuda-expandable.log backend:cuda,expandable_segments:true
+
+# 5. PyTorch and CuPy with libdevmem.so as their allocator (the machine's own Python;
+#    only libdevmem.so's dependencies come from the bundle).
+run_framework() {
+  local log=$1 script=$2
+  local rc=0
+  if ! command -v python3 >/dev/null; then
+    note "$script: no python3 here"
+    return
+  fi
+  LD_LIBRARY_PATH=$lib_path timeout 180 python3 "tests/gpu/$script" \
+    "$root/$bundle/lib/libdevmem.so" >"$out/$log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    note "$script: $(grep -m1 -E '^(SKIP|ok)' "$out/$log" || echo passed)"
+  else
+    failed=1
+    note "$script: FAILED (exit status $rc): $(tail -1 "$out/$log")"
+  fi
+}
+run_framework torch.log torch_pluggable.py
+run_framework cupy.log cupy_allocator.py
 
 if [[ $failed -ne 0 ]]; then
   note "verdict: FAILED (logs in $out)"
