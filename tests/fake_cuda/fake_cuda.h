@@ -1,0 +1,17 @@
+// tests/fake_cuda/fake_cuda.h: what the fake CUDA runtime and driver
+// (tests/fake_cuda/fake_cuda.cc, whose opening comment describes it) offer tests
+// beyond the CUDA API itself.
+#pragma once
+
+#include <cstddef>
+
+extern "C" {
+
+// How many of `what` are live right now, over every device: "allocations" (cudaMalloc),
+// "handles" (cuMemCreate, not yet released), "mappings" (cuMemMap), "reservations"
+// (cuMemAddressReserve), "streams" (created, not destroyed; default streams are not
+// counted), "events" (created, not destroyed), "used_bytes" (memory charged against
+// the devices' capacity). Any other name aborts.
+size_t devmem_fake_cuda_live(const char* what);
+
+}  // extern "C"
