@@ -31,6 +31,8 @@
 //     CUDA_ERROR_DEINITIALIZED (process exit), which are expected and ignored. unmap
 //     and release_address of a range that is not (entirely) mapped or reserved are
 //     reported the same way and change nothing.
+//   * A runtime failure that is returned or reported is handled: the thread's last
+//     error it set is cleared (CudaStatus, ReportCuda), as allocate_segment does.
 #include "cuda/cuda_backend.h"
 
 #include <cuda.h>  // driver API types and enums only: no cu* function is linked
@@ -67,9 +69,12 @@ std::string CudaErrorText(cudaError_t err) {
                       static_cast<int>(err), ")");
 }
 
-// The absl code for a CUDA failure of `call`.
+// The absl code for a CUDA failure of `call`. Also clears the thread's last error,
+// which the failed call set: the failure is handled here, so the program's next
+// cudaGetLastError() (PyTorch checks it after every kernel launch) must not see it.
 absl::Status CudaStatus(absl::string_view where, absl::string_view call,
                         cudaError_t err) {
+  cudaGetLastError();
   std::string message = absl::StrCat(where, ": ", call, ": ", CudaErrorText(err));
   switch (err) {
     case cudaErrorMemoryAllocation:
@@ -97,7 +102,9 @@ absl::Status CudaStatus(absl::string_view where, absl::string_view call,
 }
 
 void ReportCuda(absl::string_view where, absl::string_view call, cudaError_t err) {
-  if (err == cudaSuccess || err == cudaErrorCudartUnloading) return;
+  if (err == cudaSuccess) return;
+  cudaGetLastError();  // handled here, as in CudaStatus
+  if (err == cudaErrorCudartUnloading) return;
   std::fprintf(stderr, "devmem: %s: %s: %s\n", std::string(where).c_str(),
                std::string(call).c_str(), CudaErrorText(err).c_str());
 }
