@@ -698,7 +698,8 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
       r->copy_bytes += static_cast<size_t>(site_stats_[id].live_bytes);
     }
   }
-  ChooseRemedy(r, config_.max_split_size, use_expandable_);
+  ChooseRemedy(r, config_.max_split_size, use_expandable_,
+               backend_->caps().virtual_memory && granularity_ > 0);
 }
 
 void DevicePool::emit(AllocAction action, const Block* b, size_t size, size_t requested) {

@@ -98,10 +98,12 @@ OomCause ChooseCause(const OomReport& r) {
 }
 
 std::string FragmentationRemedy(const OomReport& r, size_t max_split_size,
-                                bool expandable_segments) {
+                                bool expandable_segments, bool virtual_memory) {
   const size_t mb = SuggestedMaxSplitMb(r.rounded_bytes);
   std::vector<std::string> settings;
-  if (!expandable_segments) settings.push_back("expandable_segments:true");
+  // Suggesting expandable segments where the backend has no virtual memory would only
+  // earn a warning and change nothing.
+  if (!expandable_segments && virtual_memory) settings.push_back("expandable_segments:true");
   if (max_split_size == std::numeric_limits<size_t>::max() || max_split_size > mb * kMiB) {
     settings.push_back(absl::StrCat("max_split_size_mb:", mb));
   }
@@ -111,8 +113,11 @@ std::string FragmentationRemedy(const OomReport& r, size_t max_split_size,
       "). ");
   if (settings.empty()) {
     return absl::StrCat(what,
-                        "expandable_segments and max_split_size_mb are already set; free "
-                        "long-lived buffers earlier, or allocate them before large "
+                        expandable_segments
+                            ? "expandable_segments are in use and max_split_size_mb is set"
+                            : "max_split_size_mb is set, and this backend has no virtual "
+                              "memory for expandable_segments",
+                        "; free long-lived buffers earlier, or allocate them before large "
                         "short-lived ones, so that they do not pin partly used segments.");
   }
   return absl::StrCat(what, "Set ", absl::StrJoin(settings, " and "),
@@ -145,7 +150,8 @@ std::string RealUseRemedy(const OomReport& r) {
   return out;
 }
 
-std::string Remedy(const OomReport& r, size_t max_split_size, bool expandable_segments) {
+std::string Remedy(const OomReport& r, size_t max_split_size, bool expandable_segments,
+                   bool virtual_memory) {
   const size_t limit = Limit(r);
   switch (r.cause) {
     case OomCause::kTooLarge:
@@ -176,7 +182,7 @@ std::string Remedy(const OomReport& r, size_t max_split_size, bool expandable_se
           "those streams before allocating again, or allocate the buffers on the stream "
           "that uses them so that record_stream is not needed.");
     case OomCause::kFragmentation:
-      return FragmentationRemedy(r, max_split_size, expandable_segments);
+      return FragmentationRemedy(r, max_split_size, expandable_segments, virtual_memory);
     case OomCause::kRealUse:
       return RealUseRemedy(r);
   }
@@ -185,9 +191,10 @@ std::string Remedy(const OomReport& r, size_t max_split_size, bool expandable_se
 
 }  // namespace
 
-void ChooseRemedy(OomReport* report, size_t max_split_size, bool expandable_segments) {
+void ChooseRemedy(OomReport* report, size_t max_split_size, bool expandable_segments,
+                  bool virtual_memory) {
   report->cause = ChooseCause(*report);
-  report->remedy = Remedy(*report, max_split_size, expandable_segments);
+  report->remedy = Remedy(*report, max_split_size, expandable_segments, virtual_memory);
 }
 
 std::string OomReport::ToString() const {

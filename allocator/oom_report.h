@@ -64,7 +64,10 @@ struct OomReport {
 };
 
 // Chooses cause and remedy from the numbers (fills report->cause and ->remedy).
-void ChooseRemedy(OomReport* report, size_t max_split_size, bool expandable_segments);
+// `expandable_segments`: they are in use; `virtual_memory`: the backend could use them
+// (when not, the remedy does not suggest them).
+void ChooseRemedy(OomReport* report, size_t max_split_size, bool expandable_segments,
+                  bool virtual_memory = true);
 
 // Thrown when device memory is really exhausted: after the staged retry (free cached
 // blocks, synchronize and free every unused segment, retry) found nothing. Never

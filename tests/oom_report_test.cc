@@ -148,7 +148,20 @@ TEST(ChooseRemedyTest, FragmentationSkipsSettingsAlreadyOn) {
 
   ChooseRemedy(&r, 512 * kMiB, /*expandable_segments=*/true);
   EXPECT_EQ(r.cause, OomCause::kFragmentation);
-  EXPECT_CONTAINS(r.remedy, "already set");
+  EXPECT_CONTAINS(r.remedy, "expandable_segments are in use and max_split_size_mb is set");
+  EXPECT_NOT_CONTAINS(r.remedy, "DEVMEM_CONF=");
+}
+
+TEST(ChooseRemedyTest, FragmentationDoesNotSuggestExpandableSegmentsWithoutVirtualMemory) {
+  OomReport r = Fragmented();
+  ChooseRemedy(&r, kNoLimit, /*expandable_segments=*/false, /*virtual_memory=*/false);
+  EXPECT_EQ(r.cause, OomCause::kFragmentation);
+  EXPECT_NOT_CONTAINS(r.remedy, "expandable_segments:true");
+  EXPECT_CONTAINS(r.remedy, "DEVMEM_CONF=max_split_size_mb:1024");
+
+  ChooseRemedy(&r, 512 * kMiB, /*expandable_segments=*/false, /*virtual_memory=*/false);
+  EXPECT_CONTAINS(r.remedy, "this backend has no virtual memory for expandable_segments");
+  EXPECT_NOT_CONTAINS(r.remedy, "DEVMEM_CONF=");
 }
 
 TEST(ChooseRemedyTest, MaxSplitSuggestionIsAPowerOfTwoOfAtLeast20) {
