@@ -1053,38 +1053,24 @@ TEST(SimBackendTest, VirtualMemoryMapChargesAndUnmapReleases) {
   sim->release_address(*again, 8 * g);
 }
 
-TEST(SimBackendTest, VirtualMemoryRejectsBadArgumentsNamingThePointer) {
+// The conformance case VirtualMemoryRejectsBadArgumentsAndLeavesNothingBehind covers
+// bad map arguments for every backend; what only the sim can show is here.
+TEST(SimBackendTest, VirtualMemoryRefusalsChargeNothing) {
   auto sim = NewSim(64 * kMiB);
   const size_t g = sim->granularity();
-  EXPECT_EQ(sim->reserve_address(g + 4096).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(sim->reserve_address(0).status().code(), absl::StatusCode::kInvalidArgument);
   // More address space than the reservation holds: exhausted, not a crash.
   EXPECT_EQ(sim->reserve_address(size_t{1} << 60).status().code(),
             absl::StatusCode::kResourceExhausted);
   absl::StatusOr<void*> r = sim->reserve_address(4 * g);
   ASSERT_TRUE(r.ok());
   auto* base = static_cast<char*>(*r);
-  absl::StatusOr<void*> segment = sim->allocate_segment(g);
-  ASSERT_TRUE(segment.ok());
-
-  auto expect_invalid = [&](void* p, size_t bytes) {
-    absl::Status status = sim->map(p, bytes);
-    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << p << " " << bytes;
-    EXPECT_TRUE(absl::StrContains(status.message(), absl::StrFormat("%p", p))) << status;
-  };
-  expect_invalid(base + 4096, g);       // misaligned address
-  expect_invalid(base, 4096);           // size not a multiple of the granularity
-  expect_invalid(base, 0);              // empty
-  expect_invalid(base + 3 * g, 2 * g);  // runs past the end of the reservation
-  expect_invalid(*segment, g);          // not reserved at all
   ASSERT_TRUE(sim->map(base, 2 * g).ok());
-  expect_invalid(base + g, 2 * g);      // overlaps a mapping
-  EXPECT_EQ(sim->used_bytes(), 3 * g);  // errors charged nothing
-
+  EXPECT_EQ(sim->map(base + g, 2 * g).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->map(base + 4096, g).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sim->used_bytes(), 2 * g);  // errors charged nothing
   sim->unmap(base, 2 * g);
+  EXPECT_EQ(sim->used_bytes(), 0u);
   sim->release_address(base, 4 * g);
-  sim->free_segment(*segment, g);
 }
 
 TEST(SimBackendTest, VirtualMemoryMapIsBoundedByCapacity) {

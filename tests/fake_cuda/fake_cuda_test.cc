@@ -46,6 +46,7 @@
 #include "allocator/types.h"
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
+#include "tests/test_util.h"
 
 namespace devmem {
 namespace {
@@ -84,25 +85,6 @@ void ExpectNothingLive() {
     EXPECT_EQ(Live(what), 0u) << what;
   }
 }
-
-// Holds a stream inside a host function until Release() or the end of the scope.
-class StreamBlocker {
- public:
-  StreamBlocker() : future_(promise_.get_future().share()) {}
-  ~StreamBlocker() { Release(); }
-  absl::Status BlockOn(Backend& backend, Stream stream) {
-    return backend.launch_host_fn(stream, [future = future_] { future.wait(); });
-  }
-  void Release() {
-    if (!released_) promise_.set_value();
-    released_ = true;
-  }
-
- private:
-  std::promise<void> promise_;
-  std::shared_future<void> future_;
-  bool released_ = false;
-};
 
 // Under the fake, a cuda case that skips is a failure: a skip would mean that the
 // backend did not find the fake device or its virtual memory, and these cases are here
@@ -433,8 +415,7 @@ TEST_P(FakeCudaAllocatorTest, CrossStreamFreeWaitsForTheOtherStream) {
   void* p = alloc_->allocate(5 * kMiB, *s1);
   alloc_->record_stream(p, *s2);
   {
-    StreamBlocker blocker;
-    ASSERT_TRUE(blocker.BlockOn(backend, *s2).ok());
+    testutil::StreamBlocker blocker(backend, *s2);
     alloc_->free(p);
     void* q = alloc_->allocate(5 * kMiB, *s1);
     EXPECT_NE(q, p);  // p is still in use on s2
@@ -490,8 +471,7 @@ TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
   absl::StatusOr<Stream> s = backend.create_stream();
   ASSERT_TRUE(s.ok());
   void* p = alloc_->allocate(24 * kMiB, *s);
-  StreamBlocker blocker;
-  ASSERT_TRUE(blocker.BlockOn(backend, *s).ok());
+  testutil::StreamBlocker blocker(backend, *s);
   // A "kernel" using p, queued behind the blocked host function.
   ASSERT_EQ(cudaMemsetAsync(p, 7, 24 * kMiB, reinterpret_cast<cudaStream_t>(s->handle)),
             cudaSuccess);
