@@ -75,12 +75,12 @@ struct Segment {
   size_t size = 0;           // bytes backed by memory (the blocks tile exactly these)
   Stream stream;
   bool small_pool = false;
-  bool expandable = false;   // == (reservation != nullptr)
   // Made for a request of max_split_size or more. Only such segments' blocks are
   // "oversize": a standard 20 MiB segment that coalesces back to 20 MiB must stay
   // usable for small requests even when max_split_size is 20 MiB.
   bool oversize = false;
   Reservation* reservation = nullptr;  // expandable only: the range this run is in
+  bool expandable() const { return reservation != nullptr; }
   Block* head = nullptr;     // the lowest block (never nullptr)
   Block* tail = nullptr;     // the highest block
   int busy_blocks = 0;       // allocated + pending blocks in this segment

@@ -55,7 +55,7 @@ DevicePool::~DevicePool() {
     }
   }
   for (auto& [addr, s] : segments_) {
-    if (s->expandable) {
+    if (s->expandable()) {
       backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
     } else {
       backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
@@ -268,7 +268,9 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
 
 bool DevicePool::should_split(const Block* b, size_t size) const {
   const size_t remaining = b->size - size;
-  if (b->segment->small_pool || b->segment->expandable) return remaining >= kMinBlockSize;
+  if (b->segment->small_pool || b->segment->expandable()) {
+    return remaining >= kMinBlockSize;
+  }
   // Large pool: a remainder of 1 MiB or less is not worth a block of its own, and
   // requests of max_split_size or more take the whole (oversize) block.
   return size < config_.max_split_size && remaining > kSmallSize;
@@ -437,7 +439,7 @@ void DevicePool::release_segment(Segment* s) {
   // free may still use it. cudaFree synchronizes by itself, unmapping does not, and
   // the sim backend does neither; so wait here, as the Backend contract asks.
   backend_->synchronize_stream(s->stream);
-  if (s->expandable) {
+  if (s->expandable()) {
     backend_->unmap(reinterpret_cast<void*>(s->addr), s->size);
     s->reservation->mapped -= s->size;
     --s->reservation->runs;
@@ -601,7 +603,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
     si.size = s->size;
     si.stream = s->stream;
     si.small_pool = s->small_pool;
-    si.expandable = s->expandable;
+    si.expandable = s->expandable();
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       si.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, b->state, b->stream,
                                     b->site, b->alloc_time_ns});

@@ -211,8 +211,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     s->size = bytes;
     s->stream = r->stream;
     s->small_pool = r->small_pool;
-    s->expandable = true;
-    s->reservation = r;
+        s->reservation = r;
     s->head = s->tail = b;
     s->last_used = use_clock_;
     segments_.emplace(at, s);
@@ -299,8 +298,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     auto* n = new Segment;
     n->stream = s->stream;
     n->small_pool = s->small_pool;
-    n->expandable = true;
-    n->reservation = r;
+        n->reservation = r;
     n->last_used = s->last_used;
     if (move_left) {
       n->addr = s->addr;
@@ -355,7 +353,7 @@ size_t DevicePool::recycle(size_t bytes, const Block* keep_a, const Block* keep_
   std::vector<Candidate> candidates;
   for (const FreeSet* set : {&large_free_, &small_free_}) {
     for (Block* b : *set) {
-      if (!b->segment->expandable || b == keep_a || b == keep_b) continue;
+      if (!b->segment->expandable() || b == keep_a || b == keep_b) continue;
       if (only != nullptr && b->segment->reservation != only) continue;
       const uintptr_t c0 = round_to_granule(b->addr);
       const uintptr_t c1 = (b->addr + b->size) / granularity_ * granularity_;

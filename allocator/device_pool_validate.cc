@@ -76,11 +76,7 @@ absl::Status DevicePool::validate() const {
     Recount::add(rc.segment, small, 1);
     Recount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
     if (s->oversize) ++rc.oversize_segments;
-    if (s->expandable != (s->reservation != nullptr)) {
-      return Violation(absl::StrFormat("segment %#x: expandable flag and reservation differ",
-                                       s->addr));
-    }
-    if (s->expandable) {
+    if (s->expandable()) {
       const Reservation* r = s->reservation;
       auto it = expandable_.find(std::make_pair(r->stream.handle, r->small_pool));
       if (it == expandable_.end() || it->second != r) {
