@@ -10,7 +10,8 @@
 // the state it serves is complete.
 //
 // Locks: `mu` (the registry) is taken before a device lock only while an allocator is
-// created and its observer set; otherwise it is released before any allocator method
+// created and its observer set, and while the poller calls process_events (which only
+// polls events, never blocks); otherwise it is released before any allocator method
 // runs (allocators() copies the table). `poll_mu` guards the poller's stop flag only.
 #include "runtime/runtime.h"
 
@@ -136,13 +137,15 @@ struct Runtime::State {
     std::unique_lock<std::mutex> lock(poll_mu);
     while (!poll_stop) {
       lock.unlock();
-      std::vector<std::shared_ptr<CachingAllocator>> list;
       {
+        // Under the registry lock, through the table itself: a copy of the table would
+        // hold references of its own, and an allocator its users have all dropped (one
+        // that a ScopedAllocatorOverride installed, say) would then live on, and be
+        // destroyed, on this thread. process_events never blocks (it only polls), and
+        // registry -> device lock is the allowed order.
         MutexLock registry(&mu);
-        for (const auto& [device, a] : allocators) list.push_back(a);
+        for (const auto& [device, a] : allocators) a->process_events();
       }
-      for (const auto& a : list) a->process_events();
-      list.clear();
       lock.lock();
       poll_cv.wait_for(lock, kPollInterval, [this] { return poll_stop; });
     }

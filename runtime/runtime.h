@@ -36,7 +36,9 @@
 //
 // Thread-safety: every method may be called from any thread. The registry's mutex is a
 // leaf with respect to allocators: it is never held while an allocator method runs,
-// except while creating one. Lock order: registry mutex -> device lock.
+// except while creating one and while the background thread polls events (so that
+// thread never holds a reference of its own to an allocator). Lock order: registry
+// mutex -> device lock.
 #pragma once
 
 #include <functional>
