@@ -6,7 +6,16 @@ cd "$(dirname "$0")/.."
 dir=${1:-build}
 shift || true
 jobs=${DEVMEM_JOBS:-$(nproc)}
+# ccache (installed by setup.sh) makes a rebuild in a fresh clone, a second build
+# directory or a worktree cost seconds: BASEDIR and NOHASHDIR key objects by paths
+# relative to the build directory, so two checkouts share the cache. Sites are named
+# relative to the repository (-ffile-prefix-map), so cached objects are identical.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
 if [[ ! -f "$dir/build.ninja" ]]; then
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@"
 fi
 cmake --build "$dir" -j "$jobs"
