@@ -19,7 +19,9 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <civetweb.h>
@@ -30,10 +32,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -45,6 +45,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "allocator/config.h"
 #include "allocator/string_view_bridge.h"
 #include "allocator/types.h"
@@ -228,26 +229,92 @@ absl::StatusOr<ListenAddress> ResolveListenAddress(const std::string& http) {
   return out;
 }
 
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "http_token_file: cannot read \"", path, "\": ", std::strerror(errno)));
-  }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
+// What a file of this type is called in an error message.
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symlink";
+  return "not a regular file";
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  const auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("http_token_file: error reading \"", path, "\""));
+        absl::StrCat("http_token_file: \"", path, "\" ", Av(why)));
+  };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return bad(absl::StrCat("cannot be read: ", std::strerror(errno)));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int e = errno;
+    close(fd);
+    return bad(absl::StrCat("cannot be read: ", std::strerror(e)));
   }
-  std::string token(absl::StripAsciiWhitespace(contents.str()));
-  if (token.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("http_token_file: \"", path, "\" holds no token (it is empty)"));
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return bad(absl::StrCat("is ", FileTypeName(st.st_mode),
+                            ", not a regular file holding the token"));
+  }
+  // One read past the bound tells a too-large file from one exactly at it.
+  std::string contents(kMaxTokenFileBytes + 1, '\0');
+  size_t got = 0;
+  while (got < contents.size()) {
+    const ssize_t n = read(fd, contents.data() + got, contents.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      close(fd);
+      return bad(absl::StrCat("cannot be read: ", std::strerror(e)));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (got > kMaxTokenFileBytes) {
+    return bad(absl::StrCat("is larger than ", kMaxTokenFileBytes,
+                            " bytes; it should hold only the token"));
+  }
+  contents.resize(got);
+  std::string token(absl::StripAsciiWhitespace(contents));
+  if (token.empty()) return bad("holds no token (it is empty)");
+  // A client sends the token in a header line: a NUL, CR, LF or other control byte
+  // could never match, so such a token locks everyone out. Refuse it now.
+  for (size_t i = 0; i < token.size(); ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c == 0x7F) {
+      return bad(absl::StrFormat(
+          "holds a control byte 0x%02x at offset %d of the token; a token is one line "
+          "of printable text",
+          c, i));
+    }
+  }
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    std::fprintf(stderr,
+                 "devmem: warning: http_token_file \"%s\" is readable by %s (mode %04o); "
+                 "chmod 600 it so that only its owner can read the token\n",
+                 path.c_str(), (st.st_mode & S_IROTH) != 0 ? "others" : "its group",
+                 static_cast<unsigned>(st.st_mode & 07777));
   }
   return token;
 }
 
+absl::Status ValidateHttpConfig(const Config& config) {
+  if (config.http.empty() && !config.http_token_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_token_file is set (\"", config.http_token_file,
+        "\") but http is not, so nothing would use the token; set http:ADDRESS:PORT "
+        "or remove http_token_file"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
 }  // namespace
 
 struct HttpServer::Impl {
@@ -472,7 +539,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& conf
   impl->runtime = runtime;
   impl->address = *address;
   if (!config.http_token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadToken(config.http_token_file);
+    absl::StatusOr<std::string> token = ReadTokenFile(config.http_token_file);
     if (!token.ok()) return token.status();
     impl->token = std::move(*token);
   }

@@ -21,16 +21,34 @@
 // a slow or broken client never blocks allocation.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
 
 namespace devmem {
 
 class Runtime;
+
+// The most bytes a token file may hold (a token is one line; anything larger is not a
+// token file, and reading it must not take unbounded memory).
+inline constexpr size_t kMaxTokenFileBytes = 4096;
+
+// Reads the bearer token from `path` (http_token_file): a regular file (a FIFO, a
+// device such as /dev/zero or a directory is refused, without blocking or reading it
+// whole) of at most kMaxTokenFileBytes, edge whitespace stripped, not empty and free
+// of control bytes (NUL, CR, LF, ...: no client could send them). A file readable by
+// group or others gets a warning on stderr. The error names the file and the reason.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The rules between the http keys that parsing one key at a time cannot see, checked
+// by the runtime before it starts anything: http_token_file needs http. The error
+// names the keys.
+absl::Status ValidateHttpConfig(const Config& config);
 
 class HttpServer {
  public:

@@ -164,6 +164,9 @@ void ShutdownAtExit() {
 }  // namespace
 
 Runtime::Runtime(const Config& config) : state_(std::make_unique<State>(config)) {
+  if (absl::Status s = ValidateHttpConfig(config); !s.ok()) {
+    throw InvalidArgumentError(absl::StrCat("devmem runtime: ", s.message()));
+  }
   if (!config.http.empty()) {
     absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(config, this);
     if (!server.ok()) {

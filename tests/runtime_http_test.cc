@@ -13,6 +13,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -380,6 +381,73 @@ TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
   s = HttpServer::Start(config, &rt);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find(config.http), std::string::npos) << s.status();
+}
+
+// Each file that is not a small one-line regular file is refused with the reason,
+// promptly: a FIFO must not block start-up, /dev/zero must not be read until memory
+// runs out, a directory is not "empty".
+TEST(HttpTokenFileTest, RefusesWhatIsNotASmallOneLineRegularFile) {
+  char dir_template[] = "/tmp/devmem_tokdir_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  struct Bad {
+    std::string path;
+    std::string says;
+  };
+  const std::string big = WriteTempFile(std::string(kMaxTokenFileBytes + 1, 'a'));
+  const std::string nul = WriteTempFile(std::string("abc\0def\n", 8));
+  const std::string crlf = WriteTempFile("abc\r\ndef\n");
+  for (const Bad& bad : {Bad{fifo, "is a FIFO"}, Bad{"/dev/zero", "is a character device"},
+                         Bad{dir, "is a directory"},
+                         Bad{big, "larger than " + std::to_string(kMaxTokenFileBytes)},
+                         Bad{nul, "control byte 0x00 at offset 3"},
+                         Bad{crlf, "control byte 0x0d at offset 3"}}) {
+    absl::StatusOr<std::string> token = ReadTokenFile(bad.path);
+    ASSERT_FALSE(token.ok()) << bad.path;
+    EXPECT_NE(token.status().message().find(bad.path), std::string::npos) << token.status();
+    EXPECT_NE(token.status().message().find(bad.says), std::string::npos) << token.status();
+  }
+  // Exactly at the bound, with edge whitespace: accepted and stripped.
+  const std::string ok = WriteTempFile(" " + std::string(kMaxTokenFileBytes - 2, 't') + "\n");
+  absl::StatusOr<std::string> token = ReadTokenFile(ok);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, std::string(kMaxTokenFileBytes - 2, 't'));
+  for (const std::string& f : {big, nul, crlf, ok, fifo}) unlink(f.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST(HttpTokenFileTest, WarnsWhenGroupOrOthersCanReadIt) {
+  const std::string file = WriteTempFile("s3cret\n");  // mkstemp: 0600
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(ReadTokenFile(file).ok());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(chmod(file.c_str(), 0644), 0);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(ReadTokenFile(file).ok());
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(file), std::string::npos) << err;
+  EXPECT_NE(err.find("readable by others (mode 0644)"), std::string::npos) << err;
+  ASSERT_EQ(chmod(file.c_str(), 0640), 0);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(ReadTokenFile(file).ok());
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("readable by its group"), std::string::npos) << err;
+  unlink(file.c_str());
+}
+
+TEST(HttpTokenFileTest, ATokenFileWithoutHttpIsAnError) {
+  Config config = testutil::MakeSimConfig("http_token_file:/etc/devmem/token");
+  absl::Status s = ValidateHttpConfig(config);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("http_token_file"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("/etc/devmem/token"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("http is not"), std::string::npos) << s;
+  config.http = "127.0.0.1:0";
+  EXPECT_TRUE(ValidateHttpConfig(config).ok());
+  EXPECT_TRUE(ValidateHttpConfig(testutil::MakeSimConfig("")).ok());
 }
 
 TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
