@@ -7,18 +7,23 @@
 //   /healthz          "ok"
 //   /debug/buffers    live buffers as JSON; ?device=sim:0&site=...&min_bytes=N&limit=N
 //   /debug/snapshot   the snapshot JSON (runtime/json.h)
-//   /debug/trace      trace events as JSON Lines; ?since=N (events with seq > N)&limit=N;
-//                     headers X-Devmem-Next-Since (the seq to ask after next) and
-//                     X-Devmem-Missed (events overwritten before this read); 404 when
-//                     trace_entries is 0
+//   /debug/trace      trace events as JSON Lines; ?since=N (events with seq > N)&limit=N
+//                     (default 10,000, at most 100,000); headers X-Devmem-Next-Since
+//                     (the seq to ask after next), X-Devmem-More (1: more events were
+//                     already there; ask again) and X-Devmem-Missed (events overwritten
+//                     before this read); 404 when trace_entries is 0
 // Every endpoint answers GET only (405 otherwise, with Allow: GET); an unknown or
 // repeated query parameter is a 400 naming it, like a bad value.
-// With http_token_file set, /debug/* needs "Authorization: Bearer <token>" (401
-// otherwise). Binding a non-loopback address needs http_token_file or
-// http_allow_remote:true, and logs a warning. Malformed requests, unknown paths and bad
-// parameters get a 4xx with a message. Handlers take snapshots under the allocators'
-// locks for as long as a copy takes, and write to the client after releasing them, so
-// a slow or broken client never blocks allocation.
+// Every request whose Host header names something other than localhost, a loopback
+// address, the bound address or a name of http / http_allowed_hosts gets 403 (DNS
+// rebinding protection). With http_token_file set, /debug/* (and /metrics with
+// http_metrics_token) needs "Authorization: Bearer <token>" (401 otherwise). Binding a
+// non-loopback address needs http_token_file or http_allow_remote:true, and logs a
+// warning. Malformed requests, unknown paths and bad parameters get a 4xx with a
+// message. Handlers take snapshots under the allocators' locks for as long as a copy
+// takes, and write to the client after releasing them, so a slow or broken client
+// never blocks allocation; 16 workers and a 3 s request timeout keep a few slow
+// clients from starving scrapes.
 #pragma once
 
 #include <cstddef>
