@@ -208,6 +208,28 @@ TEST(HttpServerTest, MetricsAreServedAndPromtoolClean) {
   a->free(p);
 }
 
+// Every config key of the server reaches it: site_top_k bounds the site labels of the
+// served /metrics (the collector's own test cannot see the server drop the key).
+TEST(HttpServerTest, ServedMetricsHonourSiteTopK) {
+  Runtime& rt = FreshRuntime();
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  std::vector<void*> held;
+  for (uint32_t line = 0; line < 5; ++line) {
+    held.push_back(a->allocate(4096 * (line + 1), {}, TestSite(3000 + line)));
+  }
+  for (const auto& [conf, series] : {std::pair<const char*, size_t>{"site_top_k:2", 3},
+                                     std::pair<const char*, size_t>{"site_top_k:4", 5},
+                                     std::pair<const char*, size_t>{"", 6}}) {
+    SCOPED_TRACE(conf);
+    std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(conf), rt);
+    ASSERT_NE(server, nullptr);
+    const auto samples = ParsePrometheusText(Get(server->port(), "/metrics").body);
+    // K labelled sites plus "other" (the default, 10, labels all five).
+    EXPECT_EQ(testutil::SamplesOf(samples, "devmem_site_live_bytes").size(), series);
+  }
+  for (void* p : held) a->free(p);
+}
+
 // The runtime's observer forwards alloc events to SizeHistogram::Process(), which the
 // served /metrics reads (runtime/size_histogram.h, "Wiring").
 TEST(HttpServerTest, RuntimeAllocationsReachTheSizeHistogram) {
