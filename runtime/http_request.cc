@@ -150,7 +150,13 @@ std::optional<HostHeader> ParseHostHeader(std::string_view value) {
       }
     }
     absl::AsciiStrToLower(&h.host);
+    // One trailing dot is the fully qualified spelling of the same name; an empty
+    // label anywhere else ("a..b", ".a", "a..") is no name.
     if (h.host.size() > 1 && h.host.back() == '.') h.host.pop_back();
+    if (h.host.front() == '.' || h.host.back() == '.' ||
+        h.host.find("..") != std::string::npos) {
+      return std::nullopt;
+    }
     in_addr a4{};
     h.ip = inet_pton(AF_INET, h.host.c_str(), &a4) == 1;
     if (h.ip) {

@@ -35,8 +35,9 @@ absl::StatusOr<uint64_t> ParseCount(std::string_view name, std::string_view text
 
 // A Host header value taken apart: "Example.COM:80" -> {host "example.com", ip false};
 // "[::1]:9400" -> {host "::1", ip true, ipv6 true}; "127.0.0.1" -> {host "127.0.0.1",
-// ip true}. The host is lower-cased without a trailing dot. nullopt when the value is
-// not host[:port] (empty, bad port, stray characters).
+// ip true}. The host is lower-cased without its one trailing dot, IP literals in their
+// canonical spelling ("[::0001]" -> "::1"). nullopt when the value is not host[:port]
+// (empty, an empty label as in "a..b", a bad port, stray characters).
 struct HostHeader {
   std::string host;
   bool ip = false;    // an IPv4 or IPv6 literal (not a DNS name)
