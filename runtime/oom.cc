@@ -95,6 +95,18 @@ std::string UnsafeDumpDirectoryReason(const struct stat& st, uid_t euid) {
   return "";
 }
 
+std::string DumpDirectoryProblem(const std::string& dir) {
+  struct stat st {};
+  if (stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return "";  // created at the first dump
+    return absl::StrCat("cannot stat ", dir, ": ", Errno(errno));
+  }
+  if (const std::string why = UnsafeDumpDirectoryReason(st, geteuid()); !why.empty()) {
+    return absl::StrCat(dir, ": ", why);
+  }
+  return "";
+}
+
 absl::StatusOr<std::string> WriteDumpFile(const std::string& dir, const std::string& stem,
                                           std::string_view text) {
   CreateDumpDirectory(dir);

@@ -63,6 +63,11 @@ inline constexpr size_t kOomDumpTraceEvents = 4096;  // newest events kept in a 
 // or root; writable by group or others without the sticky bit.
 std::string UnsafeDumpDirectoryReason(const struct stat& st, uid_t euid);
 
+// What would stop dumps into `dir` now ("" when nothing: it is safe, or does not exist
+// yet and will be created): the runtime warns at start-up, so that a bad oom_dump_dir
+// is known before the first OOM rather than at it.
+std::string DumpDirectoryProblem(const std::string& dir);
+
 // Writes `text` and a newline to a new file `dir`/`stem`.json (or `stem`-2.json, ...
 // when that name is taken), safely against other users of a shared `dir` (see the file
 // comment). Returns the path written; the error names the directory or file and the

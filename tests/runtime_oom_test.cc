@@ -271,6 +271,17 @@ TEST(OomDumpFileTest, UnsafeDirectoriesAreRefusedWithTheReason) {
   fs::remove_all(dir);
 }
 
+TEST(OomDumpFileTest, DumpDirectoryProblemIsKnownBeforeTheFirstOom) {
+  const std::string dir = FreshDir("oom-problem");
+  EXPECT_EQ(DumpDirectoryProblem(dir), "");
+  EXPECT_EQ(DumpDirectoryProblem(dir + "/not/yet"), "");  // created at the first dump
+  fs::permissions(dir, fs::perms::all);
+  const std::string problem = DumpDirectoryProblem(dir);
+  EXPECT_NE(problem.find(dir), std::string::npos) << problem;
+  EXPECT_NE(problem.find("sticky"), std::string::npos) << problem;
+  fs::remove_all(dir);
+}
+
 // The dumper reports the refusal on stderr and writes nothing; a directory it has to
 // create gets mode 0700.
 TEST(OomDumpFileTest, DumperSaysWhyItRefusesAndCreatesPrivateDirectories) {
