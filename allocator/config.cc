@@ -335,8 +335,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 18>& Keys() {
-  static const std::array<KeySpec, 18> keys = {{
+const std::array<KeySpec, 20>& Keys() {
+  static const std::array<KeySpec, 20> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -485,6 +485,22 @@ const std::array<KeySpec, 18>& Keys() {
        [](std::string_view v, Config* c) { return ParseBool(v, &c->http_allow_remote); },
        [](const Config& c) -> std::string {
          return c.http_allow_remote ? "true" : "false";
+       }},
+      {"http_allowed_hosts", "string", "",
+       "Host names accepted in the Host header of HTTP requests besides localhost, "
+       "loopback addresses and the bound address, separated by spaces; * accepts any "
+       "(protection against DNS rebinding). Needs http.",
+       [](std::string_view v, Config* c) -> std::string {
+         c->http_allowed_hosts = std::string(v);
+         return "";
+       },
+       [](const Config& c) { return FormatString(c.http_allowed_hosts); }},
+      {"http_metrics_token", "bool", "false",
+       "/metrics requires the bearer token of http_token_file too (it names files and "
+       "tags). Needs http_token_file.",
+       [](std::string_view v, Config* c) { return ParseBool(v, &c->http_metrics_token); },
+       [](const Config& c) -> std::string {
+         return c.http_metrics_token ? "true" : "false";
        }},
       {"oom_dump_dir", "path", "",
        "Directory where each out-of-memory report is written as a file. Empty = none.",

@@ -73,6 +73,10 @@ struct Config {
   std::string http;               // key http: "ADDRESS:PORT" to serve on ("" = off)
   std::string http_token_file;    // key http_token_file: bearer token for /debug/*
   bool http_allow_remote = false; // key http_allow_remote (bool)
+  // key http_allowed_hosts: extra names accepted in the Host header, space-separated
+  // ("*" = any); loopback names and the bound address are always accepted.
+  std::string http_allowed_hosts;
+  bool http_metrics_token = false; // key http_metrics_token: /metrics needs the token too
   std::string oom_dump_dir;       // key oom_dump_dir: directory for OOM dumps
   int site_top_k = 10;            // key site_top_k: sites labelled in metrics (1 .. 1000)
 

@@ -19,21 +19,22 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <civetweb.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -45,9 +46,13 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
 #include "allocator/config.h"
 #include "allocator/string_view_bridge.h"
 #include "allocator/types.h"
+#include "runtime/http_request.h"
 #include "runtime/json.h"
 #include "runtime/metrics.h"
 #include "runtime/runtime.h"
@@ -57,11 +62,22 @@
 namespace devmem {
 namespace {
 
-// How long civetweb waits on a client's request or on writing our response.
-constexpr const char* kRequestTimeoutMs = "10000";
-// Worker threads: scrapes and debug requests are rare; a few suffice, and each is a
-// thread the process carries.
-constexpr const char* kWorkerThreads = "4";
+// How long civetweb waits for a client's whole request (and on each write of our
+// response). Short, so that a client that connects and trickles its headers
+// (slowloris) or never sends any holds a worker for seconds, not tens of seconds.
+constexpr const char* kRequestTimeoutMs = "3000";
+// Worker threads: each connection holds one from accept to close, slow clients
+// included. Enough that a handful of slow or stalled clients leave most of them free
+// for scrapes (tests/runtime_http_test.cc, SlowClientsDoNotStarveScrapes); each is
+// a mostly idle thread with a small stack.
+constexpr const char* kWorkerThreads = "16";
+
+// /debug/trace: events per response when the request gives no `limit`, and the most
+// it may ask for. A response is built in memory (about 200 bytes an event), so these
+// bound what one request, or a few at once, can cost; a client reads a larger ring in
+// pages, following X-Devmem-Next-Since while X-Devmem-More is 1.
+constexpr size_t kTraceDefaultLimit = 10'000;
+constexpr size_t kTraceMaxLimit = 100'000;
 
 struct Response {
   int status = 200;
@@ -75,6 +91,7 @@ const char* Reason(int status) {
     case 200: return "OK";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 500: return "Internal Server Error";
@@ -101,64 +118,6 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
     diff |= static_cast<unsigned char>(x ^ y);
   }
   return diff == 0;
-}
-
-// The query string's parameters, decoded. An error names the offending parameter.
-absl::StatusOr<absl::flat_hash_map<std::string, std::string>> ParseQuery(
-    const char* query, std::initializer_list<std::string_view> allowed) {
-  absl::flat_hash_map<std::string, std::string> params;
-  if (query == nullptr) return params;
-  const std::string_view q(query);
-  size_t start = 0;
-  while (start <= q.size()) {
-    size_t end = q.find('&', start);
-    if (end == std::string_view::npos) end = q.size();
-    const std::string_view pair = q.substr(start, end - start);
-    start = end + 1;
-    if (pair.empty()) continue;
-    const size_t eq = pair.find('=');
-    const std::string_view raw_key = pair.substr(0, eq);
-    const std::string_view raw_value =
-        eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
-    std::string key(raw_key.size() + 1, '\0');
-    std::string value(raw_value.size() + 1, '\0');
-    const int key_len = mg_url_decode(raw_key.data(), static_cast<int>(raw_key.size()),
-                                      key.data(), static_cast<int>(key.size()), 1);
-    const int value_len =
-        mg_url_decode(raw_value.data(), static_cast<int>(raw_value.size()), value.data(),
-                      static_cast<int>(value.size()), 1);
-    if (key_len < 0 || value_len < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("malformed query parameter \"", Av(pair), "\""));
-    }
-    key.resize(static_cast<size_t>(key_len));
-    value.resize(static_cast<size_t>(value_len));
-    bool known = false;
-    for (std::string_view a : allowed) known = known || a == key;
-    if (!known) {
-      std::string list;
-      for (std::string_view a : allowed) {
-        absl::StrAppend(&list, list.empty() ? "" : ", ", Av(a));
-      }
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown parameter \"", key, "\" (this endpoint takes: ",
-          list.empty() ? "none" : list, ")"));
-    }
-    if (!params.emplace(key, std::move(value)).second) {
-      return absl::InvalidArgumentError(absl::StrCat("parameter \"", key, "\" given twice"));
-    }
-  }
-  return params;
-}
-
-absl::StatusOr<uint64_t> ParseCount(std::string_view name, const std::string& text) {
-  uint64_t v = 0;
-  if (text.empty() || !absl::ascii_isdigit(static_cast<unsigned char>(text[0])) ||
-      !absl::SimpleAtoi(Av(text), &v)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Av(name), ": \"", text, "\" is not a non-negative integer"));
-  }
-  return v;
 }
 
 // The address part of config.http resolved to a numeric address, and the port.
@@ -228,31 +187,168 @@ absl::StatusOr<ListenAddress> ResolveListenAddress(const std::string& http) {
   return out;
 }
 
-absl::StatusOr<std::string> ReadToken(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "http_token_file: cannot read \"", path, "\": ", std::strerror(errno)));
+std::string_view QueryOf(const mg_request_info* ri) {
+  return ri->query_string == nullptr ? std::string_view() : std::string_view(ri->query_string);
+}
+
+// What a file of this type is called in an error message.
+const char* FileTypeName(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symlink";
+  return "not a regular file";
+}
+
+// The entries of http_allowed_hosts (separated by spaces or commas), each a host name
+// or an IP literal as a Host header writes it, or "*". The error names the entry.
+absl::StatusOr<std::vector<std::string>> AllowedHosts(const std::string& list) {
+  std::vector<std::string> out;
+  for (absl::string_view entry : absl::StrSplit(Av(list), absl::ByAnyChar(" \t,"),
+                                                absl::SkipEmpty())) {
+    if (entry == "*") {
+      out.emplace_back("*");
+      continue;
+    }
+    std::optional<HostHeader> h = ParseHostHeader(Sv(entry));
+    if (!h.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "http_allowed_hosts: \"", entry,
+          "\" is not a host name or IP address (separate entries with spaces; * = any)"));
+    }
+    out.push_back(h->host);
   }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("http_token_file: error reading \"", path, "\""));
+  return out;
+}
+
+// Which Host header values the server answers: the protection against DNS rebinding,
+// where a web page on a name the attacker controls makes the name resolve to 127.0.0.1
+// and reads the endpoints with the browser's help. The browser then sends that name in
+// Host, which no loopback name or address matches.
+struct HostPolicy {
+  bool any = false;                 // http_allowed_hosts holds "*"
+  std::vector<std::string> names;   // the host name of `http`, http_allowed_hosts
+  bool wildcard = false;            // bound to 0.0.0.0 or [::]: any IP literal is ours
+  std::string bound;                // the bound address, as ParseHostHeader writes it
+
+  bool Allows(const HostHeader& h) const {
+    if (any) return true;
+    if (h.host == "localhost" || absl::EndsWith(Av(h.host), ".localhost")) return true;
+    if (h.ip) {
+      if (wildcard || h.host == bound) return true;
+      if (h.ipv6) {
+        in6_addr a6{};
+        if (inet_pton(AF_INET6, h.host.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6)) {
+          return true;
+        }
+      } else {
+        in_addr a4{};
+        if (inet_pton(AF_INET, h.host.c_str(), &a4) == 1 && (ntohl(a4.s_addr) >> 24) == 127) {
+          return true;
+        }
+      }
+    }
+    return std::find(names.begin(), names.end(), h.host) != names.end();
   }
-  std::string token(absl::StripAsciiWhitespace(contents.str()));
-  if (token.empty()) {
+};
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  const auto bad = [&](std::string_view why) {
     return absl::InvalidArgumentError(
-        absl::StrCat("http_token_file: \"", path, "\" holds no token (it is empty)"));
+        absl::StrCat("http_token_file: \"", path, "\" ", Av(why)));
+  };
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) return bad(absl::StrCat("cannot be read: ", std::strerror(errno)));
+  struct stat st {};
+  if (fstat(fd, &st) != 0) {
+    const int e = errno;
+    close(fd);
+    return bad(absl::StrCat("cannot be read: ", std::strerror(e)));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return bad(absl::StrCat("is ", FileTypeName(st.st_mode),
+                            ", not a regular file holding the token"));
+  }
+  // One read past the bound tells a too-large file from one exactly at it.
+  std::string contents(kMaxTokenFileBytes + 1, '\0');
+  size_t got = 0;
+  while (got < contents.size()) {
+    const ssize_t n = read(fd, contents.data() + got, contents.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int e = errno;
+      close(fd);
+      return bad(absl::StrCat("cannot be read: ", std::strerror(e)));
+    }
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  close(fd);
+  if (got > kMaxTokenFileBytes) {
+    return bad(absl::StrCat("is larger than ", kMaxTokenFileBytes,
+                            " bytes; it should hold only the token"));
+  }
+  contents.resize(got);
+  std::string token(absl::StripAsciiWhitespace(contents));
+  if (token.empty()) return bad("holds no token (it is empty)");
+  // A client sends the token in a header line: a NUL, CR, LF or other control byte
+  // could never match, so such a token locks everyone out. Refuse it now.
+  for (size_t i = 0; i < token.size(); ++i) {
+    const auto c = static_cast<unsigned char>(token[i]);
+    if (c < 0x20 || c == 0x7F) {
+      return bad(absl::StrFormat(
+          "holds a control byte 0x%02x at offset %d of the token; a token is one line "
+          "of printable text",
+          c, i));
+    }
+  }
+  if ((st.st_mode & (S_IRGRP | S_IROTH)) != 0) {
+    std::fprintf(stderr,
+                 "devmem: warning: http_token_file \"%s\" is readable by %s (mode %04o); "
+                 "chmod 600 it so that only its owner can read the token\n",
+                 path.c_str(), (st.st_mode & S_IROTH) != 0 ? "others" : "its group",
+                 static_cast<unsigned>(st.st_mode & 07777));
   }
   return token;
 }
 
+absl::Status ValidateHttpConfig(const Config& config) {
+  if (config.http.empty() && !config.http_token_file.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_token_file is set (\"", config.http_token_file,
+        "\") but http is not, so nothing would use the token; set http:ADDRESS:PORT "
+        "or remove http_token_file"));
+  }
+  if (config.http.empty() && !config.http_allowed_hosts.empty()) {
+    return absl::InvalidArgumentError(
+        "http_allowed_hosts is set but http is not; set http:ADDRESS:PORT or remove "
+        "http_allowed_hosts");
+  }
+  if (config.http_metrics_token && config.http_token_file.empty()) {
+    return absl::InvalidArgumentError(
+        "http_metrics_token:true needs http_token_file (the token /metrics would require)");
+  }
+  if (absl::StatusOr<std::vector<std::string>> hosts = AllowedHosts(config.http_allowed_hosts);
+      !hosts.ok()) {
+    return hosts.status();
+  }
+  return absl::OkStatus();
+}
+
+namespace {
 }  // namespace
 
 struct HttpServer::Impl {
   Runtime* runtime = nullptr;
   std::optional<std::string> token;  // set when http_token_file is
+  bool metrics_token = false;        // http_metrics_token: /metrics needs `token` too
+  HostPolicy hosts;
   std::unique_ptr<MetricsCollector> metrics;
   mg_context* ctx = nullptr;
   ListenAddress address;
@@ -279,9 +375,23 @@ struct HttpServer::Impl {
     const std::string_view path(ri->local_uri);
     const std::string_view method(ri->request_method);
     const bool debug = path.substr(0, 7) == "/debug/";
-    // Under /debug/, authentication comes first, so that a client without the token
-    // learns nothing, not even which paths exist.
-    if (debug && token.has_value()) {
+    // The Host check comes first, for every path: a page that rebinds its own name to
+    // this address must not learn anything here. No Host header (HTTP/1.0 tools) is
+    // fine: a browser always sends one.
+    if (const char* host = mg_get_header(conn, "Host"); host != nullptr) {
+      std::optional<HostHeader> h = ParseHostHeader(host);
+      if (!h.has_value()) return Error(400, "malformed Host header");
+      if (!hosts.Allows(*h)) {
+        return Error(403, absl::StrCat(
+                              "Host \"", h->host.substr(0, 253),
+                              "\" is not this server's name (DNS rebinding protection); "
+                              "add it to http_allowed_hosts to allow it"));
+      }
+    }
+    // Under /debug/ (and /metrics with http_metrics_token), authentication comes next,
+    // so that a client without the token learns nothing, not even which paths exist.
+    const bool guarded = debug || (metrics_token && path == "/metrics");
+    if (guarded && token.has_value()) {
       const char* auth = mg_get_header(conn, "Authorization");
       constexpr std::string_view kBearer = "bearer ";
       const std::string_view header = auth == nullptr ? std::string_view() : auth;
@@ -293,8 +403,9 @@ struct HttpServer::Impl {
                           *token);
       if (!ok) {
         Response r = Error(401, auth == nullptr
-                                    ? "/debug/* needs \"Authorization: Bearer <token>\""
-                                    : "the bearer token is wrong");
+                                    ? absl::StrCat(debug ? "/debug/*" : "/metrics",
+                                                   " needs \"Authorization: Bearer <token>\"")
+                                    : std::string("the bearer token is wrong"));
         r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"devmem\"");
         return r;
       }
@@ -320,8 +431,8 @@ struct HttpServer::Impl {
   }
 
   Response Metrics(const mg_request_info* ri) const {
-    absl::StatusOr<absl::flat_hash_map<std::string, std::string>> q =
-        ParseQuery(ri->query_string, {});
+    absl::StatusOr<QueryParams> q =
+        ParseQuery(QueryOf(ri), {});
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     Response r;
     r.content_type = kPrometheusTextContentType;
@@ -336,8 +447,8 @@ struct HttpServer::Impl {
   }
 
   Response Buffers(const mg_request_info* ri) const {
-    absl::StatusOr<absl::flat_hash_map<std::string, std::string>> q =
-        ParseQuery(ri->query_string, {"device", "site", "min_bytes", "limit"});
+    absl::StatusOr<QueryParams> q =
+        ParseQuery(QueryOf(ri), {"device", "site", "min_bytes", "limit"});
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     BufferFilter filter;
     if (auto it = q->find("device"); it != q->end()) {
@@ -368,8 +479,8 @@ struct HttpServer::Impl {
   }
 
   Response Snapshot(const mg_request_info* ri) const {
-    absl::StatusOr<absl::flat_hash_map<std::string, std::string>> q =
-        ParseQuery(ri->query_string, {});
+    absl::StatusOr<QueryParams> q =
+        ParseQuery(QueryOf(ri), {});
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     Response r;
     r.content_type = "application/json";
@@ -379,11 +490,11 @@ struct HttpServer::Impl {
   }
 
   Response Trace(const mg_request_info* ri) const {
-    absl::StatusOr<absl::flat_hash_map<std::string, std::string>> q =
-        ParseQuery(ri->query_string, {"since", "limit"});
+    absl::StatusOr<QueryParams> q =
+        ParseQuery(QueryOf(ri), {"since", "limit"});
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     uint64_t since = 0;
-    size_t limit = SIZE_MAX;
+    size_t limit = kTraceDefaultLimit;
     if (auto it = q->find("since"); it != q->end()) {
       absl::StatusOr<uint64_t> n = ParseCount("since", it->second);
       if (!n.ok()) return Error(400, std::string(n.status().message()));
@@ -392,6 +503,11 @@ struct HttpServer::Impl {
     if (auto it = q->find("limit"); it != q->end()) {
       absl::StatusOr<uint64_t> n = ParseCount("limit", it->second);
       if (!n.ok()) return Error(400, std::string(n.status().message()));
+      if (*n > kTraceMaxLimit) {
+        return Error(400, absl::StrCat("limit: ", *n, " is above the maximum, ",
+                                       kTraceMaxLimit,
+                                       "; read more in pages (since=X-Devmem-Next-Since)"));
+      }
       limit = static_cast<size_t>(*n);
     }
     const TraceRing* ring = runtime->trace();
@@ -407,9 +523,13 @@ struct HttpServer::Impl {
       r.body += TraceEventToJson(e);
       r.body.push_back('\n');
     }
-    // Where to continue from, and how many events were overwritten before this read.
-    r.headers.emplace_back("X-Devmem-Next-Since",
-                           std::to_string(events.empty() ? since : events.back().seq));
+    // Where to continue from (a `since` past the newest event comes back as the
+    // newest, so a client that is ahead resynchronises), whether more events were
+    // already there, and how many were overwritten before this read.
+    const uint64_t newest = ring->next_seq() - 1;
+    const uint64_t next_since = events.empty() ? std::min(since, newest) : events.back().seq;
+    r.headers.emplace_back("X-Devmem-Next-Since", std::to_string(next_since));
+    r.headers.emplace_back("X-Devmem-More", next_since < newest ? "1" : "0");
     r.headers.emplace_back("X-Devmem-Missed", std::to_string(missed));
     return r;
   }
@@ -468,11 +588,30 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& conf
         "http: \"", config.http, "\" is not a loopback address; serving /debug/* to other "
         "hosts needs http_token_file (or http_allow_remote:true to allow it without one)"));
   }
+  if (absl::Status s = ValidateHttpConfig(config); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
   impl->runtime = runtime;
   impl->address = *address;
+  impl->metrics_token = config.http_metrics_token;
+  {
+    absl::StatusOr<std::vector<std::string>> allowed = AllowedHosts(config.http_allowed_hosts);
+    if (!allowed.ok()) return allowed.status();
+    for (std::string& name : *allowed) {
+      if (name == "*") impl->hosts.any = true;
+      else impl->hosts.names.push_back(std::move(name));
+    }
+    // The name `http` was given ("devbox:9400"), and the address it resolved to.
+    const std::string host_part = config.http.substr(0, config.http.rfind(':'));
+    if (std::optional<HostHeader> h = ParseHostHeader(host_part); h && !h->ip) {
+      impl->hosts.names.push_back(h->host);
+    }
+    const std::string bound = address->ipv6 ? absl::StrCat("[", address->numeric, "]")
+                                            : address->numeric;
+    if (std::optional<HostHeader> h = ParseHostHeader(bound)) impl->hosts.bound = h->host;
+    impl->hosts.wildcard = address->numeric == "0.0.0.0" || address->numeric == "::";
+  }
   if (!config.http_token_file.empty()) {
-    absl::StatusOr<std::string> token = ReadToken(config.http_token_file);
+    absl::StatusOr<std::string> token = ReadTokenFile(config.http_token_file);
     if (!token.ok()) return token.status();
     impl->token = std::move(*token);
   }

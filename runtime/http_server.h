@@ -7,30 +7,53 @@
 //   /healthz          "ok"
 //   /debug/buffers    live buffers as JSON; ?device=sim:0&site=...&min_bytes=N&limit=N
 //   /debug/snapshot   the snapshot JSON (runtime/json.h)
-//   /debug/trace      trace events as JSON Lines; ?since=N (events with seq > N)&limit=N;
-//                     headers X-Devmem-Next-Since (the seq to ask after next) and
-//                     X-Devmem-Missed (events overwritten before this read); 404 when
-//                     trace_entries is 0
+//   /debug/trace      trace events as JSON Lines; ?since=N (events with seq > N)&limit=N
+//                     (default 10,000, at most 100,000); headers X-Devmem-Next-Since
+//                     (the seq to ask after next), X-Devmem-More (1: more events were
+//                     already there; ask again) and X-Devmem-Missed (events overwritten
+//                     before this read); 404 when trace_entries is 0
 // Every endpoint answers GET only (405 otherwise, with Allow: GET); an unknown or
 // repeated query parameter is a 400 naming it, like a bad value.
-// With http_token_file set, /debug/* needs "Authorization: Bearer <token>" (401
-// otherwise). Binding a non-loopback address needs http_token_file or
-// http_allow_remote:true, and logs a warning. Malformed requests, unknown paths and bad
-// parameters get a 4xx with a message. Handlers take snapshots under the allocators'
-// locks for as long as a copy takes, and write to the client after releasing them, so
-// a slow or broken client never blocks allocation.
+// Every request whose Host header names something other than localhost, a loopback
+// address, the bound address or a name of http / http_allowed_hosts gets 403 (DNS
+// rebinding protection). With http_token_file set, /debug/* (and /metrics with
+// http_metrics_token) needs "Authorization: Bearer <token>" (401 otherwise). Binding a
+// non-loopback address needs http_token_file or http_allow_remote:true, and logs a
+// warning. Malformed requests, unknown paths and bad parameters get a 4xx with a
+// message. Handlers take snapshots under the allocators' locks for as long as a copy
+// takes, and write to the client after releasing them, so a slow or broken client
+// never blocks allocation; 16 workers and a 3 s request timeout keep a few slow
+// clients from starving scrapes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
 
 namespace devmem {
 
 class Runtime;
+
+// The most bytes a token file may hold (a token is one line; anything larger is not a
+// token file, and reading it must not take unbounded memory).
+inline constexpr size_t kMaxTokenFileBytes = 4096;
+
+// Reads the bearer token from `path` (http_token_file): a regular file (a FIFO, a
+// device such as /dev/zero or a directory is refused, without blocking or reading it
+// whole) of at most kMaxTokenFileBytes, edge whitespace stripped, not empty and free
+// of control bytes (NUL, CR, LF, ...: no client could send them). A file readable by
+// group or others gets a warning on stderr. The error names the file and the reason.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// The rules between the http keys that parsing one key at a time cannot see, checked
+// by the runtime before it starts anything: http_token_file needs http. The error
+// names the keys.
+absl::Status ValidateHttpConfig(const Config& config);
 
 class HttpServer {
  public:

@@ -11,6 +11,17 @@
 // OomReport under "oom". The file is written under a temporary name in the same
 // directory and renamed, so a reader never sees half a dump.
 //
+// Safety in a shared directory (WriteDumpFile): the directory is opened once and every
+// later step works relative to that descriptor (openat/renameat2), so swapping the
+// path for a symlink halfway changes nothing. The directory must belong to the
+// process's effective user (or to root) and, if group or others may write to it, have
+// the sticky bit; otherwise no dump is written and stderr says why. A missing
+// directory is created with mode 0700. The temporary file has an unpredictable name
+// (".devmem-oom-<16 random hex>.tmp"), is created with O_CREAT|O_EXCL|O_NOFOLLOW and
+// mode 0600, and is published without replacing anything (renameat2 RENAME_NOREPLACE,
+// or link+unlink where the filesystem lacks it): a file or symlink already holding the
+// final name is left alone and the dump takes the next free "-2", "-3", ... name.
+//
 // Rate limit: at most one dump per device per `min_interval_ns` (one second unless
 // given): a program that catches OutOfMemoryError and retries in a loop must not fill
 // the disk. OOMs inside the interval are counted (skipped()) but not dumped.
@@ -23,13 +34,18 @@
 // take the allocator's lock again (snapshot) and do I/O.
 #pragma once
 
+#include <sys/stat.h>
+#include <sys/types.h>
+
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/mutex.h"
 #include "allocator/oom_report.h"
@@ -41,6 +57,23 @@ class TraceRing;
 
 inline constexpr int64_t kOomDumpIntervalNs = 1'000'000'000;  // one dump per second
 inline constexpr size_t kOomDumpTraceEvents = 4096;  // newest events kept in a dump
+
+// Why a dump directory with status `st` is not safe to write into for the effective
+// user `euid`, or "" when it is: not a directory; owned by someone other than `euid`
+// or root; writable by group or others without the sticky bit.
+std::string UnsafeDumpDirectoryReason(const struct stat& st, uid_t euid);
+
+// What would stop dumps into `dir` now ("" when nothing: it is safe, or does not exist
+// yet and will be created): the runtime warns at start-up, so that a bad oom_dump_dir
+// is known before the first OOM rather than at it.
+std::string DumpDirectoryProblem(const std::string& dir);
+
+// Writes `text` and a newline to a new file `dir`/`stem`.json (or `stem`-2.json, ...
+// when that name is taken), safely against other users of a shared `dir` (see the file
+// comment). Returns the path written; the error names the directory or file and the
+// reason, and leaves no temporary file behind.
+absl::StatusOr<std::string> WriteDumpFile(const std::string& dir, const std::string& stem,
+                                          std::string_view text);
 
 class OomDumper {
  public:

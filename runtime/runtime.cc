@@ -164,6 +164,15 @@ void ShutdownAtExit() {
 }  // namespace
 
 Runtime::Runtime(const Config& config) : state_(std::make_unique<State>(config)) {
+  if (absl::Status s = ValidateHttpConfig(config); !s.ok()) {
+    throw InvalidArgumentError(absl::StrCat("devmem runtime: ", s.message()));
+  }
+  if (!config.oom_dump_dir.empty()) {
+    if (const std::string problem = DumpDirectoryProblem(config.oom_dump_dir); !problem.empty()) {
+      std::fprintf(stderr, "devmem: warning: oom_dump_dir %s; no OOM dump will be written "
+                           "there until that is fixed\n", problem.c_str());
+    }
+  }
   if (!config.http.empty()) {
     absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(config, this);
     if (!server.ok()) {

@@ -108,6 +108,12 @@ std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit,
   std::vector<TraceEvent> out;
   uint64_t lost = 0;
   const uint64_t end = next_.load(std::memory_order_acquire);  // first seq not claimed
+  // Nothing has a seq above `after` yet (end >= 1 always). Checked before computing
+  // after + 1, which wraps to 0 for after = 2^64 - 1 and would return the whole ring.
+  if (after >= end - 1) {
+    if (missed != nullptr) *missed = 0;
+    return out;
+  }
   // Events older than the last `capacity_` claimed are gone (or being overwritten).
   const uint64_t oldest_kept = end > capacity_ ? end - capacity_ : 1;
   uint64_t q = after + 1;

@@ -152,6 +152,9 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
       {"http_token_file:", [](const Config& c) { return c.http_token_file.empty(); }},
       {"http_allow_remote:true", [](const Config& c) { return c.http_allow_remote; }},
       {"http_allow_remote:false", [](const Config& c) { return !c.http_allow_remote; }},
+      {"http_allowed_hosts:devbox devbox.lan",
+       [](const Config& c) { return c.http_allowed_hosts == "devbox devbox.lan"; }},
+      {"http_metrics_token:true", [](const Config& c) { return c.http_metrics_token; }},
       {"oom_dump_dir:/tmp/devmem dumps",
        [](const Config& c) { return c.oom_dump_dir == "/tmp/devmem dumps"; }},
       {"oom_dump_dir:\"/tmp/a,b\"",
@@ -468,7 +471,8 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "max_split_size_mb:none,garbage_collection_threshold:0,"
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
             "per_process_memory_fraction:1,trace_entries:0,"
-            "http:,http_token_file:,http_allow_remote:false,oom_dump_dir:,site_top_k:10");
+            "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
+            "http_metrics_token:false,oom_dump_dir:,site_top_k:10");
 }
 
 TEST(ToStringTest, RoundTripsHandPickedValues) {
@@ -759,6 +763,8 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.http = "localhost:1";
   base.http_token_file = "x";
   base.http_allow_remote = true;
+  base.http_allowed_hosts = "x";
+  base.http_metrics_token = true;
   base.oom_dump_dir = "x";
   base.site_top_k = 1;
   for (const ConfigKeyDoc& doc : ConfigKeys()) {

@@ -5,14 +5,16 @@
 //
 // The runtime is process-wide: these tests install a fresh sim allocator with
 // Runtime::set_allocator and start their own HttpServer with their own Config. The
-// runtime they use is created with trace_entries on; when another test of the same
-// process created it first without tracing (running the binary by hand, not through
-// ctest, which runs each test in its own process), the trace test skips and says why.
+// runtime they use is created with a trace ring of kRingEntries; ctest runs each test
+// in its own process, so it is always theirs. A runtime without that ring (another
+// test of the same process created it first: run the binary with --gtest_filter) is a
+// failure of the trace tests, not a skip: a skip there could only hide breakage.
 #include "runtime/http_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -115,14 +117,36 @@ HttpResponse Get(int port, const std::string& target, const std::string& extra_h
                               extra_headers + "Connection: close\r\n\r\n");
 }
 
+// A GET with the given Host header line ("" sends none, as HTTP/1.0 clients may).
+HttpResponse GetWithHost(int port, const std::string& target, const std::string& host) {
+  return RawRequest(port, "GET " + target + " HTTP/1.1\r\n" +
+                              (host.empty() ? "" : "Host: " + host + "\r\n") +
+                              "Connection: close\r\n\r\n");
+}
+
 // The runtime these tests share (see the file comment), with a fresh sim:0 allocator.
+// Larger than /debug/trace's default limit (10,000), so that paging can be tested.
+constexpr size_t kRingEntries = 16384;
+
 Runtime& FreshRuntime() {
-  Config config = testutil::MakeSimConfig("trace_entries:4096");
+  Config config =
+      testutil::MakeSimConfig("trace_entries:" + std::to_string(kRingEntries));
   (void)Runtime::Init(config);  // FailedPrecondition: created before; use that one
   Runtime& rt = Runtime::Get();
   Config sim = testutil::MakeSimConfig("sim_capacity:1GiB");
   rt.set_allocator(std::make_shared<CachingAllocator>(MakeSimBackend(sim, 0), sim));
   return rt;
+}
+
+// The trace tests need the ring FreshRuntime asks for (see the file comment).
+::testing::AssertionResult HasTheTestRing(const Runtime& rt) {
+  if (rt.trace() != nullptr && rt.trace()->capacity() == kRingEntries) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "the process's runtime has no trace ring of " << kRingEntries
+         << " entries: another test created it first; run this test in its own process "
+            "(ctest does, or --gtest_filter)";
 }
 
 Config HttpConfig(std::string_view conf = "") {
@@ -182,6 +206,28 @@ TEST(HttpServerTest, MetricsAreServedAndPromtoolClean) {
             nullptr);
   EXPECT_EQ(Get(server->port(), "/metrics?x=1").status, 400);
   a->free(p);
+}
+
+// Every config key of the server reaches it: site_top_k bounds the site labels of the
+// served /metrics (the collector's own test cannot see the server drop the key).
+TEST(HttpServerTest, ServedMetricsHonourSiteTopK) {
+  Runtime& rt = FreshRuntime();
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  std::vector<void*> held;
+  for (uint32_t line = 0; line < 5; ++line) {
+    held.push_back(a->allocate(4096 * (line + 1), {}, TestSite(3000 + line)));
+  }
+  for (const auto& [conf, series] : {std::pair<const char*, size_t>{"site_top_k:2", 3},
+                                     std::pair<const char*, size_t>{"site_top_k:4", 5},
+                                     std::pair<const char*, size_t>{"", 6}}) {
+    SCOPED_TRACE(conf);
+    std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(conf), rt);
+    ASSERT_NE(server, nullptr);
+    const auto samples = ParsePrometheusText(Get(server->port(), "/metrics").body);
+    // K labelled sites plus "other" (the default, 10, labels all five).
+    EXPECT_EQ(testutil::SamplesOf(samples, "devmem_site_live_bytes").size(), series);
+  }
+  for (void* p : held) a->free(p);
 }
 
 // The runtime's observer forwards alloc events to SizeHistogram::Process(), which the
@@ -257,10 +303,7 @@ TEST(HttpServerTest, DebugSnapshotIsJson) {
 
 TEST(HttpServerTest, DebugTraceServesEventsSinceN) {
   Runtime& rt = FreshRuntime();
-  if (rt.trace() == nullptr) {
-    GTEST_SKIP() << "the process's runtime was created without trace_entries by another "
-                    "test; run this test alone (ctest does)";
-  }
+  ASSERT_TRUE(HasTheTestRing(rt));
   std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
   ASSERT_NE(server, nullptr);
   std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
@@ -288,6 +331,162 @@ TEST(HttpServerTest, DebugTraceServesEventsSinceN) {
   EXPECT_EQ(r.body, "");
   EXPECT_EQ(Get(server->port(), "/debug/trace?since=-3").status, 400);
   EXPECT_EQ(Get(server->port(), "/debug/trace?since=abc").status, 400);
+}
+
+// The seq of every line of a /debug/trace body.
+std::vector<uint64_t> TraceSeqs(const std::string& body) {
+  std::vector<uint64_t> seqs;
+  for (size_t pos = 0; pos < body.size();) {
+    size_t eol = body.find('\n', pos);
+    if (eol == std::string::npos) eol = body.size();
+    seqs.push_back(nlohmann::json::parse(body.substr(pos, eol - pos))["seq"].get<uint64_t>());
+    pos = eol + 1;
+  }
+  return seqs;
+}
+
+// A response is bounded without a `limit` (10,000 events), `limit` has a maximum
+// (100,000), and X-Devmem-More / X-Devmem-Next-Since page through the rest.
+TEST(HttpServerTest, DebugTraceIsBoundedAndPages) {
+  Runtime& rt = FreshRuntime();
+  ASSERT_TRUE(HasTheTestRing(rt));
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  const uint64_t start = rt.trace()->next_seq() - 1;
+  for (int i = 0; i < 6500; ++i) a->free(a->allocate(4096, {}, TestSite(__LINE__)));
+  const uint64_t newest = rt.trace()->next_seq() - 1;
+  ASSERT_GE(newest - start, 13000u);
+
+  HttpResponse r = Get(server->port(), "/debug/trace?since=" + std::to_string(start));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::vector<uint64_t> seqs = TraceSeqs(r.body);
+  ASSERT_EQ(seqs.size(), 10000u);
+  EXPECT_EQ(seqs.front(), start + 1);
+  EXPECT_EQ(seqs.back(), start + 10000);
+  EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(start + 10000));
+  EXPECT_EQ(r.headers["x-devmem-more"], "1");
+  EXPECT_EQ(r.headers["x-devmem-missed"], "0");
+  // The next page holds the rest and says there is no more.
+  r = Get(server->port(), "/debug/trace?since=" + r.headers["x-devmem-next-since"]);
+  ASSERT_EQ(r.status, 200);
+  seqs = TraceSeqs(r.body);
+  ASSERT_FALSE(seqs.empty());
+  EXPECT_EQ(seqs.front(), start + 10001);
+  EXPECT_EQ(seqs.back(), newest);
+  EXPECT_EQ(r.headers["x-devmem-more"], "0");
+
+  r = Get(server->port(), "/debug/trace?since=" + std::to_string(start) + "&limit=3");
+  EXPECT_EQ(TraceSeqs(r.body).size(), 3u);
+  EXPECT_EQ(Get(server->port(), "/debug/trace?limit=100000").status, 200);
+  r = Get(server->port(), "/debug/trace?limit=100001");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("maximum, 100000"), std::string::npos) << r.body;
+  a->empty_cache();
+}
+
+// since = 2^64 - 1 once wrapped to 0 (after + 1) and returned the whole ring.
+TEST(HttpServerTest, DebugTraceSinceTheLargestSeqReturnsNothing) {
+  Runtime& rt = FreshRuntime();
+  ASSERT_TRUE(HasTheTestRing(rt));
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  a->free(a->allocate(2048, {}, TestSite(__LINE__)));
+  const uint64_t newest = rt.trace()->next_seq() - 1;
+  for (const std::string& since : {std::string("18446744073709551615"),
+                                  std::string("18446744073709551614"),
+                                  std::to_string(newest), std::to_string(newest + 1000)}) {
+    SCOPED_TRACE(since);
+    HttpResponse r = Get(server->port(), "/debug/trace?since=" + since);
+    ASSERT_EQ(r.status, 200);
+    EXPECT_EQ(r.body, "");
+    EXPECT_EQ(r.headers["x-devmem-missed"], "0");
+    EXPECT_EQ(r.headers["x-devmem-more"], "0");
+    // A client that is ahead is told where the ring is.
+    EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(newest));
+  }
+  uint64_t missed = 7;
+  EXPECT_TRUE(rt.trace()->since(UINT64_MAX, SIZE_MAX, &missed).empty());
+  EXPECT_EQ(missed, 0u);
+  EXPECT_EQ(Get(server->port(), "/debug/trace?since=18446744073709551616").status, 400);
+}
+
+// DNS rebinding: a page on evil.example that resolves its name to 127.0.0.1 sends
+// "Host: evil.example"; nothing may answer it. Loopback names and addresses may.
+TEST(HttpServerTest, HostHeaderMustNameThisServer) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const std::string p = ":" + std::to_string(port);
+  for (const char* path : {"/metrics", "/healthz", "/debug/snapshot", "/debug/trace"}) {
+    SCOPED_TRACE(path);
+    for (const std::string& host :
+         {std::string("evil.example"), "evil.example" + p, std::string("127.0.0.1.evil.example"),
+          std::string("localhost.evil.example"), std::string("10.1.2.3"),
+          std::string("[fe80::1]")}) {
+      HttpResponse r = GetWithHost(port, path, host);
+      EXPECT_EQ(r.status, 403) << host;
+      EXPECT_NE(r.body.find("http_allowed_hosts"), std::string::npos) << host << ": " << r.body;
+    }
+    for (const std::string& host :
+         {"127.0.0.1" + p, std::string("127.0.0.1"), "localhost" + p, std::string("LocalHost."),
+          "app.localhost" + p, "[::1]" + p, std::string("127.9.9.9"), std::string("")}) {
+      EXPECT_EQ(GetWithHost(port, path, host).status, 200) << "Host: " << host;
+    }
+  }
+  EXPECT_EQ(GetWithHost(port, "/healthz", "a b").status, 400);
+  EXPECT_EQ(GetWithHost(port, "/healthz", "host:port").status, 400);
+}
+
+TEST(HttpServerTest, HttpAllowedHostsWidensTheHostCheck) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server =
+      StartOrDie(HttpConfig("http_allowed_hosts:devbox  Devbox.LAN"), rt);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "devbox").status, 200);
+  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "devbox.lan:80").status, 200);
+  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "localhost").status, 200);
+  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "evil.example").status, 403);
+  server = StartOrDie(HttpConfig("http_allowed_hosts:*"), rt);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "evil.example").status, 200);
+  // The name given in `http` is accepted (it is how clients reach the server).
+  server = StartOrDie(HttpConfig("http:localhost:0"), rt);
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "localhost").status, 200);
+
+  Config bad = HttpConfig("http_allowed_hosts:good bad/name");
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start(bad, &rt);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.status().message().find("\"bad/name\""), std::string::npos) << s.status();
+  Config no_http = testutil::MakeSimConfig("http_allowed_hosts:devbox");
+  EXPECT_NE(ValidateHttpConfig(no_http).message().find("http_allowed_hosts"),
+            std::string::npos);
+}
+
+TEST(HttpServerTest, HttpMetricsTokenGuardsMetricsToo) {
+  Runtime& rt = FreshRuntime();
+  const std::string token_file = WriteTempFile("s3cret-token\n");
+  Config config = HttpConfig("http_metrics_token:true");
+  config.http_token_file = token_file;
+  std::unique_ptr<HttpServer> server = StartOrDie(config, rt);
+  ASSERT_NE(server, nullptr);
+  HttpResponse r = Get(server->port(), "/metrics");
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.body.find("/metrics needs"), std::string::npos) << r.body;
+  EXPECT_EQ(Get(server->port(), "/metrics", "Authorization: Bearer wrong\r\n").status, 401);
+  r = Get(server->port(), "/metrics", "Authorization: Bearer s3cret-token\r\n");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_NE(r.body.find("devmem_allocated_bytes"), std::string::npos);
+  EXPECT_EQ(Get(server->port(), "/healthz").status, 200);  // liveness stays open
+  EXPECT_EQ(Get(server->port(), "/debug/snapshot").status, 401);
+  server.reset();
+  unlink(token_file.c_str());
+  // Without a token there is nothing to require.
+  absl::Status s = ValidateHttpConfig(HttpConfig("http_metrics_token:true"));
+  EXPECT_NE(s.message().find("http_token_file"), std::string::npos) << s;
 }
 
 TEST(HttpServerTest, UnknownPathsAndMethodsAndMalformedRequestsGet4xx) {
@@ -382,6 +581,73 @@ TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
   EXPECT_NE(s.status().message().find(config.http), std::string::npos) << s.status();
 }
 
+// Each file that is not a small one-line regular file is refused with the reason,
+// promptly: a FIFO must not block start-up, /dev/zero must not be read until memory
+// runs out, a directory is not "empty".
+TEST(HttpTokenFileTest, RefusesWhatIsNotASmallOneLineRegularFile) {
+  char dir_template[] = "/tmp/devmem_tokdir_XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  struct Bad {
+    std::string path;
+    std::string says;
+  };
+  const std::string big = WriteTempFile(std::string(kMaxTokenFileBytes + 1, 'a'));
+  const std::string nul = WriteTempFile(std::string("abc\0def\n", 8));
+  const std::string crlf = WriteTempFile("abc\r\ndef\n");
+  for (const Bad& bad : {Bad{fifo, "is a FIFO"}, Bad{"/dev/zero", "is a character device"},
+                         Bad{dir, "is a directory"},
+                         Bad{big, "larger than " + std::to_string(kMaxTokenFileBytes)},
+                         Bad{nul, "control byte 0x00 at offset 3"},
+                         Bad{crlf, "control byte 0x0d at offset 3"}}) {
+    absl::StatusOr<std::string> token = ReadTokenFile(bad.path);
+    ASSERT_FALSE(token.ok()) << bad.path;
+    EXPECT_NE(token.status().message().find(bad.path), std::string::npos) << token.status();
+    EXPECT_NE(token.status().message().find(bad.says), std::string::npos) << token.status();
+  }
+  // Exactly at the bound, with edge whitespace: accepted and stripped.
+  const std::string ok = WriteTempFile(" " + std::string(kMaxTokenFileBytes - 2, 't') + "\n");
+  absl::StatusOr<std::string> token = ReadTokenFile(ok);
+  ASSERT_TRUE(token.ok()) << token.status();
+  EXPECT_EQ(*token, std::string(kMaxTokenFileBytes - 2, 't'));
+  for (const std::string& f : {big, nul, crlf, ok, fifo}) unlink(f.c_str());
+  rmdir(dir.c_str());
+}
+
+TEST(HttpTokenFileTest, WarnsWhenGroupOrOthersCanReadIt) {
+  const std::string file = WriteTempFile("s3cret\n");  // mkstemp: 0600
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(ReadTokenFile(file).ok());
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  ASSERT_EQ(chmod(file.c_str(), 0644), 0);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(ReadTokenFile(file).ok());
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find(file), std::string::npos) << err;
+  EXPECT_NE(err.find("readable by others (mode 0644)"), std::string::npos) << err;
+  ASSERT_EQ(chmod(file.c_str(), 0640), 0);
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(ReadTokenFile(file).ok());
+  err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("readable by its group"), std::string::npos) << err;
+  unlink(file.c_str());
+}
+
+TEST(HttpTokenFileTest, ATokenFileWithoutHttpIsAnError) {
+  Config config = testutil::MakeSimConfig("http_token_file:/etc/devmem/token");
+  absl::Status s = ValidateHttpConfig(config);
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("http_token_file"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("/etc/devmem/token"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("http is not"), std::string::npos) << s;
+  config.http = "127.0.0.1:0";
+  EXPECT_TRUE(ValidateHttpConfig(config).ok());
+  EXPECT_TRUE(ValidateHttpConfig(testutil::MakeSimConfig("")).ok());
+}
+
 TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
   Runtime& rt = FreshRuntime();
   std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
@@ -392,7 +658,7 @@ TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
   ASSERT_GT(send(stalled, "GET /debug/snap", 15, MSG_NOSIGNAL), 0);
   const int unread = Connect(server->port());
   ASSERT_GE(unread, 0);
-  const std::string req = "GET /debug/snapshot HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string req = "GET /debug/snapshot HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   ASSERT_GT(send(unread, req.data(), req.size(), MSG_NOSIGNAL), 0);
   std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
   const auto t0 = std::chrono::steady_clock::now();
@@ -401,6 +667,37 @@ TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
   EXPECT_EQ(Get(server->port(), "/metrics").status, 200);
   close(stalled);
   close(unread);
+}
+
+// Slow clients (connected, a partial request, then nothing) each hold a worker until
+// the request timeout. A handful of them must not starve scrapes: with 4 workers and
+// a 10 s timeout, 8 such clients once left /metrics answering 1 probe in 13.
+TEST(HttpServerTest, SlowClientsDoNotStarveScrapes) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  constexpr int kSlowClients = 8;
+  std::vector<int> slow;
+  for (int i = 0; i < kSlowClients; ++i) {
+    const int fd = Connect(server->port());
+    ASSERT_GE(fd, 0);
+    ASSERT_GT(send(fd, "GET /metrics HTTP/1.1\r\nHo", 25, MSG_NOSIGNAL), 0);
+    slow.push_back(fd);
+  }
+  // The listener hands connections to workers in the order it accepted them, so every
+  // probe queues behind the slow clients: it is answered at once only if free workers
+  // remain (or after the slow clients time out, which this bound rules out).
+  for (int probe = 0; probe < 5; ++probe) {
+    const auto t0 = std::chrono::steady_clock::now();
+    HttpResponse m = Get(server->port(), "/metrics");
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(m.status, 200) << "probe " << probe;
+    EXPECT_LT(took, std::chrono::milliseconds(1500)) << "probe " << probe;
+    EXPECT_NE(testutil::FindSample(ParsePrometheusText(m.body), "devmem_allocated_bytes",
+                                   {{"device", "sim:0"}}),
+              nullptr);
+  }
+  for (int fd : slow) close(fd);
 }
 
 TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
@@ -412,6 +709,16 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   std::atomic<bool> stop{false};
   std::atomic<int64_t> ops{0};
+  std::atomic<int64_t> allocs{0};
+  std::atomic<int64_t> frees{0};
+  const auto total = [&](const std::vector<testutil::Sample>& samples, const char* name) {
+    return SampleValue(samples, name, {{"device", "sim:0"}, {"pool", "small"}}) +
+           SampleValue(samples, name, {{"device", "sim:0"}, {"pool", "large"}});
+  };
+  const std::vector<testutil::Sample> first =
+      ParsePrometheusText(Get(server->port(), "/metrics").body);
+  const double allocs_before = total(first, "devmem_allocations_total");
+  const double frees_before = total(first, "devmem_frees_total");
   auto storm = [&](uint32_t seed) {
     std::mt19937 rng(seed);
     std::vector<void*> held;
@@ -419,9 +726,11 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
       if (held.size() < 64 && (held.empty() || rng() % 2 == 0)) {
         const size_t sizes[] = {512, 4000, 65536, 1 << 20, 3 << 20};
         held.push_back(a->allocate(sizes[rng() % 5], {}, TestSite(2000 + rng() % 16)));
+        allocs.fetch_add(1, std::memory_order_relaxed);
       } else {
         const size_t k = rng() % held.size();
         a->free(held[k]);
+        frees.fetch_add(1, std::memory_order_relaxed);
         held[k] = held.back();
         held.pop_back();
       }
@@ -429,11 +738,13 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
       if (std::chrono::steady_clock::now() > deadline) break;
     }
     for (void* p : held) a->free(p);
+    frees.fetch_add(static_cast<int64_t>(held.size()), std::memory_order_relaxed);
   };
   std::thread t1(storm, 1);
   std::thread t2(storm, 2);
   // Two scrapers, so that scrapes also race each other (the collector's own state).
   std::atomic<int> scrapes{0};
+  std::atomic<int> busy_scrapes{0};  // scrapes that saw storm buffers live
   auto scrape = [&] {
     double last_allocations = 0;
     while (std::chrono::steady_clock::now() < deadline) {
@@ -441,8 +752,23 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
       EXPECT_EQ(m.status, 200);
       if (m.status != 200) break;
       const auto samples = ParsePrometheusText(m.body);
-      const double allocations = SampleValue(samples, "devmem_allocations_total",
-                                             {{"device", "sim:0"}, {"pool", "small"}});
+      // Each scrape is one consistent reading per allocator (one snapshot): the
+      // figures must agree with each other, whatever the storm does meanwhile.
+      for (const char* pool : {"small", "large"}) {
+        SCOPED_TRACE(pool);
+        const std::map<std::string, std::string> lp = {{"device", "sim:0"}, {"pool", pool}};
+        const double live = SampleValue(samples, "devmem_live_buffers", lp);
+        EXPECT_EQ(live, SampleValue(samples, "devmem_allocations_total", lp) -
+                            SampleValue(samples, "devmem_frees_total", lp));
+        const double allocated = SampleValue(samples, "devmem_allocated_bytes", lp);
+        EXPECT_LE(allocated, SampleValue(samples, "devmem_active_bytes", lp));
+        EXPECT_LE(SampleValue(samples, "devmem_active_bytes", lp),
+                  SampleValue(samples, "devmem_reserved_bytes", lp));
+        EXPECT_EQ(SampleValue(samples, "devmem_cached_bytes", lp),
+                  SampleValue(samples, "devmem_reserved_bytes", lp) - allocated);
+      }
+      if (total(samples, "devmem_live_buffers") > 0) busy_scrapes.fetch_add(1);
+      const double allocations = total(samples, "devmem_allocations_total");
       EXPECT_GE(allocations, last_allocations);  // counters never go down
       last_allocations = allocations;
       EXPECT_EQ(Get(server->port(), "/debug/buffers?limit=5").status, 200);
@@ -457,11 +783,15 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
   stop = true;
   t1.join();
   t2.join();
-  EXPECT_GT(scrapes.load(), 0);
-  EXPECT_GT(ops.load(), 0);
+  // Scrapes ran while the storm held buffers, and the counters account for exactly
+  // the storm's operations.
+  EXPECT_GT(busy_scrapes.load(), 0) << scrapes.load() << " scrapes, " << ops.load() << " ops";
   EXPECT_TRUE(a->validate().ok()) << a->validate();
   HttpResponse m = Get(server->port(), "/metrics");
   EXPECT_EQ(PromtoolCheck(m.body), "");
+  const std::vector<testutil::Sample> last = ParsePrometheusText(m.body);
+  EXPECT_EQ(total(last, "devmem_allocations_total") - allocs_before, allocs.load());
+  EXPECT_EQ(total(last, "devmem_frees_total") - frees_before, frees.load());
   EXPECT_EQ(SampleValue(ParsePrometheusText(m.body), "devmem_allocated_bytes",
                         {{"device", "sim:0"}, {"pool", "small"}}),
             0);

@@ -228,6 +228,140 @@ TEST(MetricsTest, CountersAndGaugesFollowTheAllocator) {
   for (void* p : {held[0], held[2], held[4]}) f.alloc->free(p);
 }
 
+// Every family's every series against the allocator's own figures (its snapshot,
+// site_stats() and the size histogram), in a state where figures that a planted bug
+// could confuse differ: peaks above current values, a fragmented pool, an OOM, a
+// copy site, device info whose labels all differ. A family this test does not check
+// fails it, so a new family comes with its check.
+TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
+  Fixture f("sim_capacity:64MiB", /*top_k=*/2);
+  void* p40 = f.alloc->allocate(40 * kMiB, {}, Site(90));
+  EXPECT_THROW(f.alloc->allocate(40 * kMiB, {}, Site(91)), OutOfMemoryError);
+  f.alloc->free(p40);
+  f.alloc->empty_cache();
+  std::vector<void*> held;
+  for (int i = 0; i < 6; ++i) held.push_back(f.alloc->allocate(1000, {}, Site(92 + i % 3)));
+  f.alloc->free(held[1]);
+  f.alloc->free(held[3]);
+  void* copy = f.alloc->allocate(3 * kMiB, {}, Site(96, SiteKind::kClone));
+
+  const std::vector<Sample> samples = f.Scrape();
+  const AllocatorSnapshot snap = f.alloc->snapshot();
+  const std::vector<SiteStats> sites = f.alloc->site_stats();
+  const DeviceStats& st = snap.stats;
+  // The state tells the figures apart.
+  ASSERT_GT(st.reserved_bytes[kAggregatePool].peak, st.reserved_bytes[kAggregatePool].current);
+  ASSERT_GT(st.allocated_bytes[kAggregatePool].peak,
+            st.allocated_bytes[kAggregatePool].current);
+  ASSERT_GT(st.num_ooms, 0);
+  ASSERT_NE(snap.info.uuid, snap.info.name);
+  ASSERT_NE(snap.info.uuid, snap.info.backend);
+  ASSERT_NE(snap.info.name, snap.info.backend);
+
+  std::set<std::string> checked;
+  const std::map<std::string, std::string> dev = {{"device", "sim:0"}};
+  auto check = [&](const std::string& family, const std::map<std::string, std::string>& labels,
+                   double expected) {
+    checked.insert(family);
+    EXPECT_EQ(SampleValue(samples, family, labels), expected) << family;
+  };
+  // Per pool.
+  for (StatPool p : {kSmallPool, kLargePool}) {
+    const std::map<std::string, std::string> l = {{"device", "sim:0"},
+                                                  {"pool", p == kSmallPool ? "small" : "large"}};
+    SCOPED_TRACE(l.at("pool"));
+    size_t largest = 0, free_total = 0;
+    for (const SegmentInfo& seg : snap.segments) {
+      if (seg.small_pool != (p == kSmallPool)) continue;
+      for (const BlockInfo& b : seg.blocks) {
+        if (b.state != BlockState::kFree) continue;
+        largest = std::max(largest, b.size);
+        free_total += b.size;
+      }
+    }
+    check("devmem_allocated_bytes", l, st.allocated_bytes[p].current);
+    check("devmem_reserved_bytes", l, st.reserved_bytes[p].current);
+    check("devmem_active_bytes", l, st.active_bytes[p].current);
+    check("devmem_cached_bytes", l, st.reserved_bytes[p].current - st.allocated_bytes[p].current);
+    check("devmem_pending_bytes", l, st.pending_bytes[p].current);
+    check("devmem_requested_bytes", l, st.requested_bytes[p].current);
+    check("devmem_inactive_split_bytes", l, st.inactive_split_bytes[p].current);
+    check("devmem_live_buffers", l, st.allocation[p].current);
+    check("devmem_segments", l, st.segment[p].current);
+    check("devmem_largest_free_block_bytes", l, static_cast<double>(largest));
+    check("devmem_fragmentation_ratio", l,
+          free_total == 0 ? 0.0 : 1.0 - static_cast<double>(largest) / free_total);
+    check("devmem_allocations_total", l, st.allocation[p].allocated);
+    check("devmem_frees_total", l, st.allocation[p].freed);
+    check("devmem_allocated_bytes_total", l, st.allocated_bytes[p].allocated);
+  }
+  // Per device.
+  check("devmem_peak_allocated_bytes", dev, st.allocated_bytes[kAggregatePool].peak);
+  check("devmem_peak_reserved_bytes", dev, st.reserved_bytes[kAggregatePool].peak);
+  check("devmem_device_total_bytes", dev, snap.mem_info.total_bytes);
+  check("devmem_device_free_bytes", dev, snap.mem_info.free_bytes);
+  check("devmem_device_allocations_total", dev, st.num_device_alloc);
+  check("devmem_device_frees_total", dev, st.num_device_free);
+  check("devmem_cache_hits_total", dev, st.cache_hits);
+  check("devmem_cache_misses_total", dev, st.cache_misses);
+  check("devmem_alloc_retries_total", dev, st.num_alloc_retries);
+  check("devmem_ooms_total", dev, st.num_ooms);
+  // Each label of device_info holds its own field.
+  check("devmem_device_info",
+        {{"device", "sim:0"}, {"uuid", snap.info.uuid}, {"name", snap.info.name},
+         {"backend", snap.info.backend}},
+        1);
+  EXPECT_EQ(SamplesOf(samples, "devmem_device_info").size(), 1u);
+  // Sites: the labelled sites hold their own live figures, "other" the rest, and the
+  // series add up to the allocator's totals (top_k = 2 of the 4 live sites).
+  double live_bytes = 0, live_buffers = 0, copies = 0, copy_bytes = 0;
+  int64_t want_bytes = 0, want_buffers = 0, want_copies = 0, want_copy_bytes = 0;
+  for (size_t id = 0; id < sites.size(); ++id) {
+    want_bytes += sites[id].live_bytes;
+    want_buffers += sites[id].live_count;
+    if (id > 0 && IsCopyKind(GetSite(static_cast<SiteId>(id)).kind)) {
+      want_copies += sites[id].total_count;
+      want_copy_bytes += sites[id].total_bytes;
+    }
+  }
+  const std::vector<Sample> live = SamplesOf(samples, "devmem_site_live_bytes");
+  EXPECT_EQ(live.size(), 3u);  // 2 labelled + other
+  for (const Sample& s : live) {
+    live_bytes += s.value;
+    if (s.labels.at("site") == "other") continue;
+    for (size_t id = 1; id < sites.size(); ++id) {
+      if (GetSite(static_cast<SiteId>(id)).ToString() == s.labels.at("site")) {
+        EXPECT_EQ(s.value, sites[id].live_bytes) << s.labels.at("site");
+      }
+    }
+  }
+  for (const Sample& s : SamplesOf(samples, "devmem_site_live_buffers")) live_buffers += s.value;
+  for (const Sample& s : SamplesOf(samples, "devmem_clones_total")) copies += s.value;
+  for (const Sample& s : SamplesOf(samples, "devmem_clone_bytes_total")) copy_bytes += s.value;
+  EXPECT_EQ(live_bytes, want_bytes);
+  EXPECT_EQ(live_buffers, want_buffers);
+  EXPECT_EQ(copies, want_copies);
+  EXPECT_EQ(copy_bytes, want_copy_bytes);
+  EXPECT_EQ(want_copy_bytes, 3 * kMiB);
+  checked.insert({"devmem_site_live_bytes", "devmem_site_live_buffers", "devmem_clones_total",
+                  "devmem_clone_bytes_total"});
+  // The size histogram against the SizeHistogram it reads.
+  const std::vector<SizeHistogram::Counts> counts = f.sizes.counts();
+  ASSERT_EQ(counts.size(), 1u);
+  ASSERT_GT(counts[0].count, 0u);
+  checked.insert("devmem_allocation_size_bytes");
+  EXPECT_EQ(SampleValue(samples, "devmem_allocation_size_bytes_count", dev), counts[0].count);
+  EXPECT_EQ(SampleValue(samples, "devmem_allocation_size_bytes_sum", dev), counts[0].sum_bytes);
+
+  for (const FamilySpec& family : Families()) {
+    EXPECT_TRUE(checked.contains(family.name)) << family.name << " has no value check here";
+  }
+  for (void* p : held) {
+    if (p != held[1] && p != held[3]) f.alloc->free(p);
+  }
+  f.alloc->free(copy);
+}
+
 TEST(MetricsTest, OomsAndRetriesAreCounted) {
   Fixture f("sim_capacity:64MiB");
   void* p = f.alloc->allocate(40 * kMiB);

@@ -5,6 +5,7 @@
 // callbacks.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -165,6 +166,145 @@ TEST(OomDumpTest, UnwritableDirectoryNeitherThrowsNorStopsCallbacks) {
   EXPECT_EQ(calls, 1);
   OomReport report;
   EXPECT_EQ(dumper.MaybeDump(report, *alloc, nullptr), "");
+}
+
+// Mode bits of `p` without following a final symlink.
+mode_t ModeOf(const fs::path& p) {
+  struct stat st {};
+  EXPECT_EQ(lstat(p.c_str(), &st), 0) << p;
+  return st.st_mode & 07777;
+}
+
+// Whatever the umask, a dump is readable by its owner only (it holds file paths, tags
+// and the program's memory layout).
+TEST(OomDumpFileTest, DumpsAreCreated0600WhateverTheUmask) {
+  const std::string dir = FreshDir("oom-mode");
+  auto alloc = SmallSim(46);
+  OomDumper dumper(dir, /*min_interval_ns=*/0);
+  DeviceObserver observer(alloc.get(), nullptr, &dumper, nullptr);
+  alloc->set_observer(&observer);
+  const mode_t old_umask = umask(0);
+  Oom(*alloc, kUnknownSite);
+  umask(old_umask);
+  alloc->set_observer(nullptr);
+  const std::vector<fs::path> files = Files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(ModeOf(files[0]), 0600u) << files[0];
+  fs::remove_all(dir);
+}
+
+// Another user of a shared directory plants symlinks on the names a dump could take
+// (the final name and the old, predictable temporary name); the victim must be left
+// alone and the symlinks must stay symlinks.
+TEST(OomDumpFileTest, PlantedSymlinksAreNeitherFollowedNorReplaced) {
+  const std::string dir = FreshDir("oom-symlink");
+  const std::string victim_dir = FreshDir("oom-victim");
+  const fs::path victim = fs::path(victim_dir) / "secret";
+  std::ofstream(victim) << "secret";
+  fs::permissions(victim, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string stem = "devmem-oom-sim0-1700000000000-" + std::to_string(getpid());
+  const fs::path planted = fs::path(dir) / (stem + ".json");
+  fs::create_symlink(victim, planted);
+  fs::create_symlink(victim, fs::path(dir) / ("." + stem + ".json.tmp"));
+
+  absl::StatusOr<std::string> written = WriteDumpFile(dir, stem, "{\"dump\":1}");
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, (fs::path(dir) / (stem + "-2.json")).string());
+  EXPECT_EQ(Read(*written), "{\"dump\":1}\n");
+  EXPECT_EQ(Read(victim), "secret");
+  EXPECT_TRUE(fs::is_symlink(planted));
+  EXPECT_EQ(fs::read_symlink(planted), victim);
+  // Nothing else appeared: no temporary file left over.
+  EXPECT_EQ(Files(dir).size(), 3u);
+  fs::remove_all(dir);
+  fs::remove_all(victim_dir);
+}
+
+TEST(OomDumpFileTest, UnsafeDirectoriesAreRefusedWithTheReason) {
+  const std::string dir = FreshDir("oom-unsafe");
+  fs::permissions(dir, fs::perms::all);  // 0777, no sticky bit
+  absl::StatusOr<std::string> written = WriteDumpFile(dir, "devmem-oom-x", "{}");
+  ASSERT_FALSE(written.ok());
+  EXPECT_NE(written.status().message().find(dir), std::string::npos) << written.status();
+  EXPECT_NE(written.status().message().find("sticky"), std::string::npos) << written.status();
+  EXPECT_TRUE(Files(dir).empty());
+  // With the sticky bit (like /tmp) others cannot replace our files: accepted.
+  fs::permissions(dir, fs::perms::all | fs::perms::sticky_bit);
+  written = WriteDumpFile(dir, "devmem-oom-x", "{}");
+  EXPECT_TRUE(written.ok()) << written.status();
+  // Group-writable without the sticky bit is refused as well.
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_all);
+  EXPECT_FALSE(WriteDumpFile(dir, "devmem-oom-y", "{}").ok());
+
+  // A regular file where the directory should be.
+  const fs::path file = fs::path(dir) / "plain";
+  std::ofstream(file) << "x";
+  written = WriteDumpFile(file.string(), "devmem-oom-x", "{}");
+  ASSERT_FALSE(written.ok());
+  EXPECT_NE(written.status().message().find(file.string()), std::string::npos);
+
+  // A directory owned by another user (needs root to make one; the reason itself is
+  // checked below for everyone).
+  if (geteuid() == 0) {
+    const fs::path theirs = fs::path(dir) / "theirs";
+    fs::create_directory(theirs);
+    ASSERT_EQ(chown(theirs.c_str(), 65534, 65534), 0);
+    written = WriteDumpFile(theirs.string(), "devmem-oom-x", "{}");
+    ASSERT_FALSE(written.ok());
+    EXPECT_NE(written.status().message().find("owned by uid 65534"), std::string::npos)
+        << written.status();
+    EXPECT_TRUE(Files(theirs.string()).empty());
+  }
+  struct stat st {};
+  st.st_mode = S_IFDIR | 0700;
+  st.st_uid = 1234;
+  EXPECT_EQ(UnsafeDumpDirectoryReason(st, 1234), "");
+  EXPECT_NE(UnsafeDumpDirectoryReason(st, 999).find("owned by uid 1234"), std::string::npos);
+  st.st_uid = 0;  // root's directories are trusted (root can write anywhere anyway)
+  EXPECT_EQ(UnsafeDumpDirectoryReason(st, 999), "");
+  st.st_mode = S_IFDIR | 0757;
+  EXPECT_NE(UnsafeDumpDirectoryReason(st, 999).find("others"), std::string::npos);
+  st.st_mode = S_IFDIR | 01777;
+  EXPECT_EQ(UnsafeDumpDirectoryReason(st, 999), "");
+  st.st_mode = S_IFREG | 0600;
+  EXPECT_NE(UnsafeDumpDirectoryReason(st, 0).find("not a directory"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST(OomDumpFileTest, DumpDirectoryProblemIsKnownBeforeTheFirstOom) {
+  const std::string dir = FreshDir("oom-problem");
+  EXPECT_EQ(DumpDirectoryProblem(dir), "");
+  EXPECT_EQ(DumpDirectoryProblem(dir + "/not/yet"), "");  // created at the first dump
+  fs::permissions(dir, fs::perms::all);
+  const std::string problem = DumpDirectoryProblem(dir);
+  EXPECT_NE(problem.find(dir), std::string::npos) << problem;
+  EXPECT_NE(problem.find("sticky"), std::string::npos) << problem;
+  fs::remove_all(dir);
+}
+
+// The dumper reports the refusal on stderr and writes nothing; a directory it has to
+// create gets mode 0700.
+TEST(OomDumpFileTest, DumperSaysWhyItRefusesAndCreatesPrivateDirectories) {
+  const std::string dir = FreshDir("oom-refuse");
+  fs::permissions(dir, fs::perms::all);
+  auto alloc = SmallSim(47);
+  OomDumper dumper(dir, /*min_interval_ns=*/0);
+  OomReport report;
+  report.device = DeviceId{DeviceType::kSim, 47};
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(dumper.MaybeDump(report, *alloc, nullptr), "");
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("refusing the OOM dump directory " + dir), std::string::npos) << err;
+  EXPECT_TRUE(Files(dir).empty());
+
+  fs::permissions(dir, fs::perms::owner_all);
+  const std::string nested = (fs::path(dir) / "a" / "dumps").string();
+  OomDumper fresh(nested, 0);
+  const std::string path = fresh.MaybeDump(report, *alloc, nullptr);
+  ASSERT_NE(path, "");
+  EXPECT_EQ(ModeOf(nested), 0700u);
+  EXPECT_TRUE(SnapshotFromJson(Read(path)).ok());
+  fs::remove_all(dir);
 }
 
 TEST(OomCallbackTest, AddRemoveThrowAndSelfRemoval) {
