@@ -15,6 +15,7 @@
 //   memtrace SUBCOMMAND --help     what each one does
 #include <CLI/CLI.hpp>
 
+#include "devmem/devmem_version.h"
 #include "tools/memtrace_commands.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   CLI::App app{"memtrace: who holds the memory of a devmem process, and what a workload "
                "would cost elsewhere"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "memtrace " DEVMEM_VERSION);
   int exit_code = mt::kExitOk;
   mt::AddReplayCommand(app, &exit_code);
   mt::AddImportCommand(app, &exit_code);
@@ -36,6 +38,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);
