@@ -352,24 +352,31 @@ TORCH_CHECK = r'''
 import io, pickle, sys, contextlib
 import torch
 from torch.cuda import _memory_viz as mv
+
+def call(fn, snap):
+    # PyTorch 2.x's functions take the snapshot dict; 1.13's took its list of segments.
+    try:
+        return fn(snap)
+    except (TypeError, KeyError):
+        return fn(snap["segments"])
+
 for path in sys.argv[1:]:
     with open(path, "rb") as f:
         snap = pickle.load(f)
-    # PyTorch 2.x's functions take the dict; 1.13's took the list of segments.
-    arg = snap if hasattr(mv, "_segments") or "snapshot" in (mv.stats.__doc__ or "") else snap["segments"]
-    try:
-        st = mv.stats(arg)
-    except (TypeError, KeyError):
-        arg = snap["segments"] if arg is snap else snap
-        st = mv.stats(arg)
-    mv.segments(arg, format_flamegraph=lambda s: s)
-    mv.memory(arg, format_flamegraph=lambda s: s)
-    if hasattr(mv, "trace"):
-        with contextlib.redirect_stdout(io.StringIO()):
-            mv.trace(snap)
-    if hasattr(mv, "trace_plot"):
-        mv.trace_plot(snap)
-    print(path.rsplit("/", 1)[-1], "torch", torch.__version__, st)
+    ran = []
+    with contextlib.redirect_stdout(io.StringIO()):
+        for name in ("stats", "segsum"):  # both assert that blocks add up to segments
+            if hasattr(mv, name):
+                ran.append((name, call(getattr(mv, name), snap)))
+        for name in ("segments", "memory"):
+            call(lambda x: getattr(mv, name)(x, format_flamegraph=lambda t: t), snap)
+            ran.append((name, "ok"))
+        for name in ("trace", "trace_plot", "segment_plot"):  # 2.x
+            if hasattr(mv, name):
+                getattr(mv, name)(snap)
+                ran.append((name, "ok"))
+    print(path.rsplit("/", 1)[-1], "torch", torch.__version__,
+          ", ".join(n if r == "ok" else f"{n}: {r}" for n, r in ran))
 '''
 
 
