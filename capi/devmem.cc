@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/config.h"
 #include "allocator/errors.h"
 #include "allocator/mutex.h"
 #include "allocator/oom_report.h"
@@ -48,6 +49,7 @@
 #include "allocator/types.h"
 #include "runtime/json.h"
 #include "runtime/runtime.h"
+#include "devmem/devmem_version.h"
 
 namespace devmem {
 namespace {
@@ -396,6 +398,99 @@ int devmem_pop_tag(void) {
     devmem::tls_tags.pop_back();
     return DEVMEM_OK;
   });
+}
+
+}  // extern "C"
+
+// --- version, and PyTorch's torch.cuda memory functions (python/devmem) ---------------
+
+namespace devmem {
+namespace {
+
+// Runs `fn` on the allocator of `device` when it exists, or on every existing one for
+// -1: as devmem_empty_cache, an unused device gets no allocator (nor CUDA context).
+template <typename Fn>
+int ForExistingAllocators(const char* function, int device, Fn&& fn) {
+  return Guard([&] {
+    if (device < -1) {
+      throw CapiError(DEVMEM_ERR_INVALID,
+                      absl::StrCat(function, ": device ", device,
+                                   " does not exist (-1 means every device)"));
+    }
+    Runtime& runtime = GetRuntime();
+    const DeviceId id{runtime.default_device().type, device};
+    for (const auto& a : runtime.allocators()) {
+      if (device == -1 || a->device() == id) fn(*a);
+    }
+    return DEVMEM_OK;
+  });
+}
+
+}  // namespace
+}  // namespace devmem
+
+extern "C" {
+
+const char* devmem_version(void) { return DEVMEM_VERSION; }
+
+int devmem_reset_peak_stats(int device) {
+  return devmem::ForExistingAllocators("devmem_reset_peak_stats", device,
+                                       [](devmem::CachingAllocator& a) { a.reset_peak_stats(); });
+}
+
+int devmem_reset_accumulated_stats(int device) {
+  return devmem::ForExistingAllocators(
+      "devmem_reset_accumulated_stats", device,
+      [](devmem::CachingAllocator& a) { a.reset_accumulated_stats(); });
+}
+
+int devmem_set_memory_fraction(double fraction, int device) {
+  return Guard([&] {
+    // Checked before the allocator is made, so a bad fraction changes nothing.
+    if (!(fraction > 0.0 && fraction <= 1.0)) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrFormat("devmem_set_memory_fraction: fraction %g is "
+                                              "not in (0, 1]",
+                                              fraction));
+    }
+    const absl::Status st = devmem::AllocatorFor(device).set_memory_fraction(fraction);
+    if (!st.ok()) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat("devmem_set_memory_fraction: ", st.message()));
+    }
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes) {
+  return Guard([&] {
+    if (free_bytes == nullptr || total_bytes == nullptr) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              "devmem_mem_get_info: `free_bytes` or `total_bytes` is NULL");
+    }
+    const devmem::MemInfo info = devmem::AllocatorFor(device).backend().mem_info();
+    *free_bytes = info.free_bytes;
+    *total_bytes = info.total_bytes;
+    return DEVMEM_OK;
+  });
+}
+
+char* devmem_memory_summary(int device) {
+  char* out = nullptr;
+  Guard([&] {
+    devmem::CachingAllocator& a = devmem::AllocatorFor(device);
+    std::string text = absl::StrCat(a.device().ToString(), "\n", a.stats().ToString());
+    const std::vector<devmem::SiteUsage> top = a.top_sites(10);
+    absl::StrAppend(&text, top.empty() ? "No live allocations.\n"
+                                       : "Largest live holders by site:\n");
+    for (const devmem::SiteUsage& u : top) {
+      absl::StrAppendFormat(&text, "  %10s in %6d blocks  %s\n", devmem::FormatBytes(u.live_bytes),
+                            u.live_count, devmem::GetSite(u.site).ToString());
+    }
+    out = devmem::MallocCopy(text);
+    return DEVMEM_OK;
+  });
+  return out;
 }
 
 }  // extern "C"

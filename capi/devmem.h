@@ -182,6 +182,50 @@ int devmem_push_tag(const char* tag);
  * Thread-safe. */
 int devmem_pop_tag(void);
 
+/* ---- Version, and what PyTorch's torch.cuda memory functions do ------------------- */
+/* Added for python/devmem (README.md, "Python"), which gives them PyTorch's names. */
+
+/* The version of the loaded libdevmem.so, "MAJOR.MINOR.PATCH" (devmem_version.h's
+ * DEVMEM_VERSION is the version of the headers). A static string: never freed.
+ * Never fails. Thread-safe. */
+const char* devmem_version(void);
+
+/* torch.cuda.reset_peak_memory_stats: sets every peak of `device`'s statistics to its
+ * current value; `device` -1 does so on every device devmem has used. A device devmem
+ * has not used has no statistics: nothing happens.
+ * Returns DEVMEM_OK, DEVMEM_ERR_INVALID (a device below -1) or DEVMEM_ERR_CONFIG.
+ * Thread-safe. */
+int devmem_reset_peak_stats(int device);
+
+/* torch.cuda.reset_accumulated_memory_stats: sets every total ("allocated", "freed")
+ * and counter (retries, OOMs, device allocs and frees, hits, misses) of `device` to its
+ * starting value; -1 and unused devices as for devmem_reset_peak_stats.
+ * Returns DEVMEM_OK, DEVMEM_ERR_INVALID or DEVMEM_ERR_CONFIG. Thread-safe. */
+int devmem_reset_accumulated_stats(int device);
+
+/* torch.cuda.set_per_process_memory_fraction: caps what `device` reserves at
+ * `fraction` of its total memory (0 < fraction <= 1; DEVMEM_CONF's
+ * per_process_memory_fraction is the starting value). Memory already reserved above
+ * the cap is kept; later segment allocations that would pass it fail as OOM, whose
+ * report names the cap. Creates the device's allocator if needed.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID for a fraction outside (0, 1] (the message
+ * names it; nothing changes) or a bad device; DEVMEM_ERR_CONFIG. Thread-safe. */
+int devmem_set_memory_fraction(double fraction, int device);
+
+/* torch.cuda.mem_get_info: stores the free and total bytes of `device` as its driver
+ * sees them (free counts other processes' use; the sim device's free is its capacity
+ * minus what devmem reserved) in *free_bytes and *total_bytes. Creates the device's
+ * allocator if needed.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID for a NULL pointer or a bad device (the
+ * outputs are untouched then); DEVMEM_ERR_CONFIG. Thread-safe. */
+int devmem_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
+
+/* torch.cuda.memory_summary: `device`'s statistics as a readable table (the shape of
+ * PyTorch's), followed by the sites holding the most memory.
+ * Returns a malloc'd string the caller frees with devmem_string_free; NULL on failure
+ * (a bad device: DEVMEM_ERR_INVALID in the last error). Thread-safe. */
+char* devmem_memory_summary(int device);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -34,6 +34,9 @@
 #                                   PyTorch and CuPy allocating through the bundle's
 #                                   libdevmem.so (each skips when its framework is
 #                                   missing)
+#         torch-package.log         tests/gpu/torch_package.py: the Python package
+#                                   (python/devmem) with devmem.torch.use(), its
+#                                   torch.cuda-style stats, tags, snapshot, resets
 #         summary.txt               one line per step and the verdict
 #       The allocator policy tests (tests/caching_allocator_*) are not run: the test
 #       harness (tests/test_util.h, MakeSimAllocator) always builds sim allocators and
@@ -224,6 +227,7 @@ run_framework() {
 }
 run_framework torch.log torch_pluggable.py
 run_framework cupy.log cupy_allocator.py
+run_framework torch-package.log torch_package.py
 
 if [[ $failed -ne 0 ]]; then
   note "verdict: FAILED (logs in $out)"

@@ -9,6 +9,10 @@
 # chromium: the memtrace timeline HTML test opens the page headless. clang-16 and its
 # runtime (libFuzzer): the fuzz build of scripts/test.sh; Debian's default clang (14)
 # lacks __builtin_source_location, which <source_location> (allocator/site.h) needs.
+# python3-pytest runs python/devmem's tests (ctest python.package); pip, setuptools and
+# wheel let that test `pip install ./python` offline. python3-torch (PyTorch 1.13, CPU
+# only, about 30 s to install) gives torch.cuda._memory_viz, PyTorch's own reader that
+# checks memtrace export --to pytorch-snapshot; all for /usr/bin/python3.
 set -euo pipefail
 
 PACKAGES=(
@@ -18,6 +22,7 @@ PACKAGES=(
   nlohmann-json3-dev libsimdjson-dev libcli11-dev
   libcivetweb-dev prometheus
   chromium clang-16 libclang-rt-16-dev
+  python3-pytest python3-pip python3-setuptools python3-wheel python3-torch
 )
 
 missing=()

@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "devmem/devmem_version.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
@@ -158,6 +159,9 @@ int Main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
+    } else if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
+      return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
           "usage: devmem-bench [--json]\n"

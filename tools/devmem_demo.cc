@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "devmem/devmem_version.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
@@ -76,6 +77,10 @@ int Main(int argc, char** argv) {
   std::string snapshot_path, trace_path, serve;
   long linger_s = 0;
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("%s %s\n", "devmem-demo", DEVMEM_VERSION);
+      return 0;
+    }
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       Usage();
       return 0;

@@ -11,10 +11,12 @@
 //   memtrace watch URL [--interval S]
 //   memtrace import --from rmm-csv|pytorch-snapshot|umpire FILE -o TRACE.jsonl
 //   memtrace timeline SOURCE -o FILE.svg|FILE.html [--points N] [--top N]
+//   memtrace export --to pytorch-snapshot SOURCE -o FILE.pickle [--device D]
 //   (each with --json; SOURCE/URL may need --token-file)
 //   memtrace SUBCOMMAND --help     what each one does
 #include <CLI/CLI.hpp>
 
+#include "devmem/devmem_version.h"
 #include "tools/memtrace_commands.h"
 
 int main(int argc, char** argv) {
@@ -22,6 +24,7 @@ int main(int argc, char** argv) {
   CLI::App app{"memtrace: who holds the memory of a devmem process, and what a workload "
                "would cost elsewhere"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", "memtrace " DEVMEM_VERSION);
   int exit_code = mt::kExitOk;
   mt::AddReplayCommand(app, &exit_code);
   mt::AddImportCommand(app, &exit_code);
@@ -31,11 +34,14 @@ int main(int argc, char** argv) {
   mt::AddDiffCommand(app, &exit_code);
   mt::AddOomCommand(app, &exit_code);
   mt::AddWatchCommand(app, &exit_code);
+  mt::AddExportCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     app.exit(e);

@@ -30,5 +30,7 @@ void AddSnapshotCommand(CLI::App& app, int* exit_code);
 void AddDiffCommand(CLI::App& app, int* exit_code);
 void AddOomCommand(CLI::App& app, int* exit_code);
 void AddWatchCommand(CLI::App& app, int* exit_code);
+// Other tools' formats: PyTorch's memory snapshot (tools/memtrace_export.cc).
+void AddExportCommand(CLI::App& app, int* exit_code);
 
 }  // namespace devmem::memtrace
