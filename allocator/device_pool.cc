@@ -509,15 +509,15 @@ void DevicePool::empty_cache() {
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
   if (pending_count_ != 0) process_events_locked(/*wait=*/false);
-  int64_t cached = stats_.cached_bytes();
+  // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
+  // which an int64_t would read as -1. cached_bytes() is never negative.
+  size_t cached = static_cast<size_t>(stats_.cached_bytes());
   for (Segment* s : unused_segments_largest_first()) {
-    if (cached <= static_cast<int64_t>(keep_bytes)) break;
-    cached -= static_cast<int64_t>(s->size);
+    if (cached <= keep_bytes) break;
+    cached -= s->size;  // s is unused, so its bytes are part of `cached`
     release_segment(s);
   }
-  if (cached > static_cast<int64_t>(keep_bytes)) {
-    recycle(static_cast<size_t>(cached) - keep_bytes);
-  }
+  if (cached > keep_bytes) recycle(cached - keep_bytes);
 }
 
 absl::Status DevicePool::set_memory_fraction(double fraction) {

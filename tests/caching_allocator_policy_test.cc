@@ -1105,6 +1105,28 @@ TEST(CachingAllocatorCacheTest, TrimKeepsAtMostKeepBytesLargestFirst) {
   EXPECT_VALID(*t);
 }
 
+// trim(SIZE_MAX) means "keep everything": a keep_bytes above INT64_MAX must not wrap
+// to a negative bound that releases the whole cache.
+TEST(CachingAllocatorCacheTest, TrimWithHugeKeepBytesKeepsEverything) {
+  for (const char* conf : {"expandable_segments:false", "expandable_segments:true"}) {
+    SCOPED_TRACE(conf);
+    SimAllocator t = MakeSimAllocator(conf);
+    void* a = t->allocate(12 * kMiB);
+    void* b = t->allocate(3000);
+    t->free(a);
+    t->free(b);
+    const DeviceStats before = t->stats();
+    ASSERT_GT(before.cached_bytes(), 0);
+    for (size_t keep : {SIZE_MAX, size_t{1} << 63, static_cast<size_t>(INT64_MAX) + 1}) {
+      t->trim(keep);
+      const DeviceStats after = t->stats();
+      EXPECT_EQ(after.cached_bytes(), before.cached_bytes()) << keep;
+      EXPECT_EQ(after.num_device_free, before.num_device_free) << keep;
+    }
+    EXPECT_VALID(*t);
+  }
+}
+
 // --- zero sizes -------------------------------------------------------------------------
 
 TEST(CachingAllocatorPolicyTest, AllocateZeroReturnsNullAndCountsNothing) {
