@@ -74,9 +74,16 @@ std::string_view TrimRight(std::string_view s) {
 std::string Lower(std::string_view s) { return absl::AsciiStrToLower(Av(s)); }
 
 // Quotes `text` for an error message: "abc", with control characters and quotes
-// escaped so that a message is always one line.
+// escaped so that a message is always one line. Text longer than kMaxQuoted bytes is
+// cut there and its length given ("aaaa..." (10240 bytes)): a message names the input,
+// it need not hold all of a 10 KB value.
+constexpr size_t kMaxQuoted = 64;
 std::string Quote(std::string_view text) {
-  return absl::StrCat("\"", absl::CHexEscape(Av(text)), "\"");
+  if (text.size() <= kMaxQuoted) {
+    return absl::StrCat("\"", absl::CHexEscape(Av(text)), "\"");
+  }
+  return absl::StrCat("\"", absl::CHexEscape(Av(text.substr(0, kMaxQuoted))), "\"... (",
+                      text.size(), " bytes)");
 }
 
 // ---------------------------------------------------------------------------------

@@ -643,6 +643,24 @@ std::string DevicePool::describe_bad_pointer(const char* op, const void* ptr) co
   const std::string where = absl::StrFormat("devmem: %s(%p) on %s: ", op, ptr,
                                             device_.ToString());
   const Block* b = block_containing(addr);
+  // One past the end of a live allocation (an end pointer passed by mistake): say so,
+  // rather than calling it a double free of whatever starts there. No live allocation
+  // starts at `addr` here, or free() would have found it.
+  const Block* before = addr == 0 ? nullptr : block_containing(addr - 1);
+  if (before != nullptr && before->state == BlockState::kAllocated &&
+      before->addr + before->size == addr) {
+    // A free or pending block may start there: then a double free of it reads the same,
+    // and the message names both.
+    return where + absl::StrFormat(
+                       "not the start of a live allocation: one past the end of the "
+                       "allocated block %p of %u bytes (an end pointer?)%s",
+                       reinterpret_cast<void*>(before->addr), before->size,
+                       b == nullptr || b->addr != addr
+                           ? ""
+                           : absl::StrFormat("; a %s block starts there, so if allocate() "
+                                             "returned this pointer it is a double free",
+                                             BlockStateName(b->state)));
+  }
   if (b == nullptr) {
     return where + "not a pointer allocated by this allocator (no segment holds it)";
   }

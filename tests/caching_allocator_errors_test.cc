@@ -27,6 +27,7 @@
 #include "allocator/oom_report.h"
 #include "allocator/snapshot.h"
 #include "tests/test_util.h"
+#include "tests/text_assertions.h"
 
 namespace devmem {
 namespace {
@@ -158,6 +159,34 @@ TEST(CachingAllocatorErrorsTest, FreeOfInteriorPointer) {
   EXPECT_TRUE(MentionsPointer(msg, deep_in_rest)) << msg;
   t->free(p);
   t->free(big);
+  EXPECT_VALID(*t);
+}
+
+// A pointer one past the end of a live block is named as such (with the block it ends),
+// not reported as a plain double free; at the end of a segment too, where no block
+// starts at it.
+TEST(CachingAllocatorErrorsTest, FreeOfPointerOnePastTheEnd) {
+  SimAllocator t = MakeSimAllocator("expandable_segments:false");
+  void* p = t->allocate(8192);  // the rest of its 2 MiB segment stays free
+  void* end = Ptr(p) + 8192;
+  std::string msg = ExpectInvalidArgument(t, [&] { t->free(end); });
+  EXPECT_TRUE(MentionsPointer(msg, end)) << msg;
+  EXPECT_TRUE(MentionsPointer(msg, p)) << msg;
+  EXPECT_CONTAINS(msg, "one past the end of the allocated block");
+  EXPECT_CONTAINS(msg, "8192 bytes");
+  void* whole = t->allocate(20 * kMiB);  // exactly one large segment, one block
+  void* whole_end = Ptr(whole) + 20 * kMiB;
+  msg = ExpectInvalidArgument(t, [&] { t->free(whole_end); });
+  EXPECT_TRUE(MentionsPointer(msg, whole)) << msg;
+  EXPECT_CONTAINS(msg, "one past the end of the allocated block");
+  // A true double free with no live block before it still says so.
+  void* q = t->allocate(8192);
+  void* r = t->allocate(8192);
+  t->free(p);
+  msg = ExpectInvalidArgument(t, [&] { t->free(p); });
+  EXPECT_CONTAINS(msg, "double free");
+  EXPECT_EQ(msg.find("one past the end"), std::string::npos) << msg;
+  for (void* x : {whole, q, r}) t->free(x);
   EXPECT_VALID(*t);
 }
 

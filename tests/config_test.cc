@@ -428,6 +428,25 @@ TEST(ParseConfigTest, MessagesEscapeControlCharacters) {
   EXPECT_CONTAINS(c.status().message(), "value \"s\\x01m\"");
 }
 
+// A huge bad value is named by its start and its length, not echoed whole: a 10 KB
+// value must not make a 10 KB message. Short values are still quoted in full.
+TEST(ParseConfigTest, MessagesCutLongValuesAndSayTheirLength) {
+  const std::string value = "x" + std::string(10 * 1024 - 1, 'y');
+  for (const std::string& text :
+       {"backend:" + value, "sim_capacity:" + value, "backend:\"" + value + "\""}) {
+    absl::StatusOr<Config> c = ParseConfig(text);
+    ASSERT_FALSE(c.ok());
+    const std::string message(c.status().message());
+    EXPECT_LT(message.size(), 400u) << message;
+    EXPECT_CONTAINS(message, "\"xyyy");
+    EXPECT_CONTAINS(message, "... (10240 bytes)");
+  }
+  absl::StatusOr<Config> c = ParseConfig("unknown_" + value + ":1");
+  ASSERT_FALSE(c.ok());
+  EXPECT_LT(c.status().message().size(), 1000u);
+  EXPECT_CONTAINS(c.status().message(), "(10248 bytes)");
+}
+
 // --- all-or-nothing --------------------------------------------------------------------
 
 TEST(ApplyConfigTest, AppliesInPlace) {
