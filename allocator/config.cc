@@ -342,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 18>& Keys() {
-  static const std::array<KeySpec, 18> keys = {{
+const std::array<KeySpec, 19>& Keys() {
+  static const std::array<KeySpec, 19> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -393,6 +393,17 @@ const std::array<KeySpec, 18>& Keys() {
        "Seed of the simulated device's failure injection.",
        [](std::string_view v, Config* c) { return ParseUnsigned(v, &c->sim_seed); },
        [](const Config& c) { return absl::StrCat(c.sim_seed); }},
+      {"sim_devices", "integer", "64",
+       "Number of simulated devices, 1 .. 1024: sim:0 .. sim:N-1 exist, a higher index is "
+       "an error (each reserves 16x sim_capacity of address space).",
+       [](std::string_view v, Config* c) -> std::string {
+         uint64_t n = 0;
+         std::string why = ParseUnsignedInRange(v, 1, 1024, &n);
+         if (!why.empty()) return why;
+         c->sim_devices = static_cast<int>(n);
+         return "";
+       },
+       [](const Config& c) { return absl::StrCat(c.sim_devices); }},
       {"max_split_size_mb", "integer (MiB) or none", "none",
        "Blocks of at least this many MiB (>= 20) are never split and serve only requests "
        "nearly as large; limits fragmentation by large blocks. none (or inf) = no limit.",

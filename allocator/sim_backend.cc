@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -298,9 +299,17 @@ std::string ErrnoText(int err) {
   return absl::StrCat(std::strerror(err), " (errno ", err, ")");
 }
 
+// The address-space reservation of one simulated device (see SimBackendImpl::mapping_).
+struct AddressReservation {
+  void* mapping = nullptr;
+  size_t mapping_size = 0;
+  uintptr_t base = 0;
+  size_t size = 0;
+};
+
 class SimBackendImpl final : public SimBackend {
  public:
-  explicit SimBackendImpl(const SimOptions& options);
+  SimBackendImpl(const SimOptions& options, const AddressReservation& reservation);
   ~SimBackendImpl() override;
 
   DeviceId device() const override { return device_; }
@@ -373,10 +382,10 @@ class SimBackendImpl final : public SimBackend {
   // The address-space reservation, fixed for the backend's lifetime: mapping_ is what
   // mmap returned (and munmap takes); [base_, base_ + size_) is its 2 MiB-aligned
   // part that segments are carved from.
-  void* mapping_ = nullptr;
-  size_t mapping_size_ = 0;
-  uintptr_t base_ = 0;
-  size_t size_ = 0;
+  void* const mapping_;
+  const size_t mapping_size_;
+  const uintptr_t base_;
+  const size_t size_;
 
   // Memory state. Leaf lock; syscalls that must be atomic with the bookkeeping
   // (virtual-memory map/unmap) run under it, the rest run outside.
@@ -408,35 +417,52 @@ class SimBackendImpl final : public SimBackend {
   uintptr_t next_stream_ ABSL_GUARDED_BY(streams_mu_) = 1;
 };
 
-SimBackendImpl::SimBackendImpl(const SimOptions& options)
-    : options_(options), device_{DeviceType::kSim, options.index} {
-  if (!IsPowerOfTwo(options_.granularity) ||
-      options_.granularity % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
-    Fatal(absl::StrCat(Name(), ": SimOptions::granularity ", options_.granularity,
-                       " is not a power of two multiple of the page size"));
+// Checks `options` and reserves the device's address space. An error (never an abort)
+// when the granularity is bad or the kernel refuses even kMinReservation bytes: a
+// process asking for its 600th simulated device, or one under an address-space limit,
+// gets a message it can report.
+absl::StatusOr<AddressReservation> ReserveForSim(const SimOptions& options) {
+  const std::string name = DeviceId{DeviceType::kSim, options.index}.ToString();
+  if (!IsPowerOfTwo(options.granularity) ||
+      options.granularity % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": SimOptions::granularity ", options.granularity,
+                     " is not a power of two multiple of the page size"));
   }
   // 16x capacity leaves room for the 2 MiB rounding of segments, for fragmentation of
   // the address space, and for the address ranges of several streams' expandable
   // segments, so capacity (not addresses) is what runs out first.
   size_t want =
-      options_.capacity > kMaxReservation / 16 ? kMaxReservation : options_.capacity * 16;
+      options.capacity > kMaxReservation / 16 ? kMaxReservation : options.capacity * 16;
   want =
       RoundUp(std::clamp(want, kMinPreferredReservation, kMaxReservation), kSegmentAlign);
+  int err = 0;
   for (size_t size = want; size >= kMinReservation; size /= 2) {
     // The extra kSegmentAlign lets the base be aligned up to 2 MiB.
     void* p = mmap(nullptr, size + kSegmentAlign, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) continue;
-    mapping_ = p;
-    mapping_size_ = size + kSegmentAlign;
-    base_ = RoundUp(reinterpret_cast<uintptr_t>(p), kSegmentAlign);
-    size_ = size;
-    break;
+    if (p == MAP_FAILED) {
+      err = errno;
+      continue;
+    }
+    return AddressReservation{p, size + kSegmentAlign,
+                       RoundUp(reinterpret_cast<uintptr_t>(p), kSegmentAlign), size};
   }
-  if (mapping_ == nullptr) {
-    Fatal(absl::StrCat(Name(), ": mmap could not reserve even ", kMinReservation,
-                       " bytes of address space: ", ErrnoText(errno)));
-  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      name, ": mmap could not reserve even ", kMinReservation,
+      " bytes of address space for the simulated device: ", ErrnoText(err),
+      " (each simulated device reserves up to 16x sim_capacity; use fewer devices or a "
+      "smaller sim_capacity)"));
+}
+
+SimBackendImpl::SimBackendImpl(const SimOptions& options,
+                               const AddressReservation& reservation)
+    : options_(options),
+      device_{DeviceType::kSim, options.index},
+      mapping_(reservation.mapping),
+      mapping_size_(reservation.mapping_size),
+      base_(reservation.base),
+      size_(reservation.size) {
   {
     MutexLock lock(&mu_);
     free_ranges_.Insert(base_, size_);
@@ -765,8 +791,16 @@ void SimBackendImpl::set_failure_injection(uint64_t fail_nth, double probability
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<SimBackend>> CreateSimBackend(const SimOptions& options) {
+  absl::StatusOr<AddressReservation> reservation = ReserveForSim(options);
+  if (!reservation.ok()) return reservation.status();
+  return std::make_unique<SimBackendImpl>(options, *reservation);
+}
+
 std::unique_ptr<SimBackend> NewSimBackend(const SimOptions& options) {
-  return std::make_unique<SimBackendImpl>(options);
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = CreateSimBackend(options);
+  if (!sim.ok()) throw std::runtime_error(std::string(sim.status().message()));
+  return *std::move(sim);
 }
 
 }  // namespace devmem

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "allocator/backend.h"
 
 namespace devmem {
@@ -47,6 +48,12 @@ class SimBackend : public Backend {
   virtual uint64_t injected_failures() const = 0;
 };
 
+// The simulated device of `options`. InvalidArgument for a granularity that is not a
+// power-of-two multiple of the page size; ResourceExhausted when its address space
+// cannot be reserved (too many simulated devices, an address-space limit).
+absl::StatusOr<std::unique_ptr<SimBackend>> CreateSimBackend(const SimOptions& options);
+// CreateSimBackend for tests and tools that treat failure as fatal: throws
+// std::runtime_error with the error's message.
 std::unique_ptr<SimBackend> NewSimBackend(const SimOptions& options);
 
 }  // namespace devmem

@@ -15,6 +15,9 @@
 //
 // No test depends on an upper bound of time: latencies are checked from below only,
 // and "not yet done" is checked while the stream is provably blocked.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -32,6 +35,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/backend.h"
 #include "allocator/backend_factory.h"
@@ -1127,11 +1131,71 @@ TEST(SimBackendTest, ConcurrentSegmentsNeverOverlap) {
   EXPECT_EQ(sim->used_bytes(), 0u);
 }
 
+// Device indices: MakeBackend makes sim:0 .. sim:(sim_devices - 1) and refuses the
+// rest with an error naming the key (the C ABI would otherwise make a device for any
+// int, each reserving 16x sim_capacity of address space).
+TEST(SimBackendFactoryTest, IndicesBeyondSimDevicesAreInvalid) {
+  absl::StatusOr<Config> config = ParseConfig("backend:sim,sim_capacity:64MiB,sim_devices:3");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Backend>> last = MakeBackend(*config, 2);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ((*last)->device(), (DeviceId{DeviceType::kSim, 2}));
+  for (int index : {3, 64, 1 << 20, INT32_MAX}) {
+    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(*config, index);
+    ASSERT_FALSE(b.ok()) << index;
+    EXPECT_TRUE(absl::IsInvalidArgument(b.status())) << b.status();
+    EXPECT_TRUE(absl::StrContains(b.status().message(), absl::StrCat("sim:", index)))
+        << b.status();
+    EXPECT_TRUE(absl::StrContains(b.status().message(), "sim_devices is 3")) << b.status();
+  }
+}
+
 // Contract violations end the process with a message (they are devmem bugs).
 class SimBackendDeathTest : public ::testing::Test {
  protected:
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 };
+
+// Not a contract violation: a simulated device whose address space cannot be reserved
+// is an error the caller gets back (and MakeBackend passes on), never an abort. Run in
+// a child process under an address-space limit just above what it already uses; the
+// child exits 0 only when the error came back, naming the device and the cause.
+// The child's side of FailedReservationIsAnErrorNotAnAbort: its exit status.
+int CreateSimUnderAddressSpaceLimit() {
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (statm == nullptr || std::fscanf(statm, "%lu", &pages) != 1) return 3;
+  std::fclose(statm);
+  // 32 MiB of headroom: less than the smallest reservation (64 MiB) the sim tries.
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
+                       (rlim_t{32} << 20);
+  struct rlimit rl;
+  rl.rlim_cur = limit;
+  rl.rlim_max = limit;
+  if (setrlimit(RLIMIT_AS, &rl) != 0) return 4;
+  SimOptions options;
+  options.index = 5;
+  options.capacity = 64 * kMiB;
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = CreateSimBackend(options);
+  if (sim.ok()) return 5;
+  std::fprintf(stderr, "error: %s\n", std::string(sim.status().message()).c_str());
+  if (!absl::IsResourceExhausted(sim.status())) return 6;
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = 64 * kMiB;
+  absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(config, 5);
+  if (b.ok() || !absl::IsResourceExhausted(b.status())) return 7;
+  return 0;
+}
+
+// Not a contract violation: a simulated device whose address space cannot be reserved
+// is an error the caller gets back (and MakeBackend passes on), never an abort. Run in
+// a child process under an address-space limit just above what it already uses; the
+// child exits 0 only when the error came back, naming the device and the cause.
+TEST_F(SimBackendDeathTest, FailedReservationIsAnErrorNotAnAbort) {
+  EXPECT_EXIT(std::_Exit(CreateSimUnderAddressSpaceLimit()), ::testing::ExitedWithCode(0),
+              "sim:5: mmap could not reserve even .* address space");
+}
 
 TEST_F(SimBackendDeathTest, UseAfterFreeCrashes) {
   auto sim = NewSim();
