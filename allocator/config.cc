@@ -375,11 +375,13 @@ const std::array<KeySpec, 19>& Keys() {
        },
        [](const Config& c) { return absl::StrCat(c.sim_free_latency_ns / 1000); }},
       {"sim_fail_nth", "unsigned integer", "0",
-       "Make the Nth segment allocation of a simulated device fail (0 = never).",
+       "Make the Nth memory request (segment allocation or map) of a simulated device fail "
+       "(0 = never).",
        [](std::string_view v, Config* c) { return ParseUnsigned(v, &c->sim_fail_nth); },
        [](const Config& c) { return absl::StrCat(c.sim_fail_nth); }},
       {"sim_fail_probability", "number", "0",
-       "Probability, 0 .. 1, that a segment allocation of a simulated device fails.",
+       "Probability, 0 .. 1, that a memory request (segment allocation or map) of a "
+       "simulated device fails.",
        [](std::string_view v, Config* c) -> std::string {
          double x = 0;
          std::string why = ParseFiniteDouble(v, &x);

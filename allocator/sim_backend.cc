@@ -343,6 +343,7 @@ class SimBackendImpl final : public SimBackend {
 
   void set_failure_injection(uint64_t fail_nth, double probability,
                              uint64_t seed) override;
+  void set_event_failure_injection(uint64_t fail_nth) override;
   size_t used_bytes() const override {
     MutexLock lock(&mu_);
     return used_;
@@ -359,8 +360,9 @@ class SimBackendImpl final : public SimBackend {
  private:
   // The worker of `stream`, or nullptr when no such stream exists.
   std::shared_ptr<StreamWorker> FindStream(Stream stream) const;
-  // Decides whether this allocation attempt fails by injection; counts the attempt.
-  std::optional<absl::Status> InjectLocked(size_t bytes)
+  // Decides whether this request for memory (`what`: "segment allocation" or "map")
+  // fails by injection; counts the attempt.
+  std::optional<absl::Status> InjectLocked(absl::string_view what, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ResourceExhausted error for charging `bytes` more than the capacity allows.
   absl::Status OverCapacityLocked(absl::string_view what, size_t bytes) const
@@ -407,6 +409,9 @@ class SimBackendImpl final : public SimBackend {
   uint64_t seed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t attempts_since_set_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  // Event injection: the event_fail_nth_-th record_event since it was set throws.
+  uint64_t event_fail_nth_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t events_since_set_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Streams: handle -> worker. Stream 0 is there from the start; its thread, like
   // every stream's, starts on first use. Handles are never reused, so a destroyed
@@ -489,7 +494,8 @@ SimBackendImpl::~SimBackendImpl() {
   munmap(mapping_, mapping_size_);
 }
 
-std::optional<absl::Status> SimBackendImpl::InjectLocked(size_t bytes) {
+std::optional<absl::Status> SimBackendImpl::InjectLocked(absl::string_view what,
+                                                         size_t bytes) {
   ++attempts_;
   ++attempts_since_set_;
   bool fail = false;
@@ -512,8 +518,8 @@ std::optional<absl::Status> SimBackendImpl::InjectLocked(size_t bytes) {
   if (!fail) return std::nullopt;
   ++injected_;
   return absl::ResourceExhaustedError(
-      absl::StrCat(Name(), ": injected failure of segment allocation #",
-                   attempts_since_set_, " (", bytes, " bytes; ", why, ")"));
+      absl::StrCat(Name(), ": injected failure of ", what, " (memory request #",
+                   attempts_since_set_, ", ", bytes, " bytes; ", why, ")"));
 }
 
 absl::Status SimBackendImpl::OverCapacityLocked(absl::string_view what,
@@ -559,7 +565,9 @@ absl::StatusOr<void*> SimBackendImpl::allocate_segment(size_t bytes) {
   uintptr_t start;
   {
     MutexLock lock(&mu_);
-    if (std::optional<absl::Status> injected = InjectLocked(bytes)) return *injected;
+    if (std::optional<absl::Status> injected = InjectLocked("segment allocation", bytes)) {
+      return *injected;
+    }
     if (bytes > options_.capacity - used_) {
       return OverCapacityLocked("cannot allocate a segment", bytes);
     }
@@ -669,6 +677,15 @@ Event SimBackendImpl::record_event(Stream stream) {
   if (worker == nullptr) {
     Fatal(absl::StrCat(Name(), ": record_event on unknown stream ", stream.handle));
   }
+  {
+    MutexLock lock(&mu_);
+    if (event_fail_nth_ != 0 && ++events_since_set_ == event_fail_nth_) {
+      ++injected_;
+      // What a real record can throw (the event and its queue entry are allocated).
+      throw std::runtime_error(absl::StrCat(Name(), ": injected failure of record_event #",
+                                            event_fail_nth_, " (sim event injection)"));
+    }
+  }
   SimEvent* event = new SimEvent;
   worker->Enqueue([event] {
     event->Complete();
@@ -751,6 +768,9 @@ absl::Status SimBackendImpl::map(void* p, size_t bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: map(%p, %u): part of the range is already mapped", Name(), p, bytes));
   }
+  // Maps are memory requests like segment allocations: injection applies to both, so
+  // it fires with expandable segments (the default) too.
+  if (std::optional<absl::Status> injected = InjectLocked("map", bytes)) return *injected;
   if (bytes > options_.capacity - used_) return OverCapacityLocked("cannot map", bytes);
   // Under the lock, so a concurrent unmap/map of the same range cannot interleave
   // its mprotect with this one.
@@ -777,6 +797,12 @@ void SimBackendImpl::unmap(void* p, size_t bytes) {
   Decommit(start, bytes);
   mapped_.Erase(start, bytes);
   used_ -= bytes;
+}
+
+void SimBackendImpl::set_event_failure_injection(uint64_t fail_nth) {
+  MutexLock lock(&mu_);
+  event_fail_nth_ = fail_nth;
+  events_since_set_ = 0;
 }
 
 void SimBackendImpl::set_failure_injection(uint64_t fail_nth, double probability,
