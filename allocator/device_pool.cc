@@ -93,6 +93,13 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   AllocatorObserver* observer;
   {
     MutexLock lock(&mu_);
+    // What may need host memory comes before the first change: a slot in allocated_,
+    // the site's counters, and a spare Block for the split, so that a std::bad_alloc
+    // leaves the pool as it was (the free sets' own nodes are the exception: a btree
+    // insert that cannot allocate is not rolled back).
+    allocated_.reserve(allocated_.size() + 1);
+    if (site >= site_stats_.size()) site_stats_.resize(site + 1);
+    if (spare_blocks_.empty()) delete_block(new Block);
     if (pending_count_ != 0) process_events_locked(/*wait=*/false);
     Block* b = take_free_block(size, stream);
     if (b != nullptr) {
@@ -115,7 +122,6 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
       IncreaseStat(stats_.active, small, 1);
       IncreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
       if (b->segment->oversize) stats_.oversize_allocations.increase(1);
-      if (site >= site_stats_.size()) site_stats_.resize(site + 1);
       SiteStats& ss = site_stats_[site];
       ss.live_bytes += static_cast<int64_t>(b->size);
       ss.live_count += 1;
@@ -304,6 +310,39 @@ void DevicePool::free(void* ptr) {
     throw InvalidArgumentError(describe_bad_pointer("free", ptr));
   }
   Block* b = it->second;
+  // Transactional: what can throw comes first, before anything changes. A block used
+  // on other streams needs an event recorded on each and a queue entry for each; if a
+  // record (or the memory for an entry) throws, the events recorded so far are
+  // released and the block stays allocated, its stats and site counts untouched, so
+  // the caller may free it again. Past this point nothing throws.
+  std::vector<PendingEvent*> queued;
+  if (!b->stream_uses.empty()) {
+    queued.reserve(b->stream_uses.size());
+    try {
+      for (Stream s : b->stream_uses) {
+        std::deque<PendingEvent>& queue = pending_[s];
+        queue.push_back(PendingEvent{Event{}, b});
+        queued.push_back(&queue.back());
+        queued.back()->event = backend_->record_event(s);
+      }
+    } catch (...) {
+      // Undo in reverse: each entry is the last of its stream's queue (a stream
+      // appears once in stream_uses); one whose record threw holds Event{}.
+      for (auto q = b->stream_uses.rbegin(); q != b->stream_uses.rend(); ++q) {
+        auto pit = pending_.find(*q);
+        if (pit == pending_.end() || pit->second.empty() ||
+            pit->second.back().block != b) {
+          continue;
+        }
+        if (pit->second.back().event.handle != 0) {
+          backend_->release_event(pit->second.back().event);
+        }
+        pit->second.pop_back();
+        if (pit->second.empty()) pending_.erase(pit);
+      }
+      throw;
+    }
+  }
   allocated_.erase(it);
   const bool small = b->segment->small_pool;
   DecreaseStat(stats_.allocation, small, 1);
@@ -320,12 +359,9 @@ void DevicePool::free(void* ptr) {
     return;
   }
   // Used on other streams: the block may be reused only once each of those streams
-  // has reached this point, so record an event on each and wait for them.
-  for (Stream s : b->stream_uses) {
-    pending_[s].push_back(PendingEvent{backend_->record_event(s), b});
-    ++pending_count_;
-    ++b->pending_events;
-  }
+  // has reached this point; the events recorded above say when.
+  pending_count_ += queued.size();
+  b->pending_events += static_cast<int>(queued.size());
   b->stream_uses.clear();
   b->state = BlockState::kPending;
   IncreaseStat(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
@@ -755,7 +791,13 @@ void DevicePool::delete_block(Block* b) {
   b->pending_events = 0;
   b->alloc_time_ns = 0;
   b->stream_uses.clear();
-  spare_blocks_.push_back(b);
+  // Never throws: callers delete blocks in the middle of relinking. Without memory to
+  // keep it as a spare, the Block goes back to the heap.
+  try {
+    spare_blocks_.push_back(b);
+  } catch (...) {
+    delete b;
+  }
 }
 
 }  // namespace devmem::internal
