@@ -540,6 +540,7 @@ void DevicePool::empty_cache() {
   if (pending_count_ != 0) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
   release_empty_reservations();
+  reservation_failed_.clear();  // address space was given back: worth asking again
 }
 
 void DevicePool::trim(size_t keep_bytes) {

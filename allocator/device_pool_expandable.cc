@@ -37,8 +37,10 @@
 
 namespace devmem::internal {
 Reservation* DevicePool::reservation(Stream stream, bool small) {
-  auto it = expandable_.find(std::make_pair(stream.handle, small));
+  const auto key = std::make_pair(stream.handle, small);
+  auto it = expandable_.find(key);
   if (it != expandable_.end()) return it->second;
+  if (reservation_failed_.contains(key)) return nullptr;
   // Address space is cheap but not free. The large pool's range is twice the device:
   // recycling leaves unmapped gaps between live blocks, and new mappings must find
   // room beside them. The small pool (requests <= 1 MiB) gets a quarter of the device.
@@ -47,13 +49,16 @@ Reservation* DevicePool::reservation(Stream stream, bool small) {
   size_t va = small ? total / 4 : (total > SIZE_MAX / 4 ? total : 2 * total);
   va = std::max(granularity_, round_to_granule(va));
   absl::StatusOr<void*> p = backend_->reserve_address(va);
-  if (!p.ok()) return nullptr;
+  if (!p.ok()) {
+    reservation_failed_.insert(key);
+    return nullptr;
+  }
   auto* r = new Reservation;
   r->addr = reinterpret_cast<uintptr_t>(*p);
   r->va_size = va;
   r->stream = stream;
   r->small_pool = small;
-  expandable_.emplace(std::make_pair(stream.handle, small), r);
+  expandable_.emplace(key, r);
   return r;
 }
 
