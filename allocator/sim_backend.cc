@@ -668,7 +668,12 @@ absl::Status SimBackendImpl::launch_host_fn(Stream stream, std::function<void()>
     return absl::InvalidArgumentError(
         absl::StrCat(Name(), ": launch_host_fn on unknown stream ", stream.handle));
   }
-  worker->Enqueue(std::move(fn));
+  // The scope marks the worker thread for the function's duration only (backend.h:
+  // callbacks must not call the allocator; event markers are not callbacks).
+  worker->Enqueue([fn = std::move(fn)] {
+    StreamCallbackScope scope;
+    fn();
+  });
   return absl::OkStatus();
 }
 

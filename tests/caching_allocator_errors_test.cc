@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
 #include <memory>
 #include <new>
@@ -24,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/errors.h"
+#include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/snapshot.h"
 #include "tests/test_util.h"
@@ -187,6 +190,57 @@ TEST(CachingAllocatorErrorsTest, FreeOfPointerOnePastTheEnd) {
   EXPECT_CONTAINS(msg, "double free");
   EXPECT_EQ(msg.find("one past the end"), std::string::npos) << msg;
   for (void* x : {whole, q, r}) t->free(x);
+  EXPECT_VALID(*t);
+}
+
+// The rule of allocator/backend.h: a stream callback that calls the allocator gets an
+// InvalidArgumentError, and never waits for the device lock. The lock is held here by
+// empty_cache(), which is synchronizing the very stream the callback runs on: an
+// observer releases the stream (so the callback runs) when release_segment emits its
+// segment_free event under the lock, just before it synchronizes. A callback that
+// waited for the lock would deadlock with it.
+TEST(CachingAllocatorErrorsTest, StreamCallbackCallingTheAllocatorGetsAnErrorNotAHang) {
+  SimAllocator t = MakeSimAllocator("expandable_segments:false");
+  const Stream s = NewStream(*t);
+  t->free(t->allocate(4096, s));  // a cached segment on s, for empty_cache to release
+  auto blocker = std::make_unique<StreamBlocker>(t->backend(), s);
+  std::promise<std::string> seen;
+  std::future<std::string> message = seen.get_future();
+  ASSERT_TRUE(t->backend()
+                  .launch_host_fn(s,
+                                  [&] {
+                                    std::string what = "no exception";
+                                    try {
+                                      t->free(t->allocate(4096));
+                                    } catch (const InvalidArgumentError& e) {
+                                      what = e.what();
+                                    }
+                                    try {
+                                      (void)t->stats();
+                                    } catch (const InvalidArgumentError&) {
+                                      what += " | stats refused";
+                                    }
+                                    seen.set_value(what);
+                                  })
+                  .ok());
+  struct ReleaseOnSegmentFree : AllocatorObserver {
+    StreamBlocker* blocker;
+    void on_event(const AllocEvent& e) override {
+      if (e.action == AllocAction::kSegmentFree) blocker->Release();
+    }
+  } observer;
+  observer.blocker = blocker.get();
+  t->set_observer(&observer);
+  t->empty_cache();  // holds the lock while s runs the callback
+  t->set_observer(nullptr);
+  ASSERT_EQ(message.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  const std::string what = message.get();
+  EXPECT_CONTAINS(what, "allocate on sim:0 from a stream callback");
+  EXPECT_CONTAINS(what, "stats refused");
+  // Outside a callback the same calls work.
+  void* p = t->allocate(4096);
+  EXPECT_EQ(t->stats().allocation[kAggregatePool].current, 1);
+  t->free(p);
   EXPECT_VALID(*t);
 }
 
