@@ -28,6 +28,7 @@
 #include "allocator/site.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 #include "tests/text_assertions.h"
 
@@ -850,21 +851,25 @@ TEST(CachingAllocatorOomTest, LastResortSegmentRespectsMemoryFraction) {
 }
 
 TEST(CachingAllocatorOomTest, RetryWaitsForPendingFrees) {
-  SimAllocator t = MakeSimAllocator("sim_capacity:64MiB");
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = testutil::MakeHookedSimAllocator("sim_capacity:64MiB", &hooks);
   Stream B = NewStream(*t);
   auto blocker = std::make_unique<StreamBlocker>(t->backend(), B);
   void* p = t->allocate(40 * kMiB);
   t->record_stream(p, B);
   t->free(p);
   EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, static_cast<int64_t>(40 * kMiB));
-  // The only way to 40 MiB is to wait for B and reuse (or free) the pending block.
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The only way to 40 MiB is to wait for B and reuse (or free) the pending block. B is
+  // released the moment the allocator waits for its event, not before: an allocator
+  // that did not wait would find the block still pending and fail.
+  int waits = 0;
+  hooks->before_synchronize_event = [&](Event) {
+    ++waits;  // under the device lock: one thread at a time
     blocker->Release();
-  });
+  };
   void* q = nullptr;
   EXPECT_NO_THROW(q = t->allocate(40 * kMiB));
-  releaser.join();
+  EXPECT_EQ(waits, 1);
   DeviceStats s = t->stats();
   EXPECT_EQ(s.num_ooms, 0);
   EXPECT_EQ(s.pending_bytes[kAggregatePool].current, 0);
@@ -1052,18 +1057,21 @@ TEST(CachingAllocatorCacheTest, EmptyCacheKeepsPartlyUsedSegments) {
 }
 
 TEST(CachingAllocatorCacheTest, EmptyCacheWaitsForPendingFrees) {
-  SimAllocator t = MakeSimAllocator();
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = testutil::MakeHookedSimAllocator("", &hooks);
   Stream B = NewStream(*t);
   auto blocker = std::make_unique<StreamBlocker>(t->backend(), B);
   void* p = t->allocate(4096);
   t->record_stream(p, B);
   t->free(p);
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // B runs only once empty_cache waits for the pending free's event.
+  int waits = 0;
+  hooks->before_synchronize_event = [&](Event) {
+    ++waits;
     blocker->Release();
-  });
+  };
   t->empty_cache();  // the pending block would free a whole segment: wait for it
-  releaser.join();
+  EXPECT_EQ(waits, 1);
   DeviceStats s = t->stats();
   EXPECT_EQ(s.pending_bytes[kAggregatePool].current, 0);
   EXPECT_EQ(s.reserved_bytes[kAggregatePool].current, 0);

@@ -3,7 +3,7 @@
 //   * validate() notices each invariant it promises to check, shown by corrupting one
 //     thing at a time through DevicePoolTestPeer (a friend of DevicePool);
 //   * a refused expandable reservation is not asked for again on every miss, only after
-//     empty_cache(), counted through a backend that wraps the sim.
+//     empty_cache(), counted through a HookedBackend around the sim.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -15,6 +15,7 @@
 #include "allocator/backend.h"
 #include "allocator/backend_factory.h"
 #include "allocator/device_pool.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
 namespace devmem {
@@ -131,49 +132,15 @@ TEST(DevicePoolValidateTest, QueuedEventsMustNamePendingBlocksOneForOne) {
   EXPECT_TRUE(pool->validate().ok()) << pool->validate();
 }
 
-// A backend that is the sim, except that reserve_address is refused (ResourceExhausted)
-// and counted.
-class RefusingVmBackend : public Backend {
- public:
-  explicit RefusingVmBackend(std::unique_ptr<Backend> sim) : sim_(std::move(sim)) {}
-  int reserve_calls() const { return reserve_calls_; }
-
-  DeviceId device() const override { return sim_->device(); }
-  Capabilities caps() const override { return sim_->caps(); }
-  DeviceInfo info() const override { return sim_->info(); }
-  absl::StatusOr<void*> allocate_segment(size_t bytes) override {
-    return sim_->allocate_segment(bytes);
-  }
-  void free_segment(void* p, size_t bytes) override { sim_->free_segment(p, bytes); }
-  MemInfo mem_info() override { return sim_->mem_info(); }
-  absl::StatusOr<Stream> create_stream() override { return sim_->create_stream(); }
-  void destroy_stream(Stream s) override { sim_->destroy_stream(s); }
-  absl::Status launch_host_fn(Stream s, std::function<void()> fn) override {
-    return sim_->launch_host_fn(s, std::move(fn));
-  }
-  Event record_event(Stream s) override { return sim_->record_event(s); }
-  bool event_done(Event e) override { return sim_->event_done(e); }
-  void synchronize_event(Event e) override { sim_->synchronize_event(e); }
-  void release_event(Event e) override { sim_->release_event(e); }
-  void synchronize_stream(Stream s) override { sim_->synchronize_stream(s); }
-  size_t granularity() const override { return sim_->granularity(); }
-  absl::StatusOr<void*> reserve_address(size_t) override {
-    ++reserve_calls_;
-    return absl::ResourceExhaustedError("RefusingVmBackend: no address space");
-  }
-  void release_address(void* p, size_t bytes) override { sim_->release_address(p, bytes); }
-  absl::Status map(void* p, size_t bytes) override { return sim_->map(p, bytes); }
-  void unmap(void* p, size_t bytes) override { sim_->unmap(p, bytes); }
-
- private:
-  std::unique_ptr<Backend> sim_;
-  int reserve_calls_ = 0;  // the test is single-threaded
-};
-
 TEST(DevicePoolExpandableTest, ARefusedReservationIsRememberedUntilEmptyCache) {
   const Config config = MakeSimConfig("expandable_segments:true", 256 * kMiB);
-  auto owned = std::make_unique<RefusingVmBackend>(MakeSimBackend(config, 0));
-  RefusingVmBackend* backend = owned.get();
+  // The sim, except that reserve_address is refused and counted.
+  auto owned = std::make_unique<testutil::HookedBackend>(MakeSimBackend(config, 0));
+  int reserve_calls = 0;  // the test is single-threaded
+  owned->reserve_address_instead = [&](size_t) -> absl::StatusOr<void*> {
+    ++reserve_calls;
+    return absl::ResourceExhaustedError("test: no address space");
+  };
   DevicePool pool(std::move(owned), config);
   // Every allocation misses (each is larger than anything cached): regular segments
   // serve them, and the large pool's reservation is asked for once.
@@ -182,14 +149,14 @@ TEST(DevicePoolExpandableTest, ARefusedReservationIsRememberedUntilEmptyCache) {
     live.push_back(pool.allocate(mib * kMiB, Stream{}, kUnknownSite));
   }
   EXPECT_EQ(pool.stats().cache_misses, 6);
-  EXPECT_EQ(backend->reserve_calls(), 1);
+  EXPECT_EQ(reserve_calls, 1);
   void* small = pool.allocate(4096, Stream{}, kUnknownSite);  // the small pool: its own
-  EXPECT_EQ(backend->reserve_calls(), 2);
+  EXPECT_EQ(reserve_calls, 2);
   for (void* p : live) pool.free(p);
   pool.free(small);
   pool.empty_cache();  // address space given back: worth asking again
   pool.free(pool.allocate(3 * kMiB, Stream{}, kUnknownSite));
-  EXPECT_EQ(backend->reserve_calls(), 3);
+  EXPECT_EQ(reserve_calls, 3);
   EXPECT_TRUE(pool.validate().ok()) << pool.validate();
 }
 
