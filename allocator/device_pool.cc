@@ -315,15 +315,14 @@ void DevicePool::free(void* ptr) {
   // record (or the memory for an entry) throws, the events recorded so far are
   // released and the block stays allocated, its stats and site counts untouched, so
   // the caller may free it again. Past this point nothing throws.
-  std::vector<PendingEvent*> queued;
+  size_t queued = 0;
   if (!b->stream_uses.empty()) {
-    queued.reserve(b->stream_uses.size());
     try {
       for (Stream s : b->stream_uses) {
         std::deque<PendingEvent>& queue = pending_[s];
         queue.push_back(PendingEvent{Event{}, b});
-        queued.push_back(&queue.back());
-        queued.back()->event = backend_->record_event(s);
+        queue.back().event = backend_->record_event(s);
+        ++queued;
       }
     } catch (...) {
       // Undo in reverse: each entry is the last of its stream's queue (a stream
@@ -360,8 +359,8 @@ void DevicePool::free(void* ptr) {
   }
   // Used on other streams: the block may be reused only once each of those streams
   // has reached this point; the events recorded above say when.
-  pending_count_ += queued.size();
-  b->pending_events += static_cast<int>(queued.size());
+  pending_count_ += queued;
+  b->pending_events += static_cast<int>(queued);
   b->stream_uses.clear();
   b->state = BlockState::kPending;
   IncreaseStat(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
