@@ -26,6 +26,7 @@
 #include "allocator/oom_report.h"
 #include "allocator/sim_backend.h"
 #include "allocator/site.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
 namespace devmem {
@@ -144,6 +145,47 @@ TEST(CachingAllocatorFaultTest, FreeWhoseEventRecordingThrowsChangesNothing) {
   EXPECT_EQ(t->stats().allocated_bytes[kAggregatePool].current, 0);
   EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, 0);
   EXPECT_VALID(*t);
+}
+
+// A driver error that is not about memory (a failed cudaMalloc or cuMemMap for another
+// reason) propagates as std::runtime_error naming the call, and leaves the pool
+// consistent: nothing allocated, stats as a recount says, and the allocator works once
+// the driver does. Both for segment allocation and for map (expandable segments).
+TEST(CachingAllocatorFaultTest, DriverErrorsLeaveThePoolConsistent) {
+  for (const char* conf : {"expandable_segments:false", "expandable_segments:true"}) {
+    SCOPED_TRACE(conf);
+    testutil::HookedBackend* hooks = nullptr;
+    SimAllocator t = testutil::MakeHookedSimAllocator(
+        absl::StrCat("sim_capacity:256MiB,", conf), &hooks);
+    void* keep = t->allocate(5 * kMiB);
+    t->free(t->allocate(9 * kMiB));  // something cached, for the retry to release
+    const int64_t allocated = t->stats().allocated_bytes[kAggregatePool].current;
+    hooks->allocate_segment_instead = [](size_t) -> absl::StatusOr<void*> {
+      return absl::InternalError("test: the driver broke");
+    };
+    hooks->map_instead = [](void*, size_t) {
+      return absl::InternalError("test: the driver broke");
+    };
+    try {
+      t->allocate(64 * kMiB);
+      ADD_FAILURE() << "no exception";
+    } catch (const OutOfMemoryError& e) {
+      ADD_FAILURE() << "a driver error is not an OOM: " << e.what();
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("the driver broke"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(t->stats().allocated_bytes[kAggregatePool].current, allocated);
+    EXPECT_VALID(*t);
+    hooks->allocate_segment_instead = nullptr;
+    hooks->map_instead = nullptr;
+    void* p = t->allocate(64 * kMiB);
+    t->free(p);
+    t->free(keep);
+    t->empty_cache();
+    EXPECT_EQ(t.sim->used_bytes(), 0u);
+    EXPECT_VALID(*t);
+  }
 }
 
 // Failure injection reaches map(): with expandable segments (the default), the Nth

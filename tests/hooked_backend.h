@@ -33,13 +33,16 @@ class HookedBackend : public Backend {
   // Run before the forwarded call.
   std::function<void(Stream)> before_synchronize_stream;
   std::function<void(Event)> before_synchronize_event;
-  // Replaces the forwarded call when set.
+  // Replace the forwarded call when set.
   std::function<absl::StatusOr<void*>(size_t)> reserve_address_instead;
+  std::function<absl::StatusOr<void*>(size_t)> allocate_segment_instead;
+  std::function<absl::Status(void*, size_t)> map_instead;
 
   DeviceId device() const override { return inner_->device(); }
   Capabilities caps() const override { return inner_->caps(); }
   DeviceInfo info() const override { return inner_->info(); }
   absl::StatusOr<void*> allocate_segment(size_t bytes) override {
+    if (allocate_segment_instead) return allocate_segment_instead(bytes);
     return inner_->allocate_segment(bytes);
   }
   void free_segment(void* p, size_t bytes) override { inner_->free_segment(p, bytes); }
@@ -66,7 +69,10 @@ class HookedBackend : public Backend {
     return inner_->reserve_address(bytes);
   }
   void release_address(void* p, size_t bytes) override { inner_->release_address(p, bytes); }
-  absl::Status map(void* p, size_t bytes) override { return inner_->map(p, bytes); }
+  absl::Status map(void* p, size_t bytes) override {
+    if (map_instead) return map_instead(p, bytes);
+    return inner_->map(p, bytes);
+  }
   void unmap(void* p, size_t bytes) override { inner_->unmap(p, bytes); }
 
  private:
