@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -77,6 +78,44 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeForKind(const std::string& kind) {
   Config config;
   config.backend = BackendKind::kCuda;
   return MakeBackend(config, 0);
+}
+
+// How long a call that must wait for a blocked stream is given to return early (and so
+// show that it does not wait) before the stream is let go. A correct call never returns
+// within it, so this bounds only how hard a broken one is looked for; nothing is
+// ordered by it (see WaitsForQueuedWork).
+constexpr auto kGrace = milliseconds(50);
+
+// Checks that `wait` (synchronize_stream, destroy_stream, a destructor) returns only
+// after the work queued on `stream` before it has run. The work is held behind a gate;
+// `wait` runs on another thread; the gate opens once `wait` has returned (a broken one)
+// or kGrace has passed without it returning. Then the work runs, `wait` returns, and
+// what `wait`'s thread saw is compared: the order comes from the gate and the futures,
+// not from a sleep inside the work. Returns true when the work had run before `wait`
+// returned.
+bool WaitsForQueuedWork(Backend& backend, Stream stream, const std::function<void()>& wait) {
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  std::atomic<bool> ran{false};
+  EXPECT_TRUE(backend
+                  .launch_host_fn(stream,
+                                  [opened, &ran] {
+                                    opened.wait();
+                                    ran.store(true);
+                                  })
+                  .ok());
+  std::promise<bool> returned;
+  std::future<bool> ran_at_return = returned.get_future();
+  std::thread waiter([&] {
+    wait();
+    returned.set_value(ran.load());
+  });
+  const bool early = ran_at_return.wait_for(kGrace) == std::future_status::ready;
+  gate.set_value();
+  const bool ok = ran_at_return.get();
+  waiter.join();
+  EXPECT_FALSE(early) << "returned while the stream was still held";
+  return ok && !early;
 }
 
 // Holds a stream's worker inside a host function until Release() (or the end of the
@@ -336,17 +375,17 @@ TEST_P(BackendConformanceTest, HostFunctionsRunInOrder) {
 }
 
 TEST_P(BackendConformanceTest, SynchronizeStreamWaitsForQueuedWork) {
-  for (Stream stream : {Stream{}, SomeStream()}) {
+  if (!backend_->caps().streams) {
+    // Host functions run at once (inside launch_host_fn): nothing to wait for.
     std::atomic<bool> ran{false};
-    ASSERT_TRUE(backend_
-                    ->launch_host_fn(stream,
-                                     [&ran] {
-                                       std::this_thread::sleep_for(milliseconds(30));
-                                       ran.store(true);
-                                     })
-                    .ok());
-    backend_->synchronize_stream(stream);
+    ASSERT_TRUE(backend_->launch_host_fn(Stream{}, [&ran] { ran.store(true); }).ok());
+    backend_->synchronize_stream(Stream{});
     EXPECT_TRUE(ran.load());
+    return;
+  }
+  for (Stream stream : {Stream{}, SomeStream()}) {
+    EXPECT_TRUE(WaitsForQueuedWork(*backend_, stream,
+                                   [&] { backend_->synchronize_stream(stream); }));
     DoneWith(stream);
   }
 }
@@ -402,16 +441,8 @@ TEST_P(BackendConformanceTest, DestroyStreamRunsQueuedWork) {
   if (!backend_->caps().streams) GTEST_SKIP() << "no streams to destroy";
   absl::StatusOr<Stream> stream = backend_->create_stream();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  std::atomic<bool> ran{false};
-  ASSERT_TRUE(backend_
-                  ->launch_host_fn(*stream,
-                                   [&ran] {
-                                     std::this_thread::sleep_for(milliseconds(30));
-                                     ran.store(true);
-                                   })
-                  .ok());
-  backend_->destroy_stream(*stream);
-  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(WaitsForQueuedWork(*backend_, *stream,
+                                 [&] { backend_->destroy_stream(*stream); }));
 }
 
 // Many threads using one backend at once; meant for ThreadSanitizer as much as for
@@ -1006,20 +1037,14 @@ TEST(SimBackendTest, EachStreamHasItsOwnWorker) {
 }
 
 TEST(SimBackendTest, DestructorRunsQueuedWork) {
-  auto sim = NewSim();
-  absl::StatusOr<Stream> s = sim->create_stream();
-  ASSERT_TRUE(s.ok());
-  std::atomic<int> ran{0};
-  for (Stream stream : {Stream{}, *s}) {
-    ASSERT_TRUE(sim->launch_host_fn(stream,
-                                    [&ran] {
-                                      std::this_thread::sleep_for(milliseconds(20));
-                                      ++ran;
-                                    })
-                    .ok());
+  for (bool default_stream : {true, false}) {
+    auto sim = NewSim();
+    absl::StatusOr<Stream> s = sim->create_stream();
+    ASSERT_TRUE(s.ok());
+    Backend& backend = *sim;
+    EXPECT_TRUE(WaitsForQueuedWork(backend, default_stream ? Stream{} : *s,
+                                   [&] { sim.reset(); }));
   }
-  sim.reset();
-  EXPECT_EQ(ran.load(), 2);
 }
 
 TEST(SimBackendTest, VirtualMemoryMapChargesAndUnmapReleases) {
