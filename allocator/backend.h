@@ -26,6 +26,15 @@
 //   * Releasing memory (free_segment, unmap) need not wait for queued work: the
 //     allocator synchronizes the owning stream first. So a stream must outlive the
 //     memory cached for it (empty_cache before destroy_stream).
+//   * Stream callbacks: a function run by launch_host_fn must not call into any
+//     CachingAllocator. The allocator holds its device lock while it synchronizes a
+//     stream (before memory goes back to the driver), so a callback on that stream that
+//     waits for the lock is waited for by the lock's holder: a deadlock (CUDA forbids
+//     CUDA calls in host functions for the same reason). Enforced, so that breaking
+//     the rule is an error rather than a hang that depends on timing: a backend runs
+//     every launch_host_fn function inside a StreamCallbackScope, and every
+//     CachingAllocator method called while InStreamCallback() throws
+//     InvalidArgumentError (or returns it, where it returns a Status).
 #pragma once
 
 #include <cstddef>
@@ -38,6 +47,22 @@
 #include "allocator/types.h"
 
 namespace devmem {
+
+// True on a thread that is running a launch_host_fn function (see the contract above).
+bool InStreamCallback();
+
+// Marks the current thread as running a stream callback for its lifetime (nests).
+// Backends construct one around each launch_host_fn function they run.
+class StreamCallbackScope {
+ public:
+  StreamCallbackScope();
+  ~StreamCallbackScope();
+  StreamCallbackScope(const StreamCallbackScope&) = delete;
+  StreamCallbackScope& operator=(const StreamCallbackScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 class Backend {
  public:

@@ -80,7 +80,8 @@ BackendKind ResolveAutoBackend(std::string* why_not_cuda) {
   return resolution->kind;
 }
 
-std::unique_ptr<Backend> MakeSimBackend(const Config& config, int index) {
+namespace {
+SimOptions SimOptionsFor(const Config& config, int index) {
   SimOptions options;
   options.index = index;
   options.capacity = config.sim_capacity;
@@ -89,7 +90,12 @@ std::unique_ptr<Backend> MakeSimBackend(const Config& config, int index) {
   options.fail_nth = config.sim_fail_nth;
   options.fail_probability = config.sim_fail_probability;
   options.seed = config.sim_seed;
-  return NewSimBackend(options);
+  return options;
+}
+}  // namespace
+
+std::unique_ptr<Backend> MakeSimBackend(const Config& config, int index) {
+  return NewSimBackend(SimOptionsFor(config, index));
 }
 
 std::unique_ptr<Backend> MakeCpuBackend() { return NewCpuBackend(); }
@@ -103,8 +109,17 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Config& config, int i
   BackendKind kind = config.backend;
   if (kind == BackendKind::kAuto) kind = ResolveAutoBackend();
   switch (kind) {
-    case BackendKind::kSim:
-      return MakeSimBackend(config, index);
+    case BackendKind::kSim: {
+      if (index >= config.sim_devices) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "backend:sim: sim:", index, " does not exist (sim_devices is ",
+            config.sim_devices, ": sim:0 .. sim:", config.sim_devices - 1, ")"));
+      }
+      absl::StatusOr<std::unique_ptr<SimBackend>> sim =
+          CreateSimBackend(SimOptionsFor(config, index));
+      if (!sim.ok()) return sim.status();
+      return std::unique_ptr<Backend>(*std::move(sim));
+    }
     case BackendKind::kCpu:
       if (index != 0) {
         return absl::InvalidArgumentError(absl::StrCat(

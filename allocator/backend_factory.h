@@ -7,7 +7,8 @@
 //   backend:auto  -> cuda when a cuda factory is registered and reports a device,
 //                    else sim (the reason is printed once on stderr)
 //   backend:cuda  -> cuda, or an error saying why not (no toolkit, no driver, no device)
-//   backend:sim   -> the simulated device, sized by sim_capacity
+//   backend:sim   -> the simulated device, sized by sim_capacity; indices below
+//                    sim_devices, else InvalidArgument
 //   backend:cpu   -> host memory through jemalloc
 #pragma once
 
@@ -36,7 +37,9 @@ struct CudaBackendFactory {
 };
 void RegisterCudaBackendFactory(CudaBackendFactory factory);
 
-// The simulated and cpu backends, directly (tests use these).
+// The simulated and cpu backends, directly (tests use these). MakeSimBackend takes any
+// index (sim_devices is not checked) and throws std::runtime_error when the device's
+// address space cannot be reserved; MakeBackend returns that as an error.
 std::unique_ptr<Backend> MakeSimBackend(const Config& config, int index = 0);
 std::unique_ptr<Backend> MakeCpuBackend();
 

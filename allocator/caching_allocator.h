@@ -43,7 +43,9 @@
 // mutex (the device lock) guards all state. Lock order: device lock, then the
 // backend's internal locks, then the observer's, then the site registry's (a leaf,
 // taken only to read site kinds for OOM reports). Public methods never call other
-// public methods.
+// public methods. The exception to "any thread": a stream callback (a launch_host_fn
+// function) must not call any method but device(), backend() and config(); the others
+// throw InvalidArgumentError there (allocator/backend.h says why: a deadlock).
 //
 // Sizes of 0: allocate(0) returns nullptr without allocating (and counts nothing);
 // free(nullptr) does nothing.

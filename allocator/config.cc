@@ -74,9 +74,16 @@ std::string_view TrimRight(std::string_view s) {
 std::string Lower(std::string_view s) { return absl::AsciiStrToLower(Av(s)); }
 
 // Quotes `text` for an error message: "abc", with control characters and quotes
-// escaped so that a message is always one line.
+// escaped so that a message is always one line. Text longer than kMaxQuoted bytes is
+// cut there and its length given ("aaaa..." (10240 bytes)): a message names the input,
+// it need not hold all of a 10 KB value.
+constexpr size_t kMaxQuoted = 64;
 std::string Quote(std::string_view text) {
-  return absl::StrCat("\"", absl::CHexEscape(Av(text)), "\"");
+  if (text.size() <= kMaxQuoted) {
+    return absl::StrCat("\"", absl::CHexEscape(Av(text)), "\"");
+  }
+  return absl::StrCat("\"", absl::CHexEscape(Av(text.substr(0, kMaxQuoted))), "\"... (",
+                      text.size(), " bytes)");
 }
 
 // ---------------------------------------------------------------------------------
@@ -335,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 20>& Keys() {
-  static const std::array<KeySpec, 20> keys = {{
+const std::array<KeySpec, 21>& Keys() {
+  static const std::array<KeySpec, 21> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -368,11 +375,13 @@ const std::array<KeySpec, 20>& Keys() {
        },
        [](const Config& c) { return absl::StrCat(c.sim_free_latency_ns / 1000); }},
       {"sim_fail_nth", "unsigned integer", "0",
-       "Make the Nth segment allocation of a simulated device fail (0 = never).",
+       "Make the Nth memory request (segment allocation or map) of a simulated device fail "
+       "(0 = never).",
        [](std::string_view v, Config* c) { return ParseUnsigned(v, &c->sim_fail_nth); },
        [](const Config& c) { return absl::StrCat(c.sim_fail_nth); }},
       {"sim_fail_probability", "number", "0",
-       "Probability, 0 .. 1, that a segment allocation of a simulated device fails.",
+       "Probability, 0 .. 1, that a memory request (segment allocation or map) of a "
+       "simulated device fails.",
        [](std::string_view v, Config* c) -> std::string {
          double x = 0;
          std::string why = ParseFiniteDouble(v, &x);
@@ -386,6 +395,17 @@ const std::array<KeySpec, 20>& Keys() {
        "Seed of the simulated device's failure injection.",
        [](std::string_view v, Config* c) { return ParseUnsigned(v, &c->sim_seed); },
        [](const Config& c) { return absl::StrCat(c.sim_seed); }},
+      {"sim_devices", "integer", "64",
+       "Number of simulated devices, 1 .. 1024: sim:0 .. sim:N-1 exist, a higher index is "
+       "an error (each reserves 16x sim_capacity of address space).",
+       [](std::string_view v, Config* c) -> std::string {
+         uint64_t n = 0;
+         std::string why = ParseUnsignedInRange(v, 1, 1024, &n);
+         if (!why.empty()) return why;
+         c->sim_devices = static_cast<int>(n);
+         return "";
+       },
+       [](const Config& c) { return absl::StrCat(c.sim_devices); }},
       {"max_split_size_mb", "integer (MiB) or none", "none",
        "Blocks of at least this many MiB (>= 20) are never split and serve only requests "
        "nearly as large; limits fragmentation by large blocks. none (or inf) = no limit.",

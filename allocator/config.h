@@ -45,6 +45,7 @@ struct Config {
   uint64_t sim_fail_nth = 0;        // key sim_fail_nth: fail the Nth segment alloc (0 = off)
   double sim_fail_probability = 0;  // key sim_fail_probability (0 .. 1)
   uint64_t sim_seed = 0;            // key sim_seed: seeds the failure injection
+  int sim_devices = 64;             // key sim_devices: sim:0 .. sim:N-1 exist (1 .. 1024)
 
   // --- caching policy ---------------------------------------------------------------
   // Blocks at least this large are "oversize": never split, and not used for requests

@@ -91,7 +91,10 @@ class CpuBackend final : public Backend {
     }
     if (!fn)
       return absl::InvalidArgumentError("cpu: launch_host_fn of an empty function");
-    fn();  // host work is synchronous: the "stream" has reached it at once
+    // Host work is synchronous: the "stream" has reached it at once. Marked as a
+    // callback all the same, so the rule of backend.h holds on every backend.
+    StreamCallbackScope scope;
+    fn();
     return absl::OkStatus();
   }
   // Every event is complete when recorded; one nonzero handle serves for all.

@@ -93,6 +93,13 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   AllocatorObserver* observer;
   {
     MutexLock lock(&mu_);
+    // What may need host memory comes before the first change: a slot in allocated_,
+    // the site's counters, and a spare Block for the split, so that a std::bad_alloc
+    // leaves the pool as it was (the free sets' own nodes are the exception: a btree
+    // insert that cannot allocate is not rolled back).
+    allocated_.reserve(allocated_.size() + 1);
+    if (site >= site_stats_.size()) site_stats_.resize(site + 1);
+    if (spare_blocks_.empty()) delete_block(new Block);
     if (pending_count_ != 0) process_events_locked(/*wait=*/false);
     Block* b = take_free_block(size, stream);
     if (b != nullptr) {
@@ -115,7 +122,6 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
       IncreaseStat(stats_.active, small, 1);
       IncreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
       if (b->segment->oversize) stats_.oversize_allocations.increase(1);
-      if (site >= site_stats_.size()) site_stats_.resize(site + 1);
       SiteStats& ss = site_stats_[site];
       ss.live_bytes += static_cast<int64_t>(b->size);
       ss.live_count += 1;
@@ -304,6 +310,38 @@ void DevicePool::free(void* ptr) {
     throw InvalidArgumentError(describe_bad_pointer("free", ptr));
   }
   Block* b = it->second;
+  // Transactional: what can throw comes first, before anything changes. A block used
+  // on other streams needs an event recorded on each and a queue entry for each; if a
+  // record (or the memory for an entry) throws, the events recorded so far are
+  // released and the block stays allocated, its stats and site counts untouched, so
+  // the caller may free it again. Past this point nothing throws.
+  size_t queued = 0;
+  if (!b->stream_uses.empty()) {
+    try {
+      for (Stream s : b->stream_uses) {
+        std::deque<PendingEvent>& queue = pending_[s];
+        queue.push_back(PendingEvent{Event{}, b});
+        queue.back().event = backend_->record_event(s);
+        ++queued;
+      }
+    } catch (...) {
+      // Undo in reverse: each entry is the last of its stream's queue (a stream
+      // appears once in stream_uses); one whose record threw holds Event{}.
+      for (auto q = b->stream_uses.rbegin(); q != b->stream_uses.rend(); ++q) {
+        auto pit = pending_.find(*q);
+        if (pit == pending_.end() || pit->second.empty() ||
+            pit->second.back().block != b) {
+          continue;
+        }
+        if (pit->second.back().event.handle != 0) {
+          backend_->release_event(pit->second.back().event);
+        }
+        pit->second.pop_back();
+        if (pit->second.empty()) pending_.erase(pit);
+      }
+      throw;
+    }
+  }
   allocated_.erase(it);
   const bool small = b->segment->small_pool;
   DecreaseStat(stats_.allocation, small, 1);
@@ -320,12 +358,9 @@ void DevicePool::free(void* ptr) {
     return;
   }
   // Used on other streams: the block may be reused only once each of those streams
-  // has reached this point, so record an event on each and wait for them.
-  for (Stream s : b->stream_uses) {
-    pending_[s].push_back(PendingEvent{backend_->record_event(s), b});
-    ++pending_count_;
-    ++b->pending_events;
-  }
+  // has reached this point; the events recorded above say when.
+  pending_count_ += queued;
+  b->pending_events += static_cast<int>(queued);
   b->stream_uses.clear();
   b->state = BlockState::kPending;
   IncreaseStat(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
@@ -504,20 +539,21 @@ void DevicePool::empty_cache() {
   if (pending_count_ != 0) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
   release_empty_reservations();
+  reservation_failed_.clear();  // address space was given back: worth asking again
 }
 
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
   if (pending_count_ != 0) process_events_locked(/*wait=*/false);
-  int64_t cached = stats_.cached_bytes();
+  // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
+  // which an int64_t would read as -1. cached_bytes() is never negative.
+  size_t cached = static_cast<size_t>(stats_.cached_bytes());
   for (Segment* s : unused_segments_largest_first()) {
-    if (cached <= static_cast<int64_t>(keep_bytes)) break;
-    cached -= static_cast<int64_t>(s->size);
+    if (cached <= keep_bytes) break;
+    cached -= s->size;  // s is unused, so its bytes are part of `cached`
     release_segment(s);
   }
-  if (cached > static_cast<int64_t>(keep_bytes)) {
-    recycle(static_cast<size_t>(cached) - keep_bytes);
-  }
+  if (cached > keep_bytes) recycle(cached - keep_bytes);
 }
 
 absl::Status DevicePool::set_memory_fraction(double fraction) {
@@ -643,6 +679,24 @@ std::string DevicePool::describe_bad_pointer(const char* op, const void* ptr) co
   const std::string where = absl::StrFormat("devmem: %s(%p) on %s: ", op, ptr,
                                             device_.ToString());
   const Block* b = block_containing(addr);
+  // One past the end of a live allocation (an end pointer passed by mistake): say so,
+  // rather than calling it a double free of whatever starts there. No live allocation
+  // starts at `addr` here, or free() would have found it.
+  const Block* before = addr == 0 ? nullptr : block_containing(addr - 1);
+  if (before != nullptr && before->state == BlockState::kAllocated &&
+      before->addr + before->size == addr) {
+    // A free or pending block may start there: then a double free of it reads the same,
+    // and the message names both.
+    return where + absl::StrFormat(
+                       "not the start of a live allocation: one past the end of the "
+                       "allocated block %p of %u bytes (an end pointer?)%s",
+                       reinterpret_cast<void*>(before->addr), before->size,
+                       b == nullptr || b->addr != addr
+                           ? ""
+                           : absl::StrFormat("; a %s block starts there, so if allocate() "
+                                             "returned this pointer it is a double free",
+                                             BlockStateName(b->state)));
+  }
   if (b == nullptr) {
     return where + "not a pointer allocated by this allocator (no segment holds it)";
   }
@@ -737,7 +791,13 @@ void DevicePool::delete_block(Block* b) {
   b->pending_events = 0;
   b->alloc_time_ns = 0;
   b->stream_uses.clear();
-  spare_blocks_.push_back(b);
+  // Never throws: callers delete blocks in the middle of relinking. Without memory to
+  // keep it as a spare, the Block goes back to the heap.
+  try {
+    spare_blocks_.push_back(b);
+  } catch (...) {
+    delete b;
+  }
 }
 
 }  // namespace devmem::internal

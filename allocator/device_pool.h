@@ -23,6 +23,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "allocator/mutex.h"
 #include "allocator/backend.h"
@@ -63,6 +64,9 @@ class DevicePool {
   const Config& config() const { return config_; }
 
  private:
+  // tests/device_pool_invariants_test.cc corrupts a pool on purpose to show that
+  // validate() notices.
+  friend class DevicePoolTestPeer;
   using FreeSet = absl::btree_set<Block*, BlockLess>;
 
   // --- allocation path -----------------------------------------------------------
@@ -99,7 +103,9 @@ class DevicePool {
     Block* right = nullptr;
   };
   // The reservation of (stream, pool), reserving its address range on first use;
-  // nullptr when no address range can be reserved.
+  // nullptr when no address range can be reserved. A refused reservation is not asked
+  // for again until empty_cache() (which gives address space back): every miss would
+  // otherwise repeat a driver call that fails.
   Reservation* reservation(Stream stream, bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The placement in `r` that maps the fewest bytes for a block of `size` (ties: the
   // lowest address), using free blocks at the edges of its runs.
@@ -207,6 +213,8 @@ class DevicePool {
   // Expandable reservations by (stream, small pool); their runs are in segments_.
   absl::flat_hash_map<std::pair<uintptr_t, bool>, Reservation*> expandable_
       ABSL_GUARDED_BY(mu_);
+  // (stream, small pool) pairs whose reserve_address failed, until empty_cache().
+  absl::flat_hash_set<std::pair<uintptr_t, bool>> reservation_failed_ ABSL_GUARDED_BY(mu_);
   // Every segment by base address (for interior-pointer lookups and snapshots).
   absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   // Events to wait for, per stream they were recorded on; each stream completes its

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <memory>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -36,8 +37,10 @@
 
 namespace devmem::internal {
 Reservation* DevicePool::reservation(Stream stream, bool small) {
-  auto it = expandable_.find(std::make_pair(stream.handle, small));
+  const auto key = std::make_pair(stream.handle, small);
+  auto it = expandable_.find(key);
   if (it != expandable_.end()) return it->second;
+  if (reservation_failed_.contains(key)) return nullptr;
   // Address space is cheap but not free. The large pool's range is twice the device:
   // recycling leaves unmapped gaps between live blocks, and new mappings must find
   // room beside them. The small pool (requests <= 1 MiB) gets a quarter of the device.
@@ -46,13 +49,16 @@ Reservation* DevicePool::reservation(Stream stream, bool small) {
   size_t va = small ? total / 4 : (total > SIZE_MAX / 4 ? total : 2 * total);
   va = std::max(granularity_, round_to_granule(va));
   absl::StatusOr<void*> p = backend_->reserve_address(va);
-  if (!p.ok()) return nullptr;
+  if (!p.ok()) {
+    reservation_failed_.insert(key);
+    return nullptr;
+  }
   auto* r = new Reservation;
   r->addr = reinterpret_cast<uintptr_t>(*p);
   r->va_size = va;
   r->stream = stream;
   r->small_pool = small;
-  expandable_.emplace(std::make_pair(stream.handle, small), r);
+  expandable_.emplace(key, r);
   return r;
 }
 
@@ -145,18 +151,18 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
                                              device_.ToString(), p.bytes, at,
                                              st.ToString()));
   }
-  return link_mapped(r, p.at, p.bytes);
+  // link_mapped allocates its Block and Segment before it changes anything: if that
+  // throws, the mapping is undone and the pool is as it was.
+  try {
+    return link_mapped(r, p.at, p.bytes);
+  } catch (...) {
+    backend_->unmap(at, p.bytes);
+    throw;
+  }
 }
 
 Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
   const uintptr_t end = at + bytes;
-  r->mapped += bytes;
-  IncreaseStat(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
-  ++stats_.num_device_alloc;
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, r->stream, at, bytes,
-                                   0, kUnknownSite});
-  }
   // The runs just below and just above the new range, if they touch it.
   Segment* lo = nullptr;
   if (auto it = segments_.lower_bound(at); it != segments_.begin()) {
@@ -167,6 +173,17 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
   if (auto it = segments_.find(end); it != segments_.end() && it->second->reservation == r) {
     hi = it->second;
   }
+  // Everything that allocates first (see try_expand); nothing below throws.
+  std::unique_ptr<Segment> fresh =
+      lo == nullptr && hi == nullptr ? std::make_unique<Segment>() : nullptr;
+  Block* b = new_block();
+  r->mapped += bytes;
+  IncreaseStat(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
+  ++stats_.num_device_alloc;
+  if (observer_ != nullptr) {
+    observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, r->stream, at, bytes,
+                                   0, kUnknownSite});
+  }
   // Free neighbours leave their set before any link changes (the set's split
   // statistics depend on the links).
   Block* lf = lo != nullptr && lo->tail->state == BlockState::kFree ? lo->tail : nullptr;
@@ -174,7 +191,6 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
   if (lf != nullptr) erase_free(lf);
   if (rf != nullptr) erase_free(rf);
 
-  Block* b = new_block();
   b->addr = at;
   b->size = bytes;
   b->stream = r->stream;
@@ -206,7 +222,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     hi->head->prev = b;
     s->head = b;
   } else {
-    s = new Segment;
+    s = fresh.release();
     s->addr = at;
     s->size = bytes;
     s->stream = r->stream;
@@ -247,6 +263,15 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
   const size_t bytes = c1 - c0;
   const uintptr_t b_end = b->addr + b->size;
   const uintptr_t s_end = s->addr + s->size;
+  // What this allocates, before anything changes: a second Block when b keeps parts on
+  // both sides of the hole, and a Segment when the run splits in two.
+  const bool keeps_below = c0 > b->addr;
+  const bool keeps_above = c1 < b_end;
+  std::unique_ptr<Segment> split_off =
+      (keeps_below || b->prev != nullptr) && (keeps_above || b->next != nullptr)
+          ? std::make_unique<Segment>()
+          : nullptr;
+  Block* second = keeps_below && keeps_above ? new_block() : nullptr;
   erase_free(b);
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, c0,
@@ -267,7 +292,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     b->size = c0 - b->addr;
   }
   if (c1 < b_end) {
-    above = below != nullptr ? new_block() : b;
+    above = below != nullptr ? second : b;
     above->addr = c1;
     above->size = b_end - c1;
     above->segment = s;
@@ -295,7 +320,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       y = y->next;
     }
     const bool move_left = x == nullptr;
-    auto* n = new Segment;
+    Segment* n = split_off.release();
     n->stream = s->stream;
     n->small_pool = s->small_pool;
         n->reservation = r;

@@ -182,6 +182,12 @@ absl::Status DevicePool::validate() const {
             return Violation(absl::StrFormat("free block %#x is missing from its free set",
                                              b->addr));
           }
+          if (!b->stream_uses.empty()) {
+            return Violation(absl::StrFormat(
+                "free block %#x has %u recorded streams (they must be cleared when it "
+                "is freed)",
+                b->addr, b->stream_uses.size()));
+          }
           Recount::add(rc.free_bytes, small, size);
           if (b->is_split()) {
             Recount::add(rc.inactive_split, small, 1);
@@ -226,8 +232,34 @@ absl::Status DevicePool::validate() const {
     return Violation(absl::StrFormat("allocated table holds %u blocks, segments hold %u",
                                      allocated_.size(), allocated_blocks));
   }
+  // Every queued event belongs to a pending block of this pool, and each block has as
+  // many queued events as it waits for (not only the totals agree).
   size_t queued = 0;
-  for (const auto& [stream, queue] : pending_) queued += queue.size();
+  absl::flat_hash_map<const Block*, int> queued_per_block;
+  for (const auto& [stream, queue] : pending_) {
+    queued += queue.size();
+    for (const PendingEvent& pe : queue) {
+      const Block* b = pe.block;
+      const Block* found = b == nullptr ? nullptr : block_containing(b->addr);
+      if (found != b) {
+        return Violation(absl::StrFormat(
+            "an event queued on stream %#x names a block that no segment holds",
+            stream.handle));
+      }
+      if (b->state != BlockState::kPending) {
+        return Violation(absl::StrFormat(
+            "an event queued on stream %#x names block %#x, which is %s, not pending",
+            stream.handle, b->addr, BlockStateName(b->state)));
+      }
+      ++queued_per_block[b];
+    }
+  }
+  for (const auto& [b, n] : queued_per_block) {
+    if (n != b->pending_events) {
+      return Violation(absl::StrFormat("pending block %#x waits for %d events; %d are queued",
+                                       b->addr, b->pending_events, n));
+    }
+  }
   if (queued != pending_count_ || static_cast<int64_t>(queued) != pending_events) {
     return Violation(absl::StrFormat(
         "pending events: %u queued, counter %u, blocks wait for %d", queued,

@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -298,9 +299,17 @@ std::string ErrnoText(int err) {
   return absl::StrCat(std::strerror(err), " (errno ", err, ")");
 }
 
+// The address-space reservation of one simulated device (see SimBackendImpl::mapping_).
+struct AddressReservation {
+  void* mapping = nullptr;
+  size_t mapping_size = 0;
+  uintptr_t base = 0;
+  size_t size = 0;
+};
+
 class SimBackendImpl final : public SimBackend {
  public:
-  explicit SimBackendImpl(const SimOptions& options);
+  SimBackendImpl(const SimOptions& options, const AddressReservation& reservation);
   ~SimBackendImpl() override;
 
   DeviceId device() const override { return device_; }
@@ -334,6 +343,7 @@ class SimBackendImpl final : public SimBackend {
 
   void set_failure_injection(uint64_t fail_nth, double probability,
                              uint64_t seed) override;
+  void set_event_failure_injection(uint64_t fail_nth) override;
   size_t used_bytes() const override {
     MutexLock lock(&mu_);
     return used_;
@@ -350,8 +360,9 @@ class SimBackendImpl final : public SimBackend {
  private:
   // The worker of `stream`, or nullptr when no such stream exists.
   std::shared_ptr<StreamWorker> FindStream(Stream stream) const;
-  // Decides whether this allocation attempt fails by injection; counts the attempt.
-  std::optional<absl::Status> InjectLocked(size_t bytes)
+  // Decides whether this request for memory (`what`: "segment allocation" or "map")
+  // fails by injection; counts the attempt.
+  std::optional<absl::Status> InjectLocked(absl::string_view what, size_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The ResourceExhausted error for charging `bytes` more than the capacity allows.
   absl::Status OverCapacityLocked(absl::string_view what, size_t bytes) const
@@ -373,10 +384,10 @@ class SimBackendImpl final : public SimBackend {
   // The address-space reservation, fixed for the backend's lifetime: mapping_ is what
   // mmap returned (and munmap takes); [base_, base_ + size_) is its 2 MiB-aligned
   // part that segments are carved from.
-  void* mapping_ = nullptr;
-  size_t mapping_size_ = 0;
-  uintptr_t base_ = 0;
-  size_t size_ = 0;
+  void* const mapping_;
+  const size_t mapping_size_;
+  const uintptr_t base_;
+  const size_t size_;
 
   // Memory state. Leaf lock; syscalls that must be atomic with the bookkeeping
   // (virtual-memory map/unmap) run under it, the rest run outside.
@@ -398,6 +409,9 @@ class SimBackendImpl final : public SimBackend {
   uint64_t seed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t attempts_since_set_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  // Event injection: the event_fail_nth_-th record_event since it was set throws.
+  uint64_t event_fail_nth_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t events_since_set_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Streams: handle -> worker. Stream 0 is there from the start; its thread, like
   // every stream's, starts on first use. Handles are never reused, so a destroyed
@@ -408,35 +422,52 @@ class SimBackendImpl final : public SimBackend {
   uintptr_t next_stream_ ABSL_GUARDED_BY(streams_mu_) = 1;
 };
 
-SimBackendImpl::SimBackendImpl(const SimOptions& options)
-    : options_(options), device_{DeviceType::kSim, options.index} {
-  if (!IsPowerOfTwo(options_.granularity) ||
-      options_.granularity % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
-    Fatal(absl::StrCat(Name(), ": SimOptions::granularity ", options_.granularity,
-                       " is not a power of two multiple of the page size"));
+// Checks `options` and reserves the device's address space. An error (never an abort)
+// when the granularity is bad or the kernel refuses even kMinReservation bytes: a
+// process asking for its 600th simulated device, or one under an address-space limit,
+// gets a message it can report.
+absl::StatusOr<AddressReservation> ReserveForSim(const SimOptions& options) {
+  const std::string name = DeviceId{DeviceType::kSim, options.index}.ToString();
+  if (!IsPowerOfTwo(options.granularity) ||
+      options.granularity % static_cast<size_t>(sysconf(_SC_PAGESIZE)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": SimOptions::granularity ", options.granularity,
+                     " is not a power of two multiple of the page size"));
   }
   // 16x capacity leaves room for the 2 MiB rounding of segments, for fragmentation of
   // the address space, and for the address ranges of several streams' expandable
   // segments, so capacity (not addresses) is what runs out first.
   size_t want =
-      options_.capacity > kMaxReservation / 16 ? kMaxReservation : options_.capacity * 16;
+      options.capacity > kMaxReservation / 16 ? kMaxReservation : options.capacity * 16;
   want =
       RoundUp(std::clamp(want, kMinPreferredReservation, kMaxReservation), kSegmentAlign);
+  int err = 0;
   for (size_t size = want; size >= kMinReservation; size /= 2) {
     // The extra kSegmentAlign lets the base be aligned up to 2 MiB.
     void* p = mmap(nullptr, size + kSegmentAlign, PROT_NONE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (p == MAP_FAILED) continue;
-    mapping_ = p;
-    mapping_size_ = size + kSegmentAlign;
-    base_ = RoundUp(reinterpret_cast<uintptr_t>(p), kSegmentAlign);
-    size_ = size;
-    break;
+    if (p == MAP_FAILED) {
+      err = errno;
+      continue;
+    }
+    return AddressReservation{p, size + kSegmentAlign,
+                       RoundUp(reinterpret_cast<uintptr_t>(p), kSegmentAlign), size};
   }
-  if (mapping_ == nullptr) {
-    Fatal(absl::StrCat(Name(), ": mmap could not reserve even ", kMinReservation,
-                       " bytes of address space: ", ErrnoText(errno)));
-  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      name, ": mmap could not reserve even ", kMinReservation,
+      " bytes of address space for the simulated device: ", ErrnoText(err),
+      " (each simulated device reserves up to 16x sim_capacity; use fewer devices or a "
+      "smaller sim_capacity)"));
+}
+
+SimBackendImpl::SimBackendImpl(const SimOptions& options,
+                               const AddressReservation& reservation)
+    : options_(options),
+      device_{DeviceType::kSim, options.index},
+      mapping_(reservation.mapping),
+      mapping_size_(reservation.mapping_size),
+      base_(reservation.base),
+      size_(reservation.size) {
   {
     MutexLock lock(&mu_);
     free_ranges_.Insert(base_, size_);
@@ -463,7 +494,8 @@ SimBackendImpl::~SimBackendImpl() {
   munmap(mapping_, mapping_size_);
 }
 
-std::optional<absl::Status> SimBackendImpl::InjectLocked(size_t bytes) {
+std::optional<absl::Status> SimBackendImpl::InjectLocked(absl::string_view what,
+                                                         size_t bytes) {
   ++attempts_;
   ++attempts_since_set_;
   bool fail = false;
@@ -486,8 +518,8 @@ std::optional<absl::Status> SimBackendImpl::InjectLocked(size_t bytes) {
   if (!fail) return std::nullopt;
   ++injected_;
   return absl::ResourceExhaustedError(
-      absl::StrCat(Name(), ": injected failure of segment allocation #",
-                   attempts_since_set_, " (", bytes, " bytes; ", why, ")"));
+      absl::StrCat(Name(), ": injected failure of ", what, " (memory request #",
+                   attempts_since_set_, ", ", bytes, " bytes; ", why, ")"));
 }
 
 absl::Status SimBackendImpl::OverCapacityLocked(absl::string_view what,
@@ -533,7 +565,9 @@ absl::StatusOr<void*> SimBackendImpl::allocate_segment(size_t bytes) {
   uintptr_t start;
   {
     MutexLock lock(&mu_);
-    if (std::optional<absl::Status> injected = InjectLocked(bytes)) return *injected;
+    if (std::optional<absl::Status> injected = InjectLocked("segment allocation", bytes)) {
+      return *injected;
+    }
     if (bytes > options_.capacity - used_) {
       return OverCapacityLocked("cannot allocate a segment", bytes);
     }
@@ -634,7 +668,12 @@ absl::Status SimBackendImpl::launch_host_fn(Stream stream, std::function<void()>
     return absl::InvalidArgumentError(
         absl::StrCat(Name(), ": launch_host_fn on unknown stream ", stream.handle));
   }
-  worker->Enqueue(std::move(fn));
+  // The scope marks the worker thread for the function's duration only (backend.h:
+  // callbacks must not call the allocator; event markers are not callbacks).
+  worker->Enqueue([fn = std::move(fn)] {
+    StreamCallbackScope scope;
+    fn();
+  });
   return absl::OkStatus();
 }
 
@@ -642,6 +681,15 @@ Event SimBackendImpl::record_event(Stream stream) {
   std::shared_ptr<StreamWorker> worker = FindStream(stream);
   if (worker == nullptr) {
     Fatal(absl::StrCat(Name(), ": record_event on unknown stream ", stream.handle));
+  }
+  {
+    MutexLock lock(&mu_);
+    if (event_fail_nth_ != 0 && ++events_since_set_ == event_fail_nth_) {
+      ++injected_;
+      // What a real record can throw (the event and its queue entry are allocated).
+      throw std::runtime_error(absl::StrCat(Name(), ": injected failure of record_event #",
+                                            event_fail_nth_, " (sim event injection)"));
+    }
   }
   SimEvent* event = new SimEvent;
   worker->Enqueue([event] {
@@ -725,6 +773,9 @@ absl::Status SimBackendImpl::map(void* p, size_t bytes) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: map(%p, %u): part of the range is already mapped", Name(), p, bytes));
   }
+  // Maps are memory requests like segment allocations: injection applies to both, so
+  // it fires with expandable segments (the default) too.
+  if (std::optional<absl::Status> injected = InjectLocked("map", bytes)) return *injected;
   if (bytes > options_.capacity - used_) return OverCapacityLocked("cannot map", bytes);
   // Under the lock, so a concurrent unmap/map of the same range cannot interleave
   // its mprotect with this one.
@@ -753,6 +804,12 @@ void SimBackendImpl::unmap(void* p, size_t bytes) {
   used_ -= bytes;
 }
 
+void SimBackendImpl::set_event_failure_injection(uint64_t fail_nth) {
+  MutexLock lock(&mu_);
+  event_fail_nth_ = fail_nth;
+  events_since_set_ = 0;
+}
+
 void SimBackendImpl::set_failure_injection(uint64_t fail_nth, double probability,
                                            uint64_t seed) {
   MutexLock lock(&mu_);
@@ -765,8 +822,16 @@ void SimBackendImpl::set_failure_injection(uint64_t fail_nth, double probability
 
 }  // namespace
 
+absl::StatusOr<std::unique_ptr<SimBackend>> CreateSimBackend(const SimOptions& options) {
+  absl::StatusOr<AddressReservation> reservation = ReserveForSim(options);
+  if (!reservation.ok()) return reservation.status();
+  return std::make_unique<SimBackendImpl>(options, *reservation);
+}
+
 std::unique_ptr<SimBackend> NewSimBackend(const SimOptions& options) {
-  return std::make_unique<SimBackendImpl>(options);
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = CreateSimBackend(options);
+  if (!sim.ok()) throw std::runtime_error(std::string(sim.status().message()));
+  return *std::move(sim);
 }
 
 }  // namespace devmem

@@ -9,8 +9,8 @@
 // Streams are in-order queues worked by one host thread each (created on first use);
 // events complete when their stream's thread reaches them. The default stream has a
 // worker too. Segment allocation and free sleep for the configured latency (emulating
-// cudaMalloc/cudaFree). Failure injection is seeded: the Nth segment allocation fails,
-// and/or each fails with probability p.
+// cudaMalloc/cudaFree). Failure injection is seeded: the Nth memory request (segment
+// allocation or map) fails, and/or each fails with probability p.
 //
 // Virtual memory is emulated: reserve_address carves an address range without
 // charging capacity; map charges and makes the range accessible; unmap releases.
@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "allocator/backend.h"
 
 namespace devmem {
@@ -37,16 +38,28 @@ struct SimOptions {
 // Extra controls that tests and tools use on a sim backend.
 class SimBackend : public Backend {
  public:
-  // Changes the failure injection at run time (counts restart from now).
+  // Changes the failure injection at run time (counts restart from now). It applies to
+  // every memory request: segment allocations and maps (expandable segments).
   virtual void set_failure_injection(uint64_t fail_nth, double probability,
                                      uint64_t seed) = 0;
+  // Makes the fail_nth-th record_event from now (0: none) throw std::runtime_error, as
+  // a real one may when the event or its queue entry cannot be allocated; for testing
+  // that callers stay consistent when it does.
+  virtual void set_event_failure_injection(uint64_t fail_nth) = 0;
   // Bytes charged against the capacity right now (segments + mapped ranges).
   virtual size_t used_bytes() const = 0;
-  // Number of segment allocations attempted / failed by injection so far.
+  // Number of memory requests (segment allocations and maps) attempted, and of
+  // failures injected (those and record_event's) so far.
   virtual uint64_t segment_alloc_attempts() const = 0;
   virtual uint64_t injected_failures() const = 0;
 };
 
+// The simulated device of `options`. InvalidArgument for a granularity that is not a
+// power-of-two multiple of the page size; ResourceExhausted when its address space
+// cannot be reserved (too many simulated devices, an address-space limit).
+absl::StatusOr<std::unique_ptr<SimBackend>> CreateSimBackend(const SimOptions& options);
+// CreateSimBackend for tests and tools that treat failure as fatal: throws
+// std::runtime_error with the error's message.
 std::unique_ptr<SimBackend> NewSimBackend(const SimOptions& options);
 
 }  // namespace devmem

@@ -18,6 +18,18 @@
 // SiteInfo reads the same, since it has no column). Tags are compared by text: two
 // tags with equal text are one site.
 //
+// Hostile strings: every string is cut to a bound (kMaxSiteTagBytes for tags,
+// kMaxSiteNameBytes for file and function) and made valid UTF-8 (each byte that does
+// not start or continue a valid sequence becomes U+FFFD) once, when the site is
+// interned, so every JSON view, metric label and message built from a SiteInfo can
+// use it as it is. The map keys on the caller's text (after the cut), so a site
+// interned again with the same bytes is found without re-validating.
+//
+// Bound: the table holds at most kMaxSites ids. When it is full, every new identity
+// gets the one kOtherSiteFile site (tag "other"), which is not cached nor added to the
+// map, and the process is told once on stderr: 200,000 distinct tags must not make a
+// 43 MB stats JSON.
+//
 // Thread-safety: the table is guarded by one SharedMutex (allocator/mutex.h), a leaf
 // lock (nothing else is acquired while it is held). Lookups take it shared; inserts take it exclusively.
 // GetSite copies the SiteInfo under the shared lock: it returns by value, and indexing
@@ -26,6 +38,7 @@
 #include "allocator/site.h"
 
 #include <array>
+#include <cstdio>
 #include <deque>
 #include <functional>
 #include <string>
@@ -80,51 +93,151 @@ struct SiteKey {
 
 SiteInfo UnknownSiteInfo() { return SiteInfo{"<unknown>", 0, "", "", SiteKind::kAlloc}; }
 
+// The length of the valid UTF-8 sequence at the start of `s` (1..4), or 0 when the
+// first byte does not start one (RFC 3629: no overlongs, no surrogates, <= U+10FFFF).
+size_t Utf8SequenceLength(std::string_view s) {
+  const auto b0 = static_cast<unsigned char>(s[0]);
+  if (b0 < 0x80) return 1;
+  size_t n;
+  unsigned char lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    n = 2;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    n = 3;
+    if (b0 == 0xE0) lo = 0xA0;
+    if (b0 == 0xED) hi = 0x9F;  // U+D800..U+DFFF are surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    n = 4;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (s.size() < n) return 0;
+  for (size_t i = 1; i < n; ++i) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    if (b < (i == 1 ? lo : 0x80) || b > (i == 1 ? hi : 0xBF)) return 0;
+  }
+  return n;
+}
+
+// `s` with every byte that is not part of a valid UTF-8 sequence replaced by U+FFFD.
+std::string ToValidUtf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  while (!s.empty()) {
+    const size_t n = Utf8SequenceLength(s);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";  // U+FFFD REPLACEMENT CHARACTER
+      s.remove_prefix(1);
+    } else {
+      out.append(s.substr(0, n));
+      s.remove_prefix(n);
+    }
+  }
+  return out;
+}
+
+// The key of a site: the caller's text cut to the bounds (the cut may split a UTF-8
+// sequence; ToValidUtf8 then replaces the partial one).
+SiteKey BoundedKey(SiteKey key) {
+  key.file = key.file.substr(0, kMaxSiteNameBytes);
+  key.function = key.function.substr(0, kMaxSiteNameBytes);
+  key.tag = key.tag.substr(0, kMaxSiteTagBytes);
+  return key;
+}
+
 class SiteTable {
  public:
-  SiteTable() { sites_.push_back(UnknownSiteInfo()); }
+  SiteTable() { entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}}); }
 
-  // Returns the id of `key`, adding it if new. `*stable_tag` is set to a view of the
-  // tag text that lives as long as the process.
-  SiteId Intern(const SiteKey& key, std::string_view* stable_tag)
+  // Returns the id of `key` (already cut by BoundedKey), adding it if new. When the id
+  // may be cached, `*stable_tag` is set to a view of the key's tag text that lives as
+  // long as the process and true is returned; false for the `other` site.
+  bool Intern(const SiteKey& key, SiteId* id, std::string_view* stable_tag)
       ABSL_LOCKS_EXCLUDED(mu_) {
     {
       ReaderLock lock(&mu_);
       if (auto it = ids_.find(key); it != ids_.end()) {
         *stable_tag = it->first.tag;
-        return it->second;
+        *id = it->second;
+        return true;
+      }
+      if (other_ != kUnknownSite) {
+        *id = other_;
+        return false;
       }
     }
     WriterLock lock(&mu_);
     if (auto it = ids_.find(key); it != ids_.end()) {  // another thread won the race
       *stable_tag = it->first.tag;
-      return it->second;
+      *id = it->second;
+      return true;
     }
-    const SiteId id = static_cast<SiteId>(sites_.size());
-    const SiteInfo& info = sites_.emplace_back(SiteInfo{std::string(key.file), key.line,
-                                                        std::string(key.function),
-                                                        std::string(key.tag), key.kind});
-    SiteKey stable{info.file, info.function, info.tag, key.line, key.column, key.kind};
-    ids_.emplace(stable, id);
-    *stable_tag = info.tag;
-    return id;
+    if (other_ == kUnknownSite && entries_.size() == kMaxSites - 1) {
+      // The last id: the `other` site, for this key and every new one after it.
+      other_ = static_cast<SiteId>(entries_.size());
+      entries_.push_back(
+          Entry{SiteInfo{std::string(kOtherSiteFile), 0, "", "other", SiteKind::kAlloc},
+                {}, {}, {}});
+      std::fprintf(stderr,
+                   "devmem: error: the site table is full (%zu sites, one per distinct "
+                   "call site and tag); allocations from new sites are counted under the "
+                   "site \"%s\" from now on: use fewer distinct tags (a tag with a "
+                   "counter or an id in it?)\n",
+                   kMaxSites, std::string(kOtherSiteFile).c_str());
+    }
+    if (other_ != kUnknownSite) {
+      *id = other_;
+      return false;
+    }
+    const SiteId new_id = static_cast<SiteId>(entries_.size());
+    Entry& e = entries_.emplace_back();
+    e.info = SiteInfo{ToValidUtf8(key.file), key.line, ToValidUtf8(key.function),
+                      ToValidUtf8(key.tag), key.kind};
+    // The key keeps the caller's bytes; only where they differ from the SiteInfo's (they
+    // were not valid UTF-8) are they stored a second time.
+    auto stable = [](std::string_view raw, const std::string& clean, std::string* copy) {
+      if (raw == clean) return std::string_view(clean);
+      *copy = std::string(raw);
+      return std::string_view(*copy);
+    };
+    SiteKey stable_key{stable(key.file, e.info.file, &e.raw_file),
+                       stable(key.function, e.info.function, &e.raw_function),
+                       stable(key.tag, e.info.tag, &e.raw_tag),
+                       key.line,
+                       key.column,
+                       key.kind};
+    ids_.emplace(stable_key, new_id);
+    *stable_tag = stable_key.tag;
+    *id = new_id;
+    return true;
   }
 
   SiteInfo Get(SiteId id) const ABSL_LOCKS_EXCLUDED(mu_) {
     ReaderLock lock(&mu_);
-    if (id >= sites_.size()) return sites_[kUnknownSite];
-    return sites_[id];
+    if (id >= entries_.size()) return entries_[kUnknownSite].info;
+    return entries_[id].info;
   }
 
   size_t Count() const ABSL_LOCKS_EXCLUDED(mu_) {
     ReaderLock lock(&mu_);
-    return sites_.size();
+    return entries_.size();
   }
 
  private:
+  struct Entry {
+    SiteInfo info;  // valid UTF-8, what GetSite returns
+    // The caller's bytes where they differ from info's (else empty): the map's keys
+    // point at them.
+    std::string raw_file;
+    std::string raw_function;
+    std::string raw_tag;
+  };
   mutable SharedMutex mu_;
-  std::deque<SiteInfo> sites_ ABSL_GUARDED_BY(mu_);  // index == id; never shrinks
+  std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // index == id; never shrinks
   absl::flat_hash_map<SiteKey, SiteId> ids_ ABSL_GUARDED_BY(mu_);
+  SiteId other_ ABSL_GUARDED_BY(mu_) = kUnknownSite;  // set once the table is full
 };
 
 SiteTable& Table() {
@@ -165,6 +278,7 @@ size_t CacheSlot(const std::source_location& loc, SiteKind kind, std::string_vie
 
 SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
   if (tag.empty()) tag = tls_tag;
+  tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the cache hits
   CacheEntry& entry = tls_cache[CacheSlot(loc, kind, tag)];
   if (entry.id != kUnknownSite && entry.file == loc.file_name() &&
       entry.line == loc.line() && entry.column == loc.column() &&
@@ -172,12 +286,14 @@ SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_vi
     return entry.id;
   }
   std::string_view stable_tag;
-  SiteId id = Table().Intern(SiteKey{loc.file_name(), loc.function_name(), tag,
-                                     loc.line(), loc.column(), kind},
-                             &stable_tag);
-  entry = CacheEntry{loc.file_name(), loc.function_name(), stable_tag,
-                     loc.line(),      loc.column(),        kind,
-                     id};
+  SiteId id = kUnknownSite;
+  if (Table().Intern(BoundedKey(SiteKey{loc.file_name(), loc.function_name(), tag,
+                                        loc.line(), loc.column(), kind}),
+                     &id, &stable_tag)) {
+    entry = CacheEntry{loc.file_name(), loc.function_name(), stable_tag,
+                       loc.line(),      loc.column(),        kind,
+                       id};
+  }
   return id;
 }
 
@@ -186,8 +302,10 @@ SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_vi
 SiteId InternNamedSite(std::string_view file, uint32_t line, std::string_view function,
                        SiteKind kind, std::string_view tag) {
   std::string_view stable_tag;
-  return Table().Intern(SiteKey{file, function, tag, line, /*column=*/0, kind},
-                        &stable_tag);
+  SiteId id = kUnknownSite;
+  Table().Intern(BoundedKey(SiteKey{file, function, tag, line, /*column=*/0, kind}), &id,
+                 &stable_tag);
+  return id;
 }
 
 SiteInfo GetSite(SiteId id) { return Table().Get(id); }
@@ -198,7 +316,7 @@ std::string_view CurrentSiteTag() { return tls_tag; }
 
 ScopedSiteTag::ScopedSiteTag(std::string_view tag) {
   // Copy first: `tag` may be a view of the current tag (CurrentSiteTag()).
-  std::string next(tag);
+  std::string next(tag.substr(0, kMaxSiteTagBytes));  // as interning cuts it
   previous_ = std::move(tls_tag);
   tls_tag = std::move(next);
 }

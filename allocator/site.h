@@ -14,6 +14,7 @@
 // ids are never reused; SiteInfo for an id never changes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <source_location>
 #include <string>
@@ -24,6 +25,16 @@ namespace devmem {
 
 using SiteId = uint32_t;
 inline constexpr SiteId kUnknownSite = 0;
+
+// Bounds on what one process's sites may hold. A tag is cut to kMaxSiteTagBytes and a
+// file or function name to kMaxSiteNameBytes (tags that agree in their first
+// kMaxSiteTagBytes bytes are one site). The table holds at most kMaxSites ids: once it
+// is full, every new site is the one site whose file is kOtherSiteFile (tag "other"),
+// and stderr says so once.
+inline constexpr size_t kMaxSiteTagBytes = 256;
+inline constexpr size_t kMaxSiteNameBytes = 4096;
+inline constexpr size_t kMaxSites = 16384;
+inline constexpr std::string_view kOtherSiteFile = "<other>";
 
 enum class SiteKind : uint8_t {
   kAlloc = 0,       // plain creation (empty, zeros, op outputs, raw allocate)
@@ -40,6 +51,8 @@ inline bool IsCopyKind(SiteKind kind) {
          kind == SiteKind::kToDevice;
 }
 
+// Every string of a SiteInfo is valid UTF-8: bytes of the caller's text that were not
+// are replaced by U+FFFD when the site is interned.
 struct SiteInfo {
   std::string file;      // as the compiler spelled it
   uint32_t line = 0;

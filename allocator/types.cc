@@ -46,8 +46,9 @@ absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
   if (has_colon) {
     const char* end = index_text.data() + index_text.size();
     auto [ptr, ec] = std::from_chars(index_text.data(), end, index);
-    if (index_text.empty() || ec != std::errc() || ptr != end || index < 0 ||
-        index > 1023) {
+    // from_chars takes a '-' for a signed type: "sim:-0" must not pass as index 0.
+    if (index_text.empty() || index_text.front() < '0' || index_text.front() > '9' ||
+        ec != std::errc() || ptr != end || index < 0 || index > 1023) {
       return absl::InvalidArgumentError(absl::StrCat("device \"", Av(text), "\": index \"",
                                                      Av(index_text),
                                                      "\" is not in 0..1023"));

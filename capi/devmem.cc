@@ -34,6 +34,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -220,6 +221,9 @@ struct TagEntry {
   std::string tag;
   std::array<SiteId, kNumEntryPoints> sites{};  // kUnknownSite until first used
 };
+// Bounded: kMaxTagDepth entries of at most kMaxSiteTagBytes each (the site table cuts
+// tags there anyway), so a push without a pop in a loop gets an error, not +1 GB.
+constexpr size_t kMaxTagDepth = 1024;
 thread_local std::vector<TagEntry> tls_tags;
 
 SiteId CurrentSite(EntryPoint entry) {
@@ -384,7 +388,15 @@ int devmem_push_tag(const char* tag) {
     if (tag == nullptr) {
       throw devmem::CapiError(DEVMEM_ERR_INVALID, "devmem_push_tag: the tag is NULL");
     }
-    devmem::tls_tags.push_back(devmem::TagEntry{tag, {}});
+    if (devmem::tls_tags.size() >= devmem::kMaxTagDepth) {
+      throw devmem::CapiError(
+          DEVMEM_ERR_INVALID,
+          absl::StrCat("devmem_push_tag: this thread's tag stack is full (",
+                       devmem::kMaxTagDepth,
+                       " tags pushed and not popped); pop a tag for each one pushed"));
+    }
+    const std::string_view text(tag, strnlen(tag, devmem::kMaxSiteTagBytes));
+    devmem::tls_tags.push_back(devmem::TagEntry{std::string(text), {}});
     return DEVMEM_OK;
   });
 }

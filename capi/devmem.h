@@ -12,7 +12,9 @@
  * on the simulated device (backend:sim, or auto without a GPU), and cpu (N must be 0)
  * with backend:cpu. The runtime is created by the first call of any function here,
  * from the environment variable DEVMEM_CONF (docs/configuration.md); every device's
- * allocator is created on its first use.
+ * allocator is created on its first use. An index the runtime does not have (cuda:N
+ * past the GPUs present, sim:N at or past the key sim_devices, 64 by default) is
+ * DEVMEM_ERR_INVALID and creates nothing.
  *
  * Streams. NULL is the device's default stream. On CUDA any other value is passed
  * through as a cudaStream_t of the caller's (it must belong to the device and outlive
@@ -173,8 +175,11 @@ void devmem_string_free(char* s);
  * makes through this API are attributed to the site named after it (the text is
  * copied). Tags nest; the innermost names the site. Tags are per thread: work that a
  * framework runs on its own threads (PyTorch's autograd engine runs backward on one)
- * is attributed to the untagged site unless those threads push tags too.
- * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID for a NULL tag. Thread-safe. */
+ * is attributed to the untagged site unless those threads push tags too. A tag is cut
+ * to its first 256 bytes, and bytes that are not valid UTF-8 are replaced by U+FFFD in
+ * every report. A thread's stack holds at most 1024 tags.
+ * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID for a NULL tag or a full stack (the last
+ * error says so). Thread-safe. */
 int devmem_push_tag(const char* tag);
 
 /* Pops the innermost tag of this thread.

@@ -364,6 +364,7 @@ std::string FormatUuid(const cudaUUID_t& uuid) {
 // The trampoline cudaLaunchHostFunc calls; owns and deletes the function.
 void CUDART_CB RunHostFn(void* arg) {
   std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(arg));
+  StreamCallbackScope scope;  // backend.h: callbacks must not call the allocator
   (*fn)();
 }
 

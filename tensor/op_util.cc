@@ -1,8 +1,11 @@
 // tensor/op_util.cc: shared argument checks (see op_util.h).
 #include "tensor/op_util.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "absl/container/inlined_vector.h"
 
 namespace devmem {
 
@@ -60,6 +63,26 @@ void CheckWritable(const Tensor& t, std::string_view op) {
               ShapeString(t.shape()), ", strides ", ShapeString(t.strides()),
               "): several indices share one element; write to a clone() instead"));
     }
+  }
+  // Any other self-overlap (shape {2, 2}, strides {1, 1}, made through the Tensor
+  // constructor): with the dims of size > 1 sorted by stride, each stride must step
+  // past everything the smaller-strided dims reach. That proves no two indices share
+  // an element, and holds for every view that slicing, transposing or reshaping a
+  // non-overlapping tensor makes; views it cannot prove distinct are refused.
+  absl::InlinedVector<std::pair<int64_t, int64_t>, 6> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.shape()[d] > 1) dims.emplace_back(t.strides()[d], t.shape()[d]);
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;  // the largest index offset the dims before this one reach
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) {
+      ThrowInvalidArgument(
+          Cat(op, ": cannot write in place to a view whose elements overlap (shape ",
+              ShapeString(t.shape()), ", strides ", ShapeString(t.strides()),
+              "): several indices share one element; write to a clone() instead"));
+    }
+    reach += (size - 1) * stride;  // cannot overflow: the constructor bounded it
   }
 }
 

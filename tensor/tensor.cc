@@ -22,22 +22,33 @@ Tensor::Tensor(StoragePtr storage, DType dtype, IntList shape, IntList strides,
                              ShapeString(strides), " have different ranks"));
   }
   if (offset < 0) ThrowInvalidArgument(Cat("Tensor: negative offset ", offset));
-  CheckedNumel(shape, ItemSize(dtype), "Tensor");
-  int64_t last = offset;
-  for (size_t d = 0; d < shape.size(); ++d) {
-    if (strides[d] < 0) {
+  for (int64_t stride : strides) {
+    if (stride < 0) {
       ThrowInvalidArgument(Cat("Tensor: negative stride in ", ShapeString(strides)));
     }
-    if (shape[d] == 0) return;  // no elements: nothing to bound
-    last += (shape[d] - 1) * strides[d];
   }
+  const int64_t numel = CheckedNumel(shape, ItemSize(dtype), "Tensor");
   const auto capacity = static_cast<int64_t>(storage_->bytes() / ItemSize(dtype));
-  if (last >= capacity) {
+  auto outside = [&](std::string_view what) {
     ThrowInvalidArgument(Cat("Tensor: shape ", ShapeString(shape), " with strides ",
-                             ShapeString(strides), " and offset ", offset,
-                             " reaches element ", last, ", outside the storage of ",
-                             capacity, " ", DTypeName(dtype), " elements"));
+                             ShapeString(strides), " and offset ", offset, " ", what,
+                             ", outside the storage of ", capacity, " ",
+                             DTypeName(dtype), " elements"));
+  };
+  // An empty view may sit at the very end (offset == capacity), never past it.
+  if (offset > capacity) outside("starts past the end");
+  if (numel == 0) return;
+  // The last element's index, in checked arithmetic: strides are the caller's, so
+  // (size - 1) * stride may overflow int64 (shape {3}, stride {2^62}).
+  int64_t last = offset;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(shape[d] - 1, strides[d], &reach) ||
+        __builtin_add_overflow(last, reach, &last)) {
+      outside("reaches beyond any addressable element");
+    }
   }
+  if (last >= capacity) outside(Cat("reaches element ", last));
 }
 
 int64_t Tensor::size(int64_t dim) const { return shape_[WrapDim(dim, shape_, "size")]; }

@@ -65,7 +65,8 @@ class Tensor {
   Tensor() = default;
 
   // A view of `storage` (which it shares). Throws InvalidArgumentError when a stride is
-  // negative, the ranks differ, or some element would lie outside the storage.
+  // negative, the ranks differ, the offset is past the end, or some element would lie
+  // outside the storage (computed in checked arithmetic: no stride wraps around).
   Tensor(StoragePtr storage, DType dtype, IntList shape, IntList strides,
          int64_t offset = 0);
 
@@ -190,7 +191,8 @@ class Tensor {
   // ---- in place: write through this view (and so through every view of its storage) ---
   // Scalars are converted to the dtype; for integer dtypes they must be integral and
   // in range. `other` must broadcast to this shape and have the same dtype and device.
-  // This tensor must not be a broadcast view (several indices for one element).
+  // No two indices of this tensor may share an element: a broadcast view (stride 0) or
+  // constructor strides that overlap are refused (op_util.h CheckWritable).
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);
   Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other

@@ -15,11 +15,15 @@
 //
 // No test depends on an upper bound of time: latencies are checked from below only,
 // and "not yet done" is checked while the stream is provably blocked.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -32,6 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/backend.h"
 #include "allocator/backend_factory.h"
@@ -73,6 +78,44 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeForKind(const std::string& kind) {
   Config config;
   config.backend = BackendKind::kCuda;
   return MakeBackend(config, 0);
+}
+
+// How long a call that must wait for a blocked stream is given to return early (and so
+// show that it does not wait) before the stream is let go. A correct call never returns
+// within it, so this bounds only how hard a broken one is looked for; nothing is
+// ordered by it (see WaitsForQueuedWork).
+constexpr auto kGrace = milliseconds(50);
+
+// Checks that `wait` (synchronize_stream, destroy_stream, a destructor) returns only
+// after the work queued on `stream` before it has run. The work is held behind a gate;
+// `wait` runs on another thread; the gate opens once `wait` has returned (a broken one)
+// or kGrace has passed without it returning. Then the work runs, `wait` returns, and
+// what `wait`'s thread saw is compared: the order comes from the gate and the futures,
+// not from a sleep inside the work. Returns true when the work had run before `wait`
+// returned.
+bool WaitsForQueuedWork(Backend& backend, Stream stream, const std::function<void()>& wait) {
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  std::atomic<bool> ran{false};
+  EXPECT_TRUE(backend
+                  .launch_host_fn(stream,
+                                  [opened, &ran] {
+                                    opened.wait();
+                                    ran.store(true);
+                                  })
+                  .ok());
+  std::promise<bool> returned;
+  std::future<bool> ran_at_return = returned.get_future();
+  std::thread waiter([&] {
+    wait();
+    returned.set_value(ran.load());
+  });
+  const bool early = ran_at_return.wait_for(kGrace) == std::future_status::ready;
+  gate.set_value();
+  const bool ok = ran_at_return.get();
+  waiter.join();
+  EXPECT_FALSE(early) << "returned while the stream was still held";
+  return ok && !early;
 }
 
 // Holds a stream's worker inside a host function until Release() (or the end of the
@@ -332,17 +375,17 @@ TEST_P(BackendConformanceTest, HostFunctionsRunInOrder) {
 }
 
 TEST_P(BackendConformanceTest, SynchronizeStreamWaitsForQueuedWork) {
-  for (Stream stream : {Stream{}, SomeStream()}) {
+  if (!backend_->caps().streams) {
+    // Host functions run at once (inside launch_host_fn): nothing to wait for.
     std::atomic<bool> ran{false};
-    ASSERT_TRUE(backend_
-                    ->launch_host_fn(stream,
-                                     [&ran] {
-                                       std::this_thread::sleep_for(milliseconds(30));
-                                       ran.store(true);
-                                     })
-                    .ok());
-    backend_->synchronize_stream(stream);
+    ASSERT_TRUE(backend_->launch_host_fn(Stream{}, [&ran] { ran.store(true); }).ok());
+    backend_->synchronize_stream(Stream{});
     EXPECT_TRUE(ran.load());
+    return;
+  }
+  for (Stream stream : {Stream{}, SomeStream()}) {
+    EXPECT_TRUE(WaitsForQueuedWork(*backend_, stream,
+                                   [&] { backend_->synchronize_stream(stream); }));
     DoneWith(stream);
   }
 }
@@ -398,16 +441,8 @@ TEST_P(BackendConformanceTest, DestroyStreamRunsQueuedWork) {
   if (!backend_->caps().streams) GTEST_SKIP() << "no streams to destroy";
   absl::StatusOr<Stream> stream = backend_->create_stream();
   ASSERT_TRUE(stream.ok()) << stream.status();
-  std::atomic<bool> ran{false};
-  ASSERT_TRUE(backend_
-                  ->launch_host_fn(*stream,
-                                   [&ran] {
-                                     std::this_thread::sleep_for(milliseconds(30));
-                                     ran.store(true);
-                                   })
-                  .ok());
-  backend_->destroy_stream(*stream);
-  EXPECT_TRUE(ran.load());
+  EXPECT_TRUE(WaitsForQueuedWork(*backend_, *stream,
+                                 [&] { backend_->destroy_stream(*stream); }));
 }
 
 // Many threads using one backend at once; meant for ThreadSanitizer as much as for
@@ -1002,20 +1037,14 @@ TEST(SimBackendTest, EachStreamHasItsOwnWorker) {
 }
 
 TEST(SimBackendTest, DestructorRunsQueuedWork) {
-  auto sim = NewSim();
-  absl::StatusOr<Stream> s = sim->create_stream();
-  ASSERT_TRUE(s.ok());
-  std::atomic<int> ran{0};
-  for (Stream stream : {Stream{}, *s}) {
-    ASSERT_TRUE(sim->launch_host_fn(stream,
-                                    [&ran] {
-                                      std::this_thread::sleep_for(milliseconds(20));
-                                      ++ran;
-                                    })
-                    .ok());
+  for (bool default_stream : {true, false}) {
+    auto sim = NewSim();
+    absl::StatusOr<Stream> s = sim->create_stream();
+    ASSERT_TRUE(s.ok());
+    Backend& backend = *sim;
+    EXPECT_TRUE(WaitsForQueuedWork(backend, default_stream ? Stream{} : *s,
+                                   [&] { sim.reset(); }));
   }
-  sim.reset();
-  EXPECT_EQ(ran.load(), 2);
 }
 
 TEST(SimBackendTest, VirtualMemoryMapChargesAndUnmapReleases) {
@@ -1127,11 +1156,71 @@ TEST(SimBackendTest, ConcurrentSegmentsNeverOverlap) {
   EXPECT_EQ(sim->used_bytes(), 0u);
 }
 
+// Device indices: MakeBackend makes sim:0 .. sim:(sim_devices - 1) and refuses the
+// rest with an error naming the key (the C ABI would otherwise make a device for any
+// int, each reserving 16x sim_capacity of address space).
+TEST(SimBackendFactoryTest, IndicesBeyondSimDevicesAreInvalid) {
+  absl::StatusOr<Config> config = ParseConfig("backend:sim,sim_capacity:64MiB,sim_devices:3");
+  ASSERT_TRUE(config.ok()) << config.status();
+  absl::StatusOr<std::unique_ptr<Backend>> last = MakeBackend(*config, 2);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ((*last)->device(), (DeviceId{DeviceType::kSim, 2}));
+  for (int index : {3, 64, 1 << 20, INT32_MAX}) {
+    absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(*config, index);
+    ASSERT_FALSE(b.ok()) << index;
+    EXPECT_TRUE(absl::IsInvalidArgument(b.status())) << b.status();
+    EXPECT_TRUE(absl::StrContains(b.status().message(), absl::StrCat("sim:", index)))
+        << b.status();
+    EXPECT_TRUE(absl::StrContains(b.status().message(), "sim_devices is 3")) << b.status();
+  }
+}
+
 // Contract violations end the process with a message (they are devmem bugs).
 class SimBackendDeathTest : public ::testing::Test {
  protected:
   void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
 };
+
+// Not a contract violation: a simulated device whose address space cannot be reserved
+// is an error the caller gets back (and MakeBackend passes on), never an abort. Run in
+// a child process under an address-space limit just above what it already uses; the
+// child exits 0 only when the error came back, naming the device and the cause.
+// The child's side of FailedReservationIsAnErrorNotAnAbort: its exit status.
+int CreateSimUnderAddressSpaceLimit() {
+  std::FILE* statm = std::fopen("/proc/self/statm", "r");
+  unsigned long pages = 0;
+  if (statm == nullptr || std::fscanf(statm, "%lu", &pages) != 1) return 3;
+  std::fclose(statm);
+  // 32 MiB of headroom: less than the smallest reservation (64 MiB) the sim tries.
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
+                       (rlim_t{32} << 20);
+  struct rlimit rl;
+  rl.rlim_cur = limit;
+  rl.rlim_max = limit;
+  if (setrlimit(RLIMIT_AS, &rl) != 0) return 4;
+  SimOptions options;
+  options.index = 5;
+  options.capacity = 64 * kMiB;
+  absl::StatusOr<std::unique_ptr<SimBackend>> sim = CreateSimBackend(options);
+  if (sim.ok()) return 5;
+  std::fprintf(stderr, "error: %s\n", std::string(sim.status().message()).c_str());
+  if (!absl::IsResourceExhausted(sim.status())) return 6;
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = 64 * kMiB;
+  absl::StatusOr<std::unique_ptr<Backend>> b = MakeBackend(config, 5);
+  if (b.ok() || !absl::IsResourceExhausted(b.status())) return 7;
+  return 0;
+}
+
+// Not a contract violation: a simulated device whose address space cannot be reserved
+// is an error the caller gets back (and MakeBackend passes on), never an abort. Run in
+// a child process under an address-space limit just above what it already uses; the
+// child exits 0 only when the error came back, naming the device and the cause.
+TEST_F(SimBackendDeathTest, FailedReservationIsAnErrorNotAnAbort) {
+  EXPECT_EXIT(std::_Exit(CreateSimUnderAddressSpaceLimit()), ::testing::ExitedWithCode(0),
+              "sim:5: mmap could not reserve even .* address space");
+}
 
 TEST_F(SimBackendDeathTest, UseAfterFreeCrashes) {
   auto sim = NewSim();

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <chrono>
 #include <functional>
+#include <future>
 #include <limits>
 #include <memory>
 #include <new>
@@ -24,9 +26,11 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/errors.h"
+#include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/snapshot.h"
 #include "tests/test_util.h"
+#include "tests/text_assertions.h"
 
 namespace devmem {
 namespace {
@@ -158,6 +162,85 @@ TEST(CachingAllocatorErrorsTest, FreeOfInteriorPointer) {
   EXPECT_TRUE(MentionsPointer(msg, deep_in_rest)) << msg;
   t->free(p);
   t->free(big);
+  EXPECT_VALID(*t);
+}
+
+// A pointer one past the end of a live block is named as such (with the block it ends),
+// not reported as a plain double free; at the end of a segment too, where no block
+// starts at it.
+TEST(CachingAllocatorErrorsTest, FreeOfPointerOnePastTheEnd) {
+  SimAllocator t = MakeSimAllocator("expandable_segments:false");
+  void* p = t->allocate(8192);  // the rest of its 2 MiB segment stays free
+  void* end = Ptr(p) + 8192;
+  std::string msg = ExpectInvalidArgument(t, [&] { t->free(end); });
+  EXPECT_TRUE(MentionsPointer(msg, end)) << msg;
+  EXPECT_TRUE(MentionsPointer(msg, p)) << msg;
+  EXPECT_CONTAINS(msg, "one past the end of the allocated block");
+  EXPECT_CONTAINS(msg, "8192 bytes");
+  void* whole = t->allocate(20 * kMiB);  // exactly one large segment, one block
+  void* whole_end = Ptr(whole) + 20 * kMiB;
+  msg = ExpectInvalidArgument(t, [&] { t->free(whole_end); });
+  EXPECT_TRUE(MentionsPointer(msg, whole)) << msg;
+  EXPECT_CONTAINS(msg, "one past the end of the allocated block");
+  // A true double free with no live block before it still says so.
+  void* q = t->allocate(8192);
+  void* r = t->allocate(8192);
+  t->free(p);
+  msg = ExpectInvalidArgument(t, [&] { t->free(p); });
+  EXPECT_CONTAINS(msg, "double free");
+  EXPECT_EQ(msg.find("one past the end"), std::string::npos) << msg;
+  for (void* x : {whole, q, r}) t->free(x);
+  EXPECT_VALID(*t);
+}
+
+// The rule of allocator/backend.h: a stream callback that calls the allocator gets an
+// InvalidArgumentError, and never waits for the device lock. The lock is held here by
+// empty_cache(), which is synchronizing the very stream the callback runs on: an
+// observer releases the stream (so the callback runs) when release_segment emits its
+// segment_free event under the lock, just before it synchronizes. A callback that
+// waited for the lock would deadlock with it.
+TEST(CachingAllocatorErrorsTest, StreamCallbackCallingTheAllocatorGetsAnErrorNotAHang) {
+  SimAllocator t = MakeSimAllocator("expandable_segments:false");
+  const Stream s = NewStream(*t);
+  t->free(t->allocate(4096, s));  // a cached segment on s, for empty_cache to release
+  auto blocker = std::make_unique<StreamBlocker>(t->backend(), s);
+  std::promise<std::string> seen;
+  std::future<std::string> message = seen.get_future();
+  ASSERT_TRUE(t->backend()
+                  .launch_host_fn(s,
+                                  [&] {
+                                    std::string what = "no exception";
+                                    try {
+                                      t->free(t->allocate(4096));
+                                    } catch (const InvalidArgumentError& e) {
+                                      what = e.what();
+                                    }
+                                    try {
+                                      (void)t->stats();
+                                    } catch (const InvalidArgumentError&) {
+                                      what += " | stats refused";
+                                    }
+                                    seen.set_value(what);
+                                  })
+                  .ok());
+  struct ReleaseOnSegmentFree : AllocatorObserver {
+    StreamBlocker* blocker;
+    void on_event(const AllocEvent& e) override {
+      if (e.action == AllocAction::kSegmentFree) blocker->Release();
+    }
+  } observer;
+  observer.blocker = blocker.get();
+  t->set_observer(&observer);
+  t->empty_cache();  // holds the lock while s runs the callback
+  t->set_observer(nullptr);
+  ASSERT_EQ(message.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  const std::string what = message.get();
+  EXPECT_CONTAINS(what, "allocate on sim:0 from a stream callback");
+  EXPECT_CONTAINS(what, "stats refused");
+  // Outside a callback the same calls work.
+  void* p = t->allocate(4096);
+  EXPECT_EQ(t->stats().allocation[kAggregatePool].current, 1);
+  t->free(p);
   EXPECT_VALID(*t);
 }
 

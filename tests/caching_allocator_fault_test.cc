@@ -14,6 +14,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <typeinfo>
@@ -24,6 +25,8 @@
 #include "allocator/errors.h"
 #include "allocator/oom_report.h"
 #include "allocator/sim_backend.h"
+#include "allocator/site.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
 namespace devmem {
@@ -112,6 +115,100 @@ TEST(CachingAllocatorFaultTest, PersistentFailureThrowsOomAndChangesNothing) {
   EXPECT_VALID(*t);
 }
 
+// A cross-stream free records an event per stream. When recording throws (here the
+// second of two), the free changes nothing: the block is still allocated with its
+// stats and site counts, no event stays queued, validate() holds, and freeing it again
+// works.
+TEST(CachingAllocatorFaultTest, FreeWhoseEventRecordingThrowsChangesNothing) {
+  SimAllocator t = MakeSimAllocator("sim_capacity:256MiB");
+  ASSERT_NE(t.sim, nullptr);
+  const Stream b = NewStream(*t);
+  const Stream c = NewStream(*t);
+  const SiteId site = InternNamedSite("fault_test.cc", 1, "f", SiteKind::kAlloc);
+  void* p = t->allocate(3 * kMiB, Stream{}, site);
+  t->record_stream(p, b);
+  t->record_stream(p, c);
+  const DeviceStats before = t->stats();
+  const SiteStats site_before = testutil::SiteStatsFor(t->site_stats(), site);
+  t.sim->set_event_failure_injection(2);
+  EXPECT_THROW(t->free(p), std::runtime_error);
+  t.sim->set_event_failure_injection(0);
+  EXPECT_TRUE(StatsEqual(before, t->stats()));
+  EXPECT_EQ(testutil::SiteStatsFor(t->site_stats(), site), site_before);
+  ASSERT_TRUE(t->find_allocation(p).has_value()) << "the block was lost";
+  EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, 0);
+  EXPECT_VALID(*t);
+  ASSERT_NO_THROW(t->free(p));  // both events recorded this time
+  t->backend().synchronize_stream(b);
+  t->backend().synchronize_stream(c);
+  t->process_events();
+  EXPECT_EQ(t->stats().allocated_bytes[kAggregatePool].current, 0);
+  EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, 0);
+  EXPECT_VALID(*t);
+}
+
+// A driver error that is not about memory (a failed cudaMalloc or cuMemMap for another
+// reason) propagates as std::runtime_error naming the call, and leaves the pool
+// consistent: nothing allocated, stats as a recount says, and the allocator works once
+// the driver does. Both for segment allocation and for map (expandable segments).
+TEST(CachingAllocatorFaultTest, DriverErrorsLeaveThePoolConsistent) {
+  for (const char* conf : {"expandable_segments:false", "expandable_segments:true"}) {
+    SCOPED_TRACE(conf);
+    testutil::HookedBackend* hooks = nullptr;
+    SimAllocator t = testutil::MakeHookedSimAllocator(
+        absl::StrCat("sim_capacity:256MiB,", conf), &hooks);
+    void* keep = t->allocate(5 * kMiB);
+    t->free(t->allocate(9 * kMiB));  // something cached, for the retry to release
+    const int64_t allocated = t->stats().allocated_bytes[kAggregatePool].current;
+    hooks->allocate_segment_instead = [](size_t) -> absl::StatusOr<void*> {
+      return absl::InternalError("test: the driver broke");
+    };
+    hooks->map_instead = [](void*, size_t) {
+      return absl::InternalError("test: the driver broke");
+    };
+    try {
+      t->allocate(64 * kMiB);
+      ADD_FAILURE() << "no exception";
+    } catch (const OutOfMemoryError& e) {
+      ADD_FAILURE() << "a driver error is not an OOM: " << e.what();
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("the driver broke"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(t->stats().allocated_bytes[kAggregatePool].current, allocated);
+    EXPECT_VALID(*t);
+    hooks->allocate_segment_instead = nullptr;
+    hooks->map_instead = nullptr;
+    void* p = t->allocate(64 * kMiB);
+    t->free(p);
+    t->free(keep);
+    t->empty_cache();
+    EXPECT_EQ(t.sim->used_bytes(), 0u);
+    EXPECT_VALID(*t);
+  }
+}
+
+// Failure injection reaches map(): with expandable segments (the default), the Nth
+// memory request is a map, and it fails.
+TEST(CachingAllocatorFaultTest, InjectionFiresOnMapsWithExpandableSegments) {
+  SimAllocator t = MakeSimAllocator("sim_capacity:256MiB,expandable_segments:true");
+  ASSERT_NE(t.sim, nullptr);
+  t.sim->set_failure_injection(/*fail_nth=*/1, 0, 0);
+  void* p = t->allocate(4 * kMiB);  // the first map fails; the retry maps
+  EXPECT_EQ(t.sim->injected_failures(), 1u);
+  EXPECT_EQ(t->snapshot().segments.size(), 1u);
+  EXPECT_TRUE(t->snapshot().segments[0].expandable);
+  t.sim->set_failure_injection(0, /*probability=*/1.0, 0);
+  const DeviceStats before = t->stats();
+  EXPECT_THROW(t->allocate(64 * kMiB), OutOfMemoryError);
+  EXPECT_GT(t.sim->injected_failures(), 1u);
+  EXPECT_EQ(t->stats().allocated_bytes[kAggregatePool].current,
+            before.allocated_bytes[kAggregatePool].current);
+  t.sim->set_failure_injection(0, 0, 0);
+  t->free(p);
+  EXPECT_VALID(*t);
+}
+
 // A random workload under random segment failures. Each thread owns its buffers; a
 // shared interval map checks that no two live buffers overlap.
 class FaultWorkload {
@@ -138,6 +235,32 @@ class FaultWorkload {
       std::memcpy(&want, &b.tag, std::min<size_t>(b.n, 8));
       if (got != want) Fail(absl::StrCat("buffer ", b.tag, " corrupted"));
       Erase(b.p);
+      // Every 8th free is cross-stream (pending until an event completes), and every
+      // 32nd has its event recording fail: the free must then change nothing, and a
+      // second free must work.
+      if (streams_.size() > 1 && rng() % 8 == 0) {
+        t_->record_stream(b.p, streams_[1 + rng() % (streams_.size() - 1)]);
+        if (single_thread_ && rng() % 4 == 0) {
+          t_.sim->set_event_failure_injection(1);
+          bool threw = false;
+          try {
+            t_->free(b.p);
+          } catch (const std::runtime_error&) {
+            threw = true;
+          }
+          t_.sim->set_event_failure_injection(0);
+          if (!threw && t_->find_allocation(b.p).has_value()) {
+            Fail("free with a failing event neither threw nor freed");
+          }
+          if (threw && !t_->find_allocation(b.p).has_value()) {
+            Fail("a free whose event recording threw lost the block");
+          }
+          if (!threw) {
+            frees_++;
+            return;
+          }
+        }
+      }
       t_->free(b.p);
       frees_++;
     };
@@ -259,14 +382,30 @@ void ExpectNoLeak(SimAllocator& t) {
   EXPECT_EQ(s.segment[kAggregatePool].current, 0);
   EXPECT_EQ(t.sim->used_bytes(), 0u);
   EXPECT_TRUE(t->snapshot().segments.empty());
-  EXPECT_EQ(s.num_device_alloc - s.num_device_free, 0);
+  // With regular segments every device alloc has its free; an unmap may cover parts of
+  // several maps, so expandable segments balance bytes (checked above), not counts.
+  if (t.config.expandable_segments == ExpandableMode::kOff) {
+    EXPECT_EQ(s.num_device_alloc - s.num_device_free, 0);
+  }
   EXPECT_VALID(*t);
 }
 
-TEST(CachingAllocatorFaultTest, RandomFailuresSingleThread) {
+// The random fault tests run with regular segments and with expandable segments (the
+// default configuration), where failures are injected into map().
+class CachingAllocatorFaultModeTest : public ::testing::TestWithParam<const char*> {};
+INSTANTIATE_TEST_SUITE_P(Segments, CachingAllocatorFaultModeTest,
+                         ::testing::Values("expandable_segments:false",
+                                           "expandable_segments:true"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param).find("true") != std::string::npos
+                                      ? "expandable"
+                                      : "regular";
+                         });
+
+TEST_P(CachingAllocatorFaultModeTest, RandomFailuresSingleThread) {
   const uint64_t seed = testutil::TestSeed(20240611);
   SCOPED_TRACE(absl::StrCat("seed=", seed, " (set DEVMEM_TEST_SEED to reproduce)"));
-  SimAllocator t = MakeSimAllocator("sim_capacity:256MiB");
+  SimAllocator t = MakeSimAllocator(absl::StrCat("sim_capacity:256MiB,", GetParam()));
   ASSERT_NE(t.sim, nullptr);
   t.sim->set_failure_injection(0, 0.3, seed);
   FaultWorkload w(t, {Stream{}, NewStream(*t)}, seed);
@@ -283,10 +422,10 @@ TEST(CachingAllocatorFaultTest, RandomFailuresSingleThread) {
   ExpectNoLeak(t);
 }
 
-TEST(CachingAllocatorFaultTest, RandomFailuresTwoThreads) {
+TEST_P(CachingAllocatorFaultModeTest, RandomFailuresTwoThreads) {
   const uint64_t seed = testutil::TestSeed(77);
   SCOPED_TRACE(absl::StrCat("seed=", seed, " (set DEVMEM_TEST_SEED to reproduce)"));
-  SimAllocator t = MakeSimAllocator("sim_capacity:256MiB");
+  SimAllocator t = MakeSimAllocator(absl::StrCat("sim_capacity:256MiB,", GetParam()));
   ASSERT_NE(t.sim, nullptr);
   t.sim->set_failure_injection(0, 0.3, seed);
   FaultWorkload w(t, {Stream{}, NewStream(*t), NewStream(*t)}, seed);
@@ -306,11 +445,12 @@ TEST(CachingAllocatorFaultTest, RandomFailuresTwoThreads) {
 
 // Every segment allocation fails with probability 0.9: nearly everything must come from
 // the cache, the staged retry runs constantly, and nothing may leak or break.
-TEST(CachingAllocatorFaultTest, MostlyFailingDriver) {
+TEST_P(CachingAllocatorFaultModeTest, MostlyFailingDriver) {
   const uint64_t seed = testutil::TestSeed(5);
   SCOPED_TRACE(absl::StrCat("seed=", seed));
-  SimAllocator t = MakeSimAllocator("sim_capacity:128MiB,max_split_size_mb:40,"
-                                    "garbage_collection_threshold:0.6");
+  SimAllocator t = MakeSimAllocator(absl::StrCat("sim_capacity:128MiB,max_split_size_mb:40,"
+                                                 "garbage_collection_threshold:0.6,",
+                                                 GetParam()));
   ASSERT_NE(t.sim, nullptr);
   t.sim->set_failure_injection(0, 0.9, seed);
   FaultWorkload w(t, {Stream{}, NewStream(*t)}, seed);

@@ -28,7 +28,9 @@
 #include "allocator/site.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
+#include "tests/text_assertions.h"
 
 namespace devmem {
 namespace {
@@ -849,21 +851,25 @@ TEST(CachingAllocatorOomTest, LastResortSegmentRespectsMemoryFraction) {
 }
 
 TEST(CachingAllocatorOomTest, RetryWaitsForPendingFrees) {
-  SimAllocator t = MakeSimAllocator("sim_capacity:64MiB");
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = testutil::MakeHookedSimAllocator("sim_capacity:64MiB", &hooks);
   Stream B = NewStream(*t);
   auto blocker = std::make_unique<StreamBlocker>(t->backend(), B);
   void* p = t->allocate(40 * kMiB);
   t->record_stream(p, B);
   t->free(p);
   EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, static_cast<int64_t>(40 * kMiB));
-  // The only way to 40 MiB is to wait for B and reuse (or free) the pending block.
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // The only way to 40 MiB is to wait for B and reuse (or free) the pending block. B is
+  // released the moment the allocator waits for its event, not before: an allocator
+  // that did not wait would find the block still pending and fail.
+  int waits = 0;
+  hooks->before_synchronize_event = [&](Event) {
+    ++waits;  // under the device lock: one thread at a time
     blocker->Release();
-  });
+  };
   void* q = nullptr;
   EXPECT_NO_THROW(q = t->allocate(40 * kMiB));
-  releaser.join();
+  EXPECT_EQ(waits, 1);
   DeviceStats s = t->stats();
   EXPECT_EQ(s.num_ooms, 0);
   EXPECT_EQ(s.pending_bytes[kAggregatePool].current, 0);
@@ -1051,18 +1057,21 @@ TEST(CachingAllocatorCacheTest, EmptyCacheKeepsPartlyUsedSegments) {
 }
 
 TEST(CachingAllocatorCacheTest, EmptyCacheWaitsForPendingFrees) {
-  SimAllocator t = MakeSimAllocator();
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = testutil::MakeHookedSimAllocator("", &hooks);
   Stream B = NewStream(*t);
   auto blocker = std::make_unique<StreamBlocker>(t->backend(), B);
   void* p = t->allocate(4096);
   t->record_stream(p, B);
   t->free(p);
-  std::thread releaser([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // B runs only once empty_cache waits for the pending free's event.
+  int waits = 0;
+  hooks->before_synchronize_event = [&](Event) {
+    ++waits;
     blocker->Release();
-  });
+  };
   t->empty_cache();  // the pending block would free a whole segment: wait for it
-  releaser.join();
+  EXPECT_EQ(waits, 1);
   DeviceStats s = t->stats();
   EXPECT_EQ(s.pending_bytes[kAggregatePool].current, 0);
   EXPECT_EQ(s.reserved_bytes[kAggregatePool].current, 0);
@@ -1103,6 +1112,28 @@ TEST(CachingAllocatorCacheTest, TrimKeepsAtMostKeepBytesLargestFirst) {
   EXPECT_EQ(t.sim->used_bytes(), 22 * kMiB);
   t->free(held);
   EXPECT_VALID(*t);
+}
+
+// trim(SIZE_MAX) means "keep everything": a keep_bytes above INT64_MAX must not wrap
+// to a negative bound that releases the whole cache.
+TEST(CachingAllocatorCacheTest, TrimWithHugeKeepBytesKeepsEverything) {
+  for (const char* conf : {"expandable_segments:false", "expandable_segments:true"}) {
+    SCOPED_TRACE(conf);
+    SimAllocator t = MakeSimAllocator(conf);
+    void* a = t->allocate(12 * kMiB);
+    void* b = t->allocate(3000);
+    t->free(a);
+    t->free(b);
+    const DeviceStats before = t->stats();
+    ASSERT_GT(before.cached_bytes(), 0);
+    for (size_t keep : {SIZE_MAX, size_t{1} << 63, static_cast<size_t>(INT64_MAX) + 1}) {
+      t->trim(keep);
+      const DeviceStats after = t->stats();
+      EXPECT_EQ(after.cached_bytes(), before.cached_bytes()) << keep;
+      EXPECT_EQ(after.num_device_free, before.num_device_free) << keep;
+    }
+    EXPECT_VALID(*t);
+  }
 }
 
 // --- zero sizes -------------------------------------------------------------------------
@@ -1771,14 +1802,23 @@ TEST(CachingAllocatorExpandableTest, CrossStreamReuseOnlyAfterEvent) {
 
 // --- leak report at destruction ---------------------------------------------------------
 
+// The report names the device, the count and the bytes of what leaked (any stderr
+// output would not do: it must be this report, and only when something leaked).
 TEST(CachingAllocatorPolicyTest, DestructorReportsLeakedBlocks) {
   SimAllocator t = MakeSimAllocator();
-  void* leaked = t->allocate(4096);
-  (void)leaked;
+  (void)t->allocate(4096);
+  (void)t->allocate(8192);
+  t->free(t->allocate(3 * kMiB));  // freed: not part of the report
   ::testing::internal::CaptureStderr();
   t.alloc.reset();
   std::string err = ::testing::internal::GetCapturedStderr();
-  EXPECT_FALSE(err.empty()) << "a leaked block should be reported on stderr";
+  EXPECT_CONTAINS(err, "devmem: sim:0: allocator destroyed with 2 blocks (12288 bytes) "
+                       "still allocated");
+  SimAllocator clean = MakeSimAllocator();
+  clean->free(clean->allocate(4096));
+  ::testing::internal::CaptureStderr();
+  clean.alloc.reset();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "") << "nothing leaked";
 }
 
 }  // namespace

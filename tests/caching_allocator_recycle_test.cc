@@ -23,6 +23,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/errors.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
 namespace devmem {
@@ -34,6 +35,7 @@ using testutil::MakeSimAllocator;
 using testutil::NewStream;
 using testutil::SimAllocator;
 using testutil::SnapshotWellFormed;
+using testutil::StreamBlocker;
 
 uintptr_t Addr(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -237,17 +239,22 @@ TEST(ExpandableRecycleTest, OnlyWholeFreeGranulesAreUnmapped) {
 // Memory is freed in stream order: work queued on the stream before free() may still
 // use it. Releasing it to the device (cudaFree syncs by itself; unmapping does not)
 // must wait for that work, or the work faults (on the sim, pages become PROT_NONE).
+// The "kernel" is held until the allocator synchronizes its stream (a HookedBackend
+// opens the gate then), so it runs exactly when the allocator claims to wait for it:
+// an allocator that released first would unmap memory the kernel then writes.
 void ReleaseWaitsForQueuedWork(const std::string& conf) {
-  SimAllocator t = MakeSimAllocator(conf);
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = testutil::MakeHookedSimAllocator(conf, &hooks);
   Stream s = NewStream(*t);
   char* p = static_cast<char*>(t->allocate(8 * kMiB, s));
   std::atomic<bool> wrote{false};
+  StreamBlocker gate(t->backend(), s);
   absl::Status st = t->backend().launch_host_fn(s, [p, &wrote] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     std::memset(p, 0x3c, 8 * kMiB);  // the "kernel" still using p
     wrote = true;
   });
   ASSERT_TRUE(st.ok()) << st;
+  hooks->before_synchronize_stream = [&](Stream) { gate.Release(); };
   t->free(p);
   t->empty_cache();  // must wait for the stream before unmapping or freeing
   EXPECT_TRUE(wrote.load()) << "memory was released while queued work still used it";
@@ -264,20 +271,24 @@ TEST(ExpandableRecycleTest, ReleasingARegularSegmentWaitsForWorkQueuedOnItsStrea
 }
 
 TEST(ExpandableRecycleTest, RecyclingWaitsForWorkQueuedOnTheHolesStream) {
-  SimAllocator t = MakeSimAllocator("expandable_segments:true,expandable_recycle_threshold:0");
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = testutil::MakeHookedSimAllocator(
+      "expandable_segments:true,expandable_recycle_threshold:0", &hooks);
   Stream s = NewStream(*t);
   std::vector<char*> blocks;
   for (int i = 0; i < 4; ++i) blocks.push_back(static_cast<char*>(t->allocate(16 * kMiB, s)));
   std::atomic<bool> wrote{false};
   char* hole = blocks[0];
+  // Held until the allocator synchronizes s (as in ReleaseWaitsForQueuedWork).
+  StreamBlocker gate(t->backend(), s);
   ASSERT_TRUE(t->backend()
                   .launch_host_fn(s,
                                   [hole, &wrote] {
-                                    std::this_thread::sleep_for(std::chrono::milliseconds(50));
                                     std::memset(hole, 0x3c, 16 * kMiB);
                                     wrote = true;
                                   })
                   .ok());
+  hooks->before_synchronize_stream = [&](Stream) { gate.Release(); };
   t->free(blocks[0]);
   t->free(blocks[2]);
   void* big = t->allocate(32 * kMiB, s);  // recycles the holes

@@ -211,6 +211,47 @@ static void test_two_devices(void) {
   CHECK(devmem_record_stream(a, NULL) == DEVMEM_ERR_INVALID);
 }
 
+/* Hostile input: device indices past sim_devices (64 by default) are invalid and make
+ * no device; a thread's tag stack is bounded; a tag of invalid UTF-8 leaves the JSON
+ * views working, with the bad bytes replaced by U+FFFD. */
+static void test_hostile_input(void) {
+  void* p = &p;
+  char* json;
+  int i;
+  int ok = 1;
+  CHECK(devmem_alloc(&p, 4096, 64, NULL) == DEVMEM_ERR_INVALID);
+  CHECK(p == NULL);
+  CHECK(contains(devmem_last_error(), "sim:64 does not exist"));
+  CHECK(contains(devmem_last_error(), "sim_devices is 64"));
+  CHECK(devmem_alloc(&p, 4096, 2147483647, NULL) == DEVMEM_ERR_INVALID);
+  CHECK(devmem_torch_alloc(4096, 1000, NULL) == NULL);
+  CHECK(devmem_stats_json(100000) == NULL);
+  CHECK(contains(devmem_last_error(), "sim:100000 does not exist"));
+  json = devmem_snapshot_json();
+  CHECK(json != NULL && !contains(json, "sim:64") && !contains(json, "sim:1000"));
+  devmem_string_free(json);
+
+  for (i = 0; i < 1024; ++i) ok = ok && devmem_push_tag("deep") == DEVMEM_OK;
+  CHECK(ok);
+  CHECK(devmem_push_tag("one too many") == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "tag stack is full (1024 tags"));
+  for (i = 0; i < 1024; ++i) ok = ok && devmem_pop_tag() == DEVMEM_OK;
+  CHECK(ok);
+  CHECK(devmem_pop_tag() == DEVMEM_ERR_INVALID);
+
+  CHECK(devmem_push_tag("bad\xff\xc3tag") == DEVMEM_OK);
+  CHECK(devmem_alloc(&p, 4096, 0, NULL) == DEVMEM_OK);
+  json = devmem_stats_json(0);
+  CHECK(json != NULL);
+  CHECK(contains(json, "bad\xef\xbf\xbd\xef\xbf\xbdtag"));
+  devmem_string_free(json);
+  json = devmem_snapshot_json();
+  CHECK(contains(json, "bad\xef\xbf\xbd\xef\xbf\xbdtag"));
+  devmem_string_free(json);
+  CHECK(devmem_free(p) == DEVMEM_OK);
+  CHECK(devmem_pop_tag() == DEVMEM_OK);
+}
+
 static void test_bad_conf(void) {
   void* p = &p;
   CHECK(devmem_alloc(&p, 1024, 0, NULL) == DEVMEM_ERR_CONFIG);
@@ -231,6 +272,7 @@ int main(int argc, char** argv) {
     test_oom_names_tags();
     test_framework_entry_points();
     test_threads();
+    test_hostile_input();
     test_two_devices(); /* last: from here on devmem has used two devices */
   }
   printf("%d passed, %d failed\n", g_passed, g_failed);

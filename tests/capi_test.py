@@ -141,37 +141,53 @@ def test_errors_reach_stderr(lib, freed):
 
 def test_python_malloc_survives(lib):
     """Python's allocator keeps working around devmem calls: any mix of two mallocs
-    (one allocating, the other freeing) would abort the process here."""
+    (one allocating, the other freeing) would abort the process here. Every devmem call
+    must succeed (at most 7 x 4 MiB are live on the 64 MiB device), and every Python
+    object kept must still hold what was written into it."""
     rng = random.Random(7)
     keep = []
     live = []
-    checksum = 0
-    lib.devmem_push_tag(b"churn")
+    allocs = 0
+    bad = []  # what went wrong, first few
+    check(lib.devmem_push_tag(b"churn") == capi.DEVMEM_OK, "push_tag before the churn")
     for i in range(30000):
         n = rng.choice((16, 200, 600, 4000, 70000, 300000))
         obj = bytearray(n)
         obj[-1] = i & 0xFF
-        keep.append(obj)
-        keep.append({str(i): [i] * (n % 50), "s": "x" * (n % 3000)})
+        keep.append((i, obj))
+        keep.append((i, {str(i): [i] * (n % 50), "s": "x" * (n % 3000)}))
         if len(keep) > 400:
             del keep[: rng.randint(1, 300)]
         if i % 50 == 0:
             p = ctypes.c_void_p()
-            if lib.devmem_alloc(ctypes.byref(p), rng.randint(1, 4 * MiB), 0, None) == 0:
+            rc = lib.devmem_alloc(ctypes.byref(p), rng.randint(1, 4 * MiB), 0, None)
+            if rc != capi.DEVMEM_OK or not p.value:
+                bad.append("devmem_alloc during churn: %d %s" % (rc, capi.last_error(lib)))
+            else:
                 live.append(p.value)
+                allocs += 1
             if len(live) > 6:
-                check_free = lib.devmem_free(live.pop(rng.randrange(len(live))))
-                if check_free != 0:
-                    FAILED.append("devmem_free during churn: " + capi.last_error(lib))
+                rc = lib.devmem_free(live.pop(rng.randrange(len(live))))
+                if rc != capi.DEVMEM_OK:
+                    bad.append("devmem_free during churn: " + capi.last_error(lib))
         if i % 2000 == 0:
-            checksum += len(capi.snapshot(lib)["devices"])
-            lib.devmem_push_tag(("phase%d" % i).encode())
-            lib.devmem_pop_tag()
+            if len(capi.snapshot(lib)["devices"]) < 1:
+                bad.append("a snapshot during churn lists no device")
+            if lib.devmem_push_tag(("phase%d" % i).encode()) != capi.DEVMEM_OK or \
+                    lib.devmem_pop_tag() != capi.DEVMEM_OK:
+                bad.append("push/pop tag during churn: " + capi.last_error(lib))
     for p in live:
-        lib.devmem_free(p)
-    lib.devmem_pop_tag()
-    check(sum(b[-1] for b in keep if isinstance(b, bytearray)) >= 0 and checksum > 0,
-          "30000 rounds of Python allocations around devmem calls")
+        if lib.devmem_free(p) != capi.DEVMEM_OK:
+            bad.append("devmem_free after churn: " + capi.last_error(lib))
+    check(lib.devmem_pop_tag() == capi.DEVMEM_OK, "pop_tag after the churn")
+    check(not bad, "every devmem call during the churn succeeded: %r" % bad[:3])
+    check(allocs == 600, "600 devmem allocations during the churn, got %d" % allocs)
+    corrupt = [i for i, obj in keep
+               if (obj[-1] != i & 0xFF if isinstance(obj, bytearray)
+                   else obj[str(i)] != [i] * len(obj[str(i)]))]
+    check(len(keep) > 0 and not corrupt,
+          "30000 rounds of Python allocations around devmem calls left every kept object "
+          "intact (%d kept, corrupt: %r)" % (len(keep), corrupt[:3]))
     check(not jemalloc_mapped(), "jemalloc is not loaded into the process")
 
 

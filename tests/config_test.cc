@@ -82,6 +82,8 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
       {"sim_fail_probability:1e-3",
        [](const Config& c) { return c.sim_fail_probability == 1e-3; }},
       {"sim_seed:42", [](const Config& c) { return c.sim_seed == 42; }},
+      {"sim_devices:1", [](const Config& c) { return c.sim_devices == 1; }},
+      {"sim_devices:1024", [](const Config& c) { return c.sim_devices == 1024; }},
       {"sim_seed:18446744073709551615",
        [](const Config& c) { return c.sim_seed == UINT64_MAX; }},
       {"max_split_size_mb:20",
@@ -229,6 +231,9 @@ TEST(ParseConfigTest, EveryKeyRejectsBadValuesNamingKeyAndValue) {
       {"sim_free_latency_us", "x", "is not an integer"},
       {"sim_free_latency_us", "-5", "is negative"},
       {"sim_free_latency_us", "2000000", "out of range"},
+      {"sim_devices", "0", "out of range"},
+      {"sim_devices", "1025", "out of range"},
+      {"sim_devices", "-1", "is negative"},
       {"sim_fail_nth", "x", "is not an integer"},
       {"sim_fail_nth", "-3", "is negative"},
       {"sim_fail_nth", "18446744073709551616", "too large"},
@@ -431,6 +436,25 @@ TEST(ParseConfigTest, MessagesEscapeControlCharacters) {
   EXPECT_CONTAINS(c.status().message(), "value \"s\\x01m\"");
 }
 
+// A huge bad value is named by its start and its length, not echoed whole: a 10 KB
+// value must not make a 10 KB message. Short values are still quoted in full.
+TEST(ParseConfigTest, MessagesCutLongValuesAndSayTheirLength) {
+  const std::string value = "x" + std::string(10 * 1024 - 1, 'y');
+  for (const std::string& text :
+       {"backend:" + value, "sim_capacity:" + value, "backend:\"" + value + "\""}) {
+    absl::StatusOr<Config> c = ParseConfig(text);
+    ASSERT_FALSE(c.ok());
+    const std::string message(c.status().message());
+    EXPECT_LT(message.size(), 400u) << message;
+    EXPECT_CONTAINS(message, "\"xyyy");
+    EXPECT_CONTAINS(message, "... (10240 bytes)");
+  }
+  absl::StatusOr<Config> c = ParseConfig("unknown_" + value + ":1");
+  ASSERT_FALSE(c.ok());
+  EXPECT_LT(c.status().message().size(), 1000u);
+  EXPECT_CONTAINS(c.status().message(), "(10248 bytes)");
+}
+
 // --- all-or-nothing --------------------------------------------------------------------
 
 TEST(ApplyConfigTest, AppliesInPlace) {
@@ -468,7 +492,7 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
   EXPECT_EQ(ToString(Config{}),
             "backend:auto,sim_capacity:16GiB,sim_alloc_latency_us:0,"
             "sim_free_latency_us:0,sim_fail_nth:0,sim_fail_probability:0,sim_seed:0,"
-            "max_split_size_mb:none,garbage_collection_threshold:0,"
+            "sim_devices:64,max_split_size_mb:none,garbage_collection_threshold:0,"
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
             "per_process_memory_fraction:1,trace_entries:0,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
@@ -484,6 +508,7 @@ TEST(ToStringTest, RoundTripsHandPickedValues) {
   c.sim_fail_nth = UINT64_MAX;
   c.sim_fail_probability = 0.1 + 0.2;  // not 0.3: needs 17 digits
   c.sim_seed = 0x0123456789abcdefULL;
+  c.sim_devices = 1024;
   c.max_split_size = 20 * kMiB;
   c.garbage_collection_threshold = std::nextafter(1.0, 0.0);
   c.expandable_segments = ExpandableMode::kOn;
@@ -529,6 +554,7 @@ TEST(ToStringTest, RoundTripsRandomValidConfigs) {
     c.sim_fail_nth = rng();
     c.sim_fail_probability = i % 5 == 0 ? 1.0 : real();
     c.sim_seed = rng();
+    c.sim_devices = static_cast<int>(uniform(1, 1024));
     c.max_split_size =
         i % 3 == 0 ? kSizeMax
                    : uniform(20, uint64_t{std::numeric_limits<int64_t>::max()} / kMiB) *
@@ -754,6 +780,7 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.sim_fail_nth = 1;
   base.sim_fail_probability = 0.5;
   base.sim_seed = 1;
+  base.sim_devices = 2;
   base.max_split_size = 64 * kMiB;
   base.garbage_collection_threshold = 0.5;
   base.expandable_segments = ExpandableMode::kOn;

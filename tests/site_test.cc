@@ -6,13 +6,20 @@
 // names and compares counts as differences.
 #include "allocator/site.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <source_location>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "runtime/json.h"
+#include "runtime/runtime.h"
+#include "tests/test_util.h"
 
 namespace devmem {
 namespace {
@@ -144,6 +151,127 @@ TEST(SiteTest, NamedSitesTakeTheTagLiterally) {
   ScopedSiteTag tag("site_test.scope_for_named");
   SiteId id = InternNamedSite("site_test/literal.cc", 3, "g", SiteKind::kAlloc);
   EXPECT_EQ(GetSite(id).tag, "");
+}
+
+// --- hostile strings and the bound on the table -----------------------------------
+
+const std::string kReplacement = "\xEF\xBF\xBD";  // U+FFFD
+
+size_t CountOf(std::string_view haystack, std::string_view needle) {
+  size_t n = 0;
+  for (size_t at = haystack.find(needle); at != std::string_view::npos;
+       at = haystack.find(needle, at + needle.size())) {
+    ++n;
+  }
+  return n;
+}
+
+// Invalid UTF-8 in a tag, file or function is replaced once, at interning (a lone
+// continuation byte, a truncated sequence, a surrogate, an overlong, a byte never
+// valid), so every SiteInfo is valid UTF-8; valid multibyte text is kept as it is.
+TEST(SiteTest, InvalidUtf8IsReplacedWhenInterned) {
+  const std::string bad_tag = "site_test.\x80\xC3(\xED\xA0\x80)\xC0\xAF\xFF!";
+  const SiteId id =
+      InternNamedSite("site_test/\xFE.cc", 7, "fn\xE2\x82", SiteKind::kAlloc, bad_tag);
+  const SiteInfo info = GetSite(id);
+  EXPECT_EQ(info.file, "site_test/" + kReplacement + ".cc");
+  EXPECT_EQ(info.function, "fn" + kReplacement + kReplacement);
+  EXPECT_EQ(info.tag.substr(0, 10), "site_test.");
+  // One each: \x80, \xC3, \xED \xA0 \x80 (a surrogate: three), \xC0 \xAF, \xFF.
+  EXPECT_EQ(CountOf(info.tag, kReplacement), 8u) << info.tag;
+  EXPECT_EQ(info.tag.find('\xFF'), std::string::npos);
+  // The same bytes give the same site (the key is the caller's text), and through
+  // InternSite and the per-thread cache too.
+  EXPECT_EQ(InternNamedSite("site_test/\xFE.cc", 7, "fn\xE2\x82", SiteKind::kAlloc, bad_tag),
+            id);
+  const std::source_location loc = FixedLoc();
+  const SiteId via_loc = InternSite(loc, SiteKind::kArena, bad_tag);
+  EXPECT_EQ(InternSite(loc, SiteKind::kArena, bad_tag), via_loc);
+  EXPECT_EQ(GetSite(via_loc).tag, info.tag);
+  const std::string good = "site_test.\xC3\xA9\xE6\x97\xA5\xF0\x9F\x99\x82";  // é日🙂
+  EXPECT_EQ(GetSite(InternNamedSite("f.cc", 1, "f", SiteKind::kAlloc, good)).tag, good);
+}
+
+// What the issue saw: one tag of invalid UTF-8 made every JSON view fail. The stats
+// and snapshot JSON of an allocator holding a block of such a site are valid JSON
+// (nlohmann::json refuses invalid UTF-8) and carry the replaced tag.
+TEST(SiteTest, InvalidUtf8TagsKeepJsonViewsValid) {
+  testutil::SimAllocator t = testutil::MakeSimAllocator();
+  const SiteId site =
+      InternNamedSite("site_test/json.cc", 3, "f", SiteKind::kAlloc, "site_test.j\xFF\xC3");
+  void* p = t->allocate(4096, Stream{}, site);
+  const std::string stats = DeviceStatsToJson(t->device(), t->stats(), t->site_stats());
+  RuntimeSnapshot snap;
+  snap.devices.push_back(t->snapshot());
+  const std::string snapshot = SnapshotToJson(snap);
+  for (const std::string* json : {&stats, &snapshot}) {
+    nlohmann::json parsed;
+    ASSERT_NO_THROW(parsed = nlohmann::json::parse(*json)) << json->substr(0, 200);
+    EXPECT_NE(parsed.dump().find("site_test.j" + kReplacement + kReplacement),
+              std::string::npos);
+  }
+  t->free(p);
+}
+
+// Tags are cut to kMaxSiteTagBytes (tags agreeing that far are one site); file and
+// function names to kMaxSiteNameBytes.
+TEST(SiteTest, LongTagsAndNamesAreCut) {
+  const std::string long_tag = "site_test.long" + std::string(10000, 't');
+  const SiteId a = InternNamedSite("f.cc", 1, "f", SiteKind::kAlloc, long_tag + "a");
+  EXPECT_EQ(GetSite(a).tag, long_tag.substr(0, kMaxSiteTagBytes));
+  EXPECT_EQ(InternNamedSite("f.cc", 1, "f", SiteKind::kAlloc, long_tag + "b"), a);
+  const std::source_location loc = FixedLoc();
+  EXPECT_EQ(GetSite(InternSite(loc, SiteKind::kAlloc, long_tag)).tag.size(),
+            kMaxSiteTagBytes);
+  {
+    ScopedSiteTag scoped(long_tag);
+    EXPECT_EQ(CurrentSiteTag().size(), kMaxSiteTagBytes);
+  }
+  const std::string long_name = "site_test/" + std::string(100000, 'n');
+  const SiteInfo info = GetSite(InternNamedSite(long_name, 1, long_name, SiteKind::kAlloc));
+  EXPECT_EQ(info.file.size(), kMaxSiteNameBytes);
+  EXPECT_EQ(info.function.size(), kMaxSiteNameBytes);
+}
+
+// The table holds kMaxSites ids; after that every new site is the `other` site, and
+// stderr says so. Run in a child process: filling the table would change every later
+// test of this binary. The child exits 0 only when each check holds (gtest assertions
+// do not cross the fork), and prints which one failed otherwise.
+TEST(SiteDeathTest, TheTableIsBoundedWithAnOtherSite) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        auto check = [](bool ok, const char* what) {
+          if (!ok) {
+            std::fprintf(stderr, "check failed: %s\n", what);
+            std::_Exit(1);
+          }
+        };
+        const SiteId first = InternNamedSite("site_test/fill.cc", 0, "f", SiteKind::kAlloc);
+        uint32_t line = 1;
+        while (SiteCount() < kMaxSites - 1) {
+          InternNamedSite("site_test/fill.cc", line++, "f", SiteKind::kAlloc);
+        }
+        const SiteId other = InternNamedSite("site_test/over.cc", 1, "f", SiteKind::kAlloc);
+        check(SiteCount() == kMaxSites, "the table stops at kMaxSites");
+        check(GetSite(other).file == kOtherSiteFile, "the next site is <other>");
+        check(GetSite(other).tag == "other", "the other site's tag");
+        for (uint32_t i = 0; i < 1000; ++i) {
+          check(InternNamedSite("site_test/over.cc", i + 2, "f", SiteKind::kClone, "t") ==
+                    other,
+                "new sites go to <other>");
+        }
+        const std::source_location loc = FixedLoc();
+        check(InternSite(loc, SiteKind::kContiguous, "site_test.new_tag") == other,
+              "InternSite too");
+        check(InternSite(loc, SiteKind::kContiguous, "site_test.new_tag") == other,
+              "and again (not cached as another id)");
+        check(SiteCount() == kMaxSites, "the table did not grow");
+        check(InternNamedSite("site_test/fill.cc", 0, "f", SiteKind::kAlloc) == first,
+              "known sites keep their ids");
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "site table is full");
 }
 
 TEST(ScopedSiteTagTest, NestsAndRestores) {

@@ -132,6 +132,49 @@ TEST_F(TensorErrorsTest, InPlaceWritesThatWouldBeAmbiguous) {
   ExpectInvalid(*this, {"undefined"}, [&] { relu(Tensor()); });
 }
 
+// The constructor bounds every element with checked arithmetic: strides whose
+// (size - 1) * stride overflows int64 are refused, not wrapped into the buffer, and so
+// is an offset past the end (an empty view may sit exactly at the end).
+TEST_F(TensorErrorsTest, ConstructorRefusesViewsOutsideTheStorage) {
+  const Tensor base = zeros({4}, On());  // 16 bytes
+  const StoragePtr& s = base.storage();
+  constexpr int64_t k2to62 = int64_t{1} << 62;
+  ExpectInvalid(*this, {"Tensor", "[3]", "[4611686018427387904]", "outside the storage"},
+                [&] { Tensor(s, DType::kFloat32, {3}, {k2to62}); });
+  ExpectInvalid(*this, {"Tensor", "outside the storage"}, [&] {
+    Tensor(s, DType::kFloat32, {2, 2}, {k2to62, k2to62});  // sum overflows too
+  });
+  ExpectInvalid(*this, {"Tensor", "[2]", "[1]"},
+                [&] { Tensor(s, DType::kFloat32, {2}, {1}, INT64_MAX); });
+  ExpectInvalid(*this, {"Tensor", "offset 5", "starts past the end"},
+                [&] { Tensor(s, DType::kFloat32, {0}, {1}, 5); });
+  ExpectInvalid(*this, {"Tensor", "reaches element 4"},
+                [&] { Tensor(s, DType::kFloat32, {2}, {1}, 3); });
+  ExpectInvalid(*this, {"Tensor", "negative stride"},
+                [&] { Tensor(s, DType::kFloat32, {0, 2}, {1, -1}); });
+  // What fits is accepted: the last element, and an empty view at the end.
+  EXPECT_EQ(Tensor(s, DType::kFloat32, {2}, {3}).numel(), 2);
+  EXPECT_EQ(Tensor(s, DType::kFloat32, {0}, {1}, 4).numel(), 0);
+}
+
+// A view whose indices share elements cannot be written in place, whatever made it:
+// broadcasting (stride 0) or strides given to the constructor that overlap.
+TEST_F(TensorErrorsTest, InPlaceWritesToSelfOverlappingViewsAreRefused) {
+  const Tensor base = zeros({8}, On());
+  const StoragePtr& s = base.storage();
+  for (const auto& [shape, strides] :
+       std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>>{
+           {{2, 2}, {1, 1}}, {{3, 2}, {1, 2}}, {{2, 4}, {2, 1}}}) {
+    Tensor v(s, DType::kFloat32, shape, strides);
+    ExpectInvalid(*this, {"fill_", "overlap", ShapeString(strides)}, [&] { v.fill_(1); });
+    ExpectInvalid(*this, {"add_", "overlap"}, [&] { v.add_(1.0); });
+  }
+  // Distinct elements in any stride order are fine, and the write lands.
+  Tensor ok(s, DType::kFloat32, {2, 2}, {1, 4});
+  ok.fill_(3);
+  EXPECT_EQ(base.to_vector<float>(), (std::vector<float>{3, 3, 0, 0, 3, 3, 0, 0}));
+}
+
 TEST_F(TensorErrorsTest, DeviceWithoutKernelsIsNamed) {
   try {
     KernelsFor(DeviceId{DeviceType::kCuda, 3}, "probe");

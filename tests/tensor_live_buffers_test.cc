@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <latch>
 #include <thread>
 #include <vector>
 
@@ -87,26 +88,41 @@ TEST_F(LiveBuffersTest, ForeignMemoryIsNotListed) {
 
 TEST_F(LiveBuffersTest, ConcurrentSnapshotsWhileTensorsComeAndGo) {
   // Two threads create and drop tensors (and views) until a third has taken 50
-  // snapshots: every annotation seen must describe a live storage.
+  // snapshots: every annotation seen must describe a live storage of one of the shapes
+  // made here. Not vacuous: a tensor held throughout must be in every snapshot, and the
+  // snapshots start only once both workers have made a tensor (a latch).
   constexpr int kSnapshots = 50;
+  const Tensor held = zeros({3, 16}, On());
   std::atomic<int> snapshots{0};
+  std::latch started(2);
   std::vector<std::thread> workers;
   for (int w = 0; w < 2; ++w) {
     workers.emplace_back([&, w] {
       for (int i = 0; i < 1000000 && snapshots.load() < kSnapshots; ++i) {
         Tensor t = zeros({4 + w, 16}, On());
         Tensor v = t.slice(0, 0, 2);
+        if (i == 0) started.count_down();
       }
     });
   }
+  int held_seen = 0;
+  size_t annotations_seen = 0;
   std::thread snapper([&] {
+    started.wait();
     for (int i = 0; i < kSnapshots; ++i) {
       const RuntimeSnapshot snap = Runtime::Get().snapshot();
+      const BufferAnnotation* h = Find(snap, held.data_ptr());
+      if (h != nullptr && h->refcount == 1 && h->shape == std::vector<int64_t>{3, 16}) {
+        ++held_seen;
+      }
       for (const BufferAnnotations& per_device : snap.annotations) {
         for (const auto& [addr, a] : per_device) {
+          ++annotations_seen;
           EXPECT_GE(a.refcount, 1u);
           EXPECT_EQ(a.dtype, "float32");
-          EXPECT_EQ(a.shape.size(), 2u);
+          ASSERT_EQ(a.shape.size(), 2u);
+          EXPECT_TRUE(a.shape[0] >= 3 && a.shape[0] <= 5 && a.shape[1] == 16)
+              << a.shape[0] << "x" << a.shape[1];
         }
       }
       snapshots.fetch_add(1);
@@ -115,6 +131,8 @@ TEST_F(LiveBuffersTest, ConcurrentSnapshotsWhileTensorsComeAndGo) {
   snapper.join();
   for (std::thread& t : workers) t.join();
   EXPECT_EQ(snapshots.load(), kSnapshots);
+  EXPECT_EQ(held_seen, kSnapshots) << "a snapshot missed the tensor held throughout";
+  EXPECT_GE(annotations_seen, static_cast<size_t>(kSnapshots));
 }
 
 }  // namespace

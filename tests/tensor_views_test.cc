@@ -108,6 +108,46 @@ TEST_F(TensorViewsTest, ViewShapesStridesAndValues) {
   EXPECT_EQ(base.view({-1, 2}).shape(), IntList({6, 2}));
 }
 
+// Views of views: each view's offset adds to the offset of the view it is taken from
+// (a slice, narrow or select that overwrote it would read from the base's start). Every
+// case starts from a view that already has an offset.
+TEST_F(TensorViewsTest, ViewsOfViewsWithOffsetsCompose) {
+  Tensor base = Iota({4, 6});  // element (r, c) holds 6r + c
+  const Tensor rows = base.slice(0, 1, 4);  // rows 1..3, offset 6
+  ASSERT_EQ(rows.offset(), 6);
+  const Tensor cols = rows.slice(1, 2, kEnd);  // rows 1..3, columns 2..5, offset 8
+  EXPECT_EQ(cols.offset(), 8);
+  EXPECT_EQ(cols.to_vector<float>(),
+            (std::vector<float>{8, 9, 10, 11, 14, 15, 16, 17, 20, 21, 22, 23}));
+  struct Case {
+    const char* what;
+    Tensor view;
+    int64_t offset;
+    std::vector<float> values;
+  };
+  const std::vector<Case> cases = {
+      {"slice of a slice", rows.slice(0, 1, 3), 12,
+       {12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}},
+      {"narrow of a slice", rows.narrow(1, 1, 2), 7, {7, 8, 13, 14, 19, 20}},
+      {"narrow of a narrow", cols.narrow(0, 1, 2).narrow(1, 1, 2), 15, {15, 16, 21, 22}},
+      {"stepped slice of a view", cols.slice(1, 1, kEnd, 2), 9, {9, 11, 15, 17, 21, 23}},
+      {"select of a view", cols.select(0, 2), 20, {20, 21, 22, 23}},
+      {"select of a transposed view", cols.t().select(0, 3), 11, {11, 17, 23}},
+      {"slice of a select", base.select(0, 2).slice(0, 3, 5), 15, {15, 16}},
+      {"view of a view", rows.select(0, 1).view({2, 3}).narrow(0, 1, 1), 15,
+       {15, 16, 17}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    EXPECT_EQ(c.view.offset(), c.offset);
+    EXPECT_EQ(c.view.to_vector<float>(), c.values);
+  }
+  // Writes land where the composed view says.
+  rows.narrow(1, 4, 1).narrow(0, 2, 1).fill_(-1);  // element (3, 4)
+  EXPECT_EQ(base.to_vector<float>()[22], -1.0f);
+  EXPECT_EQ(base.to_vector<float>()[4], 4.0f);
+}
+
 TEST_F(TensorViewsTest, ReshapeIsAViewWhenStridesAllow) {
   Tensor base = Iota({4, 6});
   // Rows 1..2 are contiguous among themselves: viewable in any shape.

@@ -39,7 +39,7 @@ TEST(ParseDeviceIdTest, GoodIds) {
 
 TEST(ParseDeviceIdTest, BadIdsNameTheText) {
   for (std::string text : {"", "gpu", "gpu:0", "CUDA:0", "cpu:0", "sim:-1", "sim:1024",
-                           "sim:x", "sim:1x", "cuda:", "sim:+1", "sim: 1", "sim:99999999999",
+                           "sim:x", "sim:1x", "cuda:", "sim:+1", "sim: 1", "sim:-0", "cuda:-00", "sim:99999999999",
                            " cuda:0"}) {
     absl::StatusOr<DeviceId> id = ParseDeviceId(text);
     ASSERT_FALSE(id.ok()) << "\"" << text << "\" parsed as " << id->ToString();

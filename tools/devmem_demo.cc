@@ -12,11 +12,13 @@
 //      trace (docs/formats.md); with --serve ADDRESS (or http in DEVMEM_CONF) serves
 //      /metrics and /debug/* while it trains, and --linger SECONDS keeps serving after.
 // Exit status: 0 on success, 1 if a check fails or a file cannot be written, 2 on a bad
-// command line or DEVMEM_CONF.
+// command line or DEVMEM_CONF, 3 when training runs out of device memory (a valid but
+// small sim_capacity, say): the OOM report goes to stderr.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <source_location>
@@ -28,6 +30,7 @@
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/errors.h"
 #include "runtime/http_server.h"
 #include "runtime/json.h"
 #include "runtime/runtime.h"
@@ -157,14 +160,23 @@ int Main(int argc, char** argv) {
   TrainingOptions options;
   options.epochs = epochs;
   options.device = device;
-  TrainingResult result = RunTrainingLoop(options, [](const EpochReport& e) {
-    std::printf("%5d %9.5f %9.5f %12s %12s %8lld %7lld%s\n", e.epoch, e.loss, e.best_loss,
-                FormatBytes(e.stats.allocated_bytes[kAggregatePool].current).c_str(),
-                FormatBytes(e.stats.reserved_bytes[kAggregatePool].current).c_str(),
-                static_cast<long long>(e.allocations),
-                static_cast<long long>(e.slice_allocations),
-                e.improved ? "  (best: weights cloned)" : "");
-  });
+  TrainingResult result;
+  try {
+    result = RunTrainingLoop(options, [](const EpochReport& e) {
+      std::printf("%5d %9.5f %9.5f %12s %12s %8lld %7lld%s\n", e.epoch, e.loss,
+                  e.best_loss, FormatBytes(e.stats.allocated_bytes[kAggregatePool].current).c_str(),
+                  FormatBytes(e.stats.reserved_bytes[kAggregatePool].current).c_str(),
+                  static_cast<long long>(e.allocations),
+                  static_cast<long long>(e.slice_allocations),
+                  e.improved ? "  (best: weights cloned)" : "");
+    });
+  } catch (const OutOfMemoryError& e) {
+    // The device is too small for the workload: a result to report, not a crash.
+    std::fflush(stdout);
+    std::fprintf(stderr, "devmem-demo: training ran out of memory on %s:\n%s\n",
+                 device.ToString().c_str(), e.what());
+    return 3;
+  }
   if (absl::Status st = alloc->validate(); !st.ok()) {
     std::fprintf(stderr, "devmem-demo: %s\n", std::string(st.message()).c_str());
     return 1;
@@ -233,4 +245,13 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace devmem
 
-int main(int argc, char** argv) { return devmem::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // No exception ends the demo with abort(): what escapes Main is reported, status 1.
+  try {
+    return devmem::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "devmem-demo: %s\n", e.what());
+    return 1;
+  }
+}

@@ -46,6 +46,7 @@
 #include "allocator/types.h"
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
+#include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
 namespace devmem {
@@ -466,23 +467,32 @@ TEST_P(FakeCudaAllocatorTest, DriverErrorsAreNotOutOfMemory) {
 // Work queued on a stream may use a block after its free (stream order); the memory
 // goes back to the device only once the stream got past that work. The fake checks
 // the work's memory when the stream runs it and aborts if it was unmapped or freed.
+// The stream is released when the allocator synchronizes it (a HookedBackend), not
+// after a sleep: the kernel runs exactly while the allocator says it waits.
 TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
-  Backend& backend = alloc_->backend();
+  const Config config = alloc_->config();
+  alloc_.reset();  // this test's allocator is the hooked one
+  auto owned = std::make_unique<testutil::HookedBackend>(Cuda());
+  testutil::HookedBackend* hooks = owned.get();
+  CachingAllocator alloc(std::move(owned), config);
+  Backend& backend = alloc.backend();
   absl::StatusOr<Stream> s = backend.create_stream();
   ASSERT_TRUE(s.ok());
-  void* p = alloc_->allocate(24 * kMiB, *s);
+  void* p = alloc.allocate(24 * kMiB, *s);
   testutil::StreamBlocker blocker(backend, *s);
   // A "kernel" using p, queued behind the blocked host function.
   ASSERT_EQ(cudaMemsetAsync(p, 7, 24 * kMiB, reinterpret_cast<cudaStream_t>(s->handle)),
             cudaSuccess);
-  alloc_->free(p);
-  std::thread release([&blocker] {
-    std::this_thread::sleep_for(milliseconds(50));
+  alloc.free(p);
+  int syncs = 0;
+  hooks->before_synchronize_stream = [&](Stream stream) {
+    if (stream == *s) ++syncs;
     blocker.Release();
-  });
-  alloc_->empty_cache();  // must wait for the stream before unmapping or freeing
-  release.join();
-  EXPECT_EQ(alloc_->stats().reserved_bytes[kAggregatePool].current, 0);
+  };
+  alloc.empty_cache();  // must wait for the stream before unmapping or freeing
+  EXPECT_GE(syncs, 1);
+  EXPECT_EQ(alloc.stats().reserved_bytes[kAggregatePool].current, 0);
+  EXPECT_TRUE(alloc.validate().ok());
   backend.destroy_stream(*s);
 }
 
