@@ -235,6 +235,33 @@ TEST(SegmentMapTest, OneCharacterPerCellMajorityState) {
   EXPECT_GE(ChooseCellBytes(SnapDevice{}), 512u);
 }
 
+// A segment of nearly 2^64 bytes (a corrupt or hostile dump): the cell size still
+// bounds the map to columns x lines cells, and drawing it neither overflows nor
+// allocates 2^64 / 512 cells (it did: memtrace oom aborted).
+TEST(SegmentMapTest, SegmentOfNearly2To64BytesGivesABoundedMap) {
+  SnapDevice d;
+  SnapSegment s;
+  s.addr = 0;
+  s.size = UINT64_MAX;
+  s.first_block = 0;
+  s.num_blocks = 2;
+  d.blocks.push_back(SnapBlock{});
+  d.blocks.back().addr = 0;
+  d.blocks.back().size = UINT64_MAX / 2;
+  d.blocks.back().state = BlockKind::kAllocated;
+  d.blocks.push_back(SnapBlock{});
+  d.blocks.back().addr = UINT64_MAX / 2;
+  d.blocks.back().size = UINT64_MAX - UINT64_MAX / 2;
+  d.blocks.back().state = BlockKind::kFree;
+  d.segments.push_back(s);
+  const uint64_t cell = ChooseCellBytes(d, 8, 2);
+  EXPECT_LE(UINT64_MAX / cell, 16u);
+  const std::vector<std::string> map = SegmentMap(d, d.segments[0], cell, 8);
+  ASSERT_EQ(map.size(), 2u);
+  EXPECT_EQ(map[0], "########");
+  EXPECT_EQ(map[1], "........");
+}
+
 TEST(InspectFormatTest, AgesSharesDeltasAndTables) {
   EXPECT_EQ(FormatAge(-1), "-");
   EXPECT_EQ(FormatAge(999'000'000), "999ms");
