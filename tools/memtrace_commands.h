@@ -12,12 +12,28 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
 namespace devmem::memtrace {
 
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitNo = 1;
 inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitUnreachable = 3;
+
+// The one rule of every command that reads traces (replay, timeline): a free of an
+// address that is not live is skipped, and said once on stderr with the count, since
+// it is legitimate at the start of a trace cut from a ring and a sign of a broken
+// trace anywhere else. (An alloc of a live address is an error.)
+inline void WarnUnmatchedFrees(const char* command, const std::string& source, uint64_t n) {
+  if (n == 0) return;
+  std::fprintf(stderr,
+               "memtrace %s: %s: warning: skipped %llu free%s of addresses that were not "
+               "live (expected only at the start of a trace cut from a ring)\n",
+               command, source.c_str(), static_cast<unsigned long long>(n), n == 1 ? "" : "s");
+}
 
 void AddReplayCommand(CLI::App& app, int* exit_code);
 // Traces from other allocators' logs (tools/memtrace_import.cc).

@@ -38,6 +38,7 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
     std::fprintf(stderr, "memtrace replay: %s\n", std::string(trace.status().message()).c_str());
     return kExitBadInput;
   }
+  WarnUnmatchedFrees("replay", path, trace->unmatched_frees);
   const ReplayResult r = Replay(*trace, *config, capacity);
   MinCapacity m;
   if (min_capacity) m = FindMinCapacity(*trace, *config);
