@@ -8,6 +8,12 @@
 // "no" (e.g. diff --fail-on-growth found growth); 2 bad command line, configuration or
 // input (the message names the file, line or parameter); 3 a live process could not
 // be reached or answered with an error.
+//
+// DEVMEM_CONF: memtrace reads and validates it before any subcommand runs (a malformed
+// value: exit status 2, the message naming DEVMEM_CONF). The commands that build an
+// allocator (replay, timeline's replay) take DEVMEM_CONF's keys as the base and the
+// keys of --conf on top (a key in both: --conf wins); the sim device, its capacity and
+// its fault/latency settings are replay's own (tools/trace_replay.h).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -15,6 +21,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "allocator/config.h"
 
 namespace devmem::memtrace {
 
@@ -33,6 +43,14 @@ inline void WarnUnmatchedFrees(const char* command, const std::string& source, u
                "memtrace %s: %s: warning: skipped %llu free%s of addresses that were not "
                "live (expected only at the start of a trace cut from a ring)\n",
                command, source.c_str(), static_cast<unsigned long long>(n), n == 1 ? "" : "s");
+}
+
+// DEVMEM_CONF (already validated by main) with `conf_flag`'s keys applied on top. The
+// error is --conf's (DEVMEM_CONF's own error is reported by main).
+inline absl::StatusOr<Config> CommandConfig(std::string_view conf_flag) {
+  absl::StatusOr<Config> base = ConfigFromEnv();
+  if (!base.ok()) return base.status();
+  return ParseConfig(conf_flag, *base);
 }
 
 void AddReplayCommand(CLI::App& app, int* exit_code);

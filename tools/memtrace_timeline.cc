@@ -37,7 +37,7 @@ int RunTimeline(const TimelineArgs& a) {
   TimelineOptions options;
   options.max_points = a.points;
   options.top_sites = a.top;
-  absl::StatusOr<Config> config = ParseConfig(a.conf);
+  absl::StatusOr<Config> config = CommandConfig(a.conf);
   if (!config.ok()) {
     std::fprintf(stderr, "memtrace timeline: --conf: %s\n",
                  std::string(config.status().message()).c_str());
