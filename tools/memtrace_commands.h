@@ -2,7 +2,9 @@
 //
 // Each subcommand lives in its own file (tools/memtrace_<name>.cc) and exposes one
 // function that adds itself to the CLI11 app. The subcommand's callback runs the
-// command and stores its exit status in *exit_code.
+// command and stores its exit status in *exit_code. Every option needs a check in
+// tests/memtrace_flags_test.py that fails when the option is ignored (the test reads
+// the options from --help and fails on one it has no check for).
 //
 // Exit statuses (every subcommand): 0 success; 1 the command ran and the answer is
 // "no" (e.g. diff --fail-on-growth found growth); 2 bad command line, configuration or
