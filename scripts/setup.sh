@@ -15,7 +15,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3
   libjemalloc-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  nlohmann-json3-dev libsimdjson-dev libcli11-dev
+  nlohmann-json3-dev libsimdjson-dev libcli11-dev zlib1g-dev
   libcivetweb-dev prometheus
   chromium clang-16 libclang-rt-16-dev
 )

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
+#include "tools/trace_file.h"
 #include "tools/trace_replay.h"
 
 namespace devmem {
@@ -386,12 +387,9 @@ absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string&
 }
 
 absl::StatusOr<Timeline> ReadTimeline(const std::string& path, const TimelineOptions& options) {
-  simdjson::padded_string text;
-  if (auto err = simdjson::padded_string::load(path).get(text); err) {
-    return absl::NotFoundError(
-        absl::StrFormat("%s: cannot read (%s)", path, simdjson::error_message(err)));
-  }
-  return BuildPadded(text, path, options);  // in place: no second copy of a big file
+  absl::StatusOr<simdjson::padded_string> text = LoadTraceFile(path);
+  if (!text.ok()) return text.status();
+  return BuildPadded(*text, path, options);  // in place: no second copy of a big file
 }
 
 }  // namespace devmem
