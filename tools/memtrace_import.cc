@@ -49,7 +49,9 @@ std::string PytorchScript() {
 
 int RunPytorch(const std::string& input, const std::string& output) {
   const std::string script = PytorchScript();
-  std::vector<std::string> args = {"python3", script, input, "-o", output};
+  // Options first, then "--": argparse would take an input named "--help" (or an output
+  // starting with '-') for an option.
+  std::vector<std::string> args = {"python3", script, "--output=" + output, "--", input};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
