@@ -265,6 +265,19 @@ TEST(SegmentMapTest, SegmentOfNearly2To64BytesGivesABoundedMap) {
   EXPECT_EQ(map[1], "........");
 }
 
+// Deltas of sums near 2^64 (hostile snapshots): saturated, not a signed overflow.
+TEST(SiteUsageTest, SignedDeltaSaturates) {
+  EXPECT_EQ(SignedDelta(5, 3), -2);
+  EXPECT_EQ(SignedDelta(3, 5), 2);
+  EXPECT_EQ(SignedDelta(0, UINT64_MAX), INT64_MAX);
+  EXPECT_EQ(SignedDelta(UINT64_MAX, 0), INT64_MIN);
+  EXPECT_EQ(SignedDelta(uint64_t{1} << 63, 0), INT64_MIN);
+  EXPECT_EQ(SignedDelta(0, uint64_t{1} << 63), INT64_MAX);
+  SiteDelta d;
+  d.bytes_a = UINT64_MAX;
+  EXPECT_EQ(d.delta_bytes(), INT64_MIN);
+}
+
 TEST(InspectFormatTest, AgesSharesDeltasAndTables) {
   EXPECT_EQ(FormatAge(-1), "-");
   EXPECT_EQ(FormatAge(999'000'000), "999ms");

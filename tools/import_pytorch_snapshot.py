@@ -124,8 +124,12 @@ class Budget:
 
 
 def text(value):
-    """A str as valid UTF-8 text: surrogate pairs joined, lone surrogates U+FFFD."""
-    s = str(value)
+    """A name as valid UTF-8 text: surrogate pairs joined, lone surrogates U+FFFD. Only
+    strings and numbers are names; anything else (a list nested 10^5 deep would make
+    str() recurse) is no name."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return ""
+    s = value if isinstance(value, str) else repr(value)
     return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
@@ -143,13 +147,13 @@ def site_of(frames, sites, budget, where):
     frame = frames[0]
     for f in frames:
         budget.spend(1, where)
-        if isinstance(f, dict) and "/torch/" not in str(f.get("filename", "")):
+        if isinstance(f, dict) and "/torch/" not in text(f.get("filename", "")):
             frame = f
             break
     if not isinstance(frame, dict):
         return 0
     key = (text(frame.get("filename", "")), frame.get("line", 0), text(frame.get("name", "")))
-    if not isinstance(key[1], int) or key[1] < 0 or key[1] >= 2**32:
+    if isinstance(key[1], bool) or not isinstance(key[1], int) or not 0 <= key[1] < 2**32:
         key = (key[0], 0, key[2])
     if key not in sites:
         sites[key] = len(sites) + 1
@@ -203,26 +207,31 @@ def convert(snapshot, device_filter, budget):
 
 
 def write(path, source, sites, events):
+    with open(path, "w", encoding="utf-8", newline="\n") as out:
+        write_to(out, source, sites, events)
+
+
+def write_to(out, source, sites, events):
+    """Writes the trace to the text stream `out` (the fuzz harness passes a StringIO)."""
     first = min((e[0] for e in events), default=0)
     live = {}
     table = [{"id": i, "file": f, "line": ln, "function": fn, "tag": "", "kind": "alloc"}
              for (f, ln, fn), i in sites.items()]
-    with open(path, "w", encoding="utf-8", newline="\n") as out:
-        out.write(json.dumps({"schema": "devmem.trace/1", "sites": table,
-                              "source": "pytorch-snapshot:" + text(source)},
-                             separators=(",", ":")) + "\n")
-        for seq, (time_ns, action, dev, stream, addr, size, site) in enumerate(events, 1):
-            if action == "alloc":
-                live[addr] = (size, site)
-            requested = size if action in ("alloc", "free", "oom") else 0
-            if action == "free":
-                size, site = live.pop(addr, (size, 0))
-                requested = size
-            out.write(json.dumps(
-                {"seq": seq, "time_ns": time_ns - first, "action": action,
-                 "device": f"cuda:{dev}", "stream": stream, "addr": addr, "size": size,
-                 "requested": requested, "site": site, "thread": 0},
-                separators=(",", ":")) + "\n")
+    out.write(json.dumps({"schema": "devmem.trace/1", "sites": table,
+                          "source": "pytorch-snapshot:" + text(source)},
+                         separators=(",", ":")) + "\n")
+    for seq, (time_ns, action, dev, stream, addr, size, site) in enumerate(events, 1):
+        if action == "alloc":
+            live[addr] = (size, site)
+        requested = size if action in ("alloc", "free", "oom") else 0
+        if action == "free":
+            size, site = live.pop(addr, (size, 0))
+            requested = size
+        out.write(json.dumps(
+            {"seq": seq, "time_ns": time_ns - first, "action": action,
+             "device": f"cuda:{dev}", "stream": stream, "addr": addr, "size": size,
+             "requested": requested, "site": site, "thread": 0},
+            separators=(",", ":")) + "\n")
 
 
 def main():

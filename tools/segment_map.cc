@@ -19,6 +19,17 @@ uint64_t ChooseCellBytes(const SnapDevice& device, int columns, int max_lines) {
   return cell;
 }
 
+SegmentBytes SegmentStateBytes(const SnapDevice& device, const SnapSegment& segment) {
+  SegmentBytes out;
+  for (size_t i = 0; i < segment.num_blocks; ++i) {
+    const SnapBlock& b = device.blocks[segment.first_block + i];
+    (b.state == BlockKind::kAllocated ? out.allocated
+     : b.state == BlockKind::kPending ? out.pending
+                                      : out.free) += b.size;
+  }
+  return out;
+}
+
 std::vector<std::string> SegmentMap(const SnapDevice& device, const SnapSegment& segment,
                                     uint64_t cell_bytes, int columns) {
   const uint64_t n = segment.size == 0 ? 0 : (segment.size - 1) / cell_bytes + 1;
