@@ -474,6 +474,7 @@ TEST(HttpGetTest, ParseHttpResponseFramingAndMalformedAnswers) {
       {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
        "two different Content-Length"},
       {"HTTP/1.1 2x0 OK\r\n\r\n", "malformed status line"},
+      {"HTTP/1.1 001 Unauthorized\r\nContent-Length: 0\r\n\r\n", "malformed status line"},
       {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXY0\r\n\r\n",
        "malformed chunked body"},
       {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n",

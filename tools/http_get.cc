@@ -240,7 +240,9 @@ absl::StatusOr<HttpResponse> ParseHttpResponse(std::string raw) {
                                   std::string(status_line.substr(0, 80)) + "\"");
   }
   const size_t code_at = status_line.find(' ') + 1;
-  if (status_line.size() < code_at + 3 || !std::isdigit(static_cast<unsigned char>(status_line[code_at])) ||
+  // Three digits, the first 1-9 ("001" is no status: found by fuzz_http_response).
+  if (status_line.size() < code_at + 3 || status_line[code_at] < '1' ||
+      !std::isdigit(static_cast<unsigned char>(status_line[code_at])) ||
       !std::isdigit(static_cast<unsigned char>(status_line[code_at + 1])) ||
       !std::isdigit(static_cast<unsigned char>(status_line[code_at + 2])) ||
       (status_line.size() > code_at + 3 && status_line[code_at + 3] != ' ')) {

@@ -288,7 +288,11 @@ void ReadDevice(const simdjson::dom::element& e, const Path& p, SnapDevice* d) {
       ReadBlock(be, blp, &b);
       // Blocks must lie inside their segment: the views (segment maps, shares) rely on
       // it, and a file that breaks it is not one devmem wrote.
-      if (b.addr < seg.addr || b.size > seg.addr + seg.size - b.addr) {
+      // Written so that nothing wraps: a block that starts past the segment's end made
+      // `seg.addr + seg.size - b.addr` wrap to a huge bound and was accepted (found by
+      // the snapshot fuzzer's invariants: segment maps then indexed past their cells).
+      if (b.addr < seg.addr || b.addr - seg.addr > seg.size ||
+          b.size > seg.size - (b.addr - seg.addr)) {
         throw ReadError{blp.ToString() + ": expected a block inside its segment [" +
                         std::to_string(seg.addr) + ", +" + std::to_string(seg.size) +
                         "), got addr " + std::to_string(b.addr) + " size " +

@@ -219,6 +219,11 @@ def fixtures():
     absurd = fixture_a()
     absurd["devices"][0]["segments"][0]["blocks"][0]["size"] = 18446744073709551615
     write("bad_absurd_size.json", absurd)
+    # A block that starts after its segment ends (found by the snapshot fuzzer: the
+    # bound wrapped and it was accepted, then segment maps read past their cells).
+    past = fixture_a()
+    past["devices"][0]["segments"][0]["blocks"][3 - 1]["addr"] += 100 * MIB
+    write("bad_block_past_segment.json", past)
     # Two blocks covering the same bytes: counted twice by buffers, diff and oom if read.
     overlap = fixture_a()
     overlap["devices"][0]["segments"][0]["blocks"][1]["addr"] -= MIB
