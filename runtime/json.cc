@@ -354,7 +354,9 @@ void CheckSchema(const json& root, std::string_view expected, std::string_view w
 json Parse(std::string_view text, std::string_view what) {
   try {
     return json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
+    // parse_error, and out_of_range for a number too large for any type ("1e999"
+    // escaped as an uncaught exception: found by the fuzzer).
     throw ReadError{absl::StrCat(Av(what), ": not valid JSON (", e.what(), ")")};
   }
 }
@@ -593,6 +595,8 @@ absl::StatusOr<RuntimeSnapshot> SnapshotFromJson(std::string_view text, SiteMap*
   } catch (const ReadError& e) {
     return absl::InvalidArgumentError(
         e.message.rfind("snapshot", 0) == 0 ? e.message : absl::StrCat("snapshot: ", e.message));
+  } catch (const json::exception& e) {  // a conversion the checks above missed
+    return absl::InvalidArgumentError(absl::StrCat("snapshot: malformed (", e.what(), ")"));
   }
 }
 
@@ -603,6 +607,8 @@ absl::StatusOr<TraceEvent> TraceEventFromJson(std::string_view line) {
     return EventFrom(Parse(line, "trace event"), "trace event");
   } catch (const ReadError& e) {
     return absl::InvalidArgumentError(e.message);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("trace event: malformed (", e.what(), ")"));
   }
 }
 
@@ -656,6 +662,9 @@ absl::StatusOr<std::vector<TraceEvent>> TraceFromJsonl(std::string_view text, Si
     }
   } catch (const ReadError& e) {
     return absl::InvalidArgumentError(e.message);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trace line ", line_no, ": malformed (", e.what(), ")"));
   }
   if (sites != nullptr) *sites = std::move(table);
   return events;

@@ -19,7 +19,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 ccache
   libjemalloc-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
-  nlohmann-json3-dev libsimdjson-dev libcli11-dev
+  nlohmann-json3-dev libsimdjson-dev libcli11-dev zlib1g-dev
   libcivetweb-dev prometheus
   chromium clang-16 libclang-rt-16-dev
   python3-pytest python3-pip python3-setuptools python3-wheel python3-torch

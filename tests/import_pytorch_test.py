@@ -101,4 +101,56 @@ with tempfile.TemporaryDirectory() as d:
     check(r.returncode == 2 and "not a pickle" in r.stderr, "garbage refused")
     r = run("import", "--from", "pytorch-snapshot", os.path.join(d, "nope"), "-o", out)
     check(r.returncode == 2 and "cannot read" in r.stderr, "missing file")
+
+    def refused(data, needle, what):
+        with open(path, "wb") as f:
+            f.write(data)
+        r = subprocess.run([MEMTRACE, "import", "--from", "pytorch-snapshot", path, "-o", out],
+                           capture_output=True, text=True, timeout=60)
+        print(what, "->", r.returncode, r.stderr.strip()[:300])
+        check(r.returncode == 2 and needle in r.stderr, what)
+
+    # Resource bombs: a 36-byte bytearray(2**31) (the builtin was allowed), a BYTEARRAY8
+    # opcode claiming 2 GiB (allocated before it is read: no global involved), and an
+    # 80 KB pickle of shared references describing 4e8 entries.
+    refused(b"\x80\x04cbuiltins\nbytearray\nJ\x00\x00\x00\x80\x85R.",
+            "refuses the pickle global builtins.bytearray", "bytearray(2**31)")
+    refused(b"\x80\x05\x96" + (2**31).to_bytes(8, "little") + b".",
+            "asks for more memory than this importer allows", "BYTEARRAY8 of 2 GiB")
+    e = entry("alloc", 0x1000, 512)
+    trace = [e] * 20000
+    refused(pickle.dumps({"device_traces": [trace] * 20000}, protocol=4),
+            "shared-reference bomb", "4e8 shared entries")
+    # Frames shared the same way: few entries, each scanning 10^5 torch frames.
+    frames = [{"filename": "/x/torch/f.py", "line": 1, "name": "f"}] * 100000
+    refused(pickle.dumps({"device_traces": [[entry("alloc", 0x1000 * i, 512, frames=frames)
+                                             for i in range(1, 2000)]]}, protocol=4),
+            "shared-reference bomb", "shared frames")
+
+    # Names: an input named "--help" is a file name, not an option (it exited 0 with the
+    # usage and no trace), and a lone surrogate in a frame's file name gives a trace
+    # memtrace reads (json.dumps wrote "\udc80", which it rejected).
+    weird = {"device_traces": [[entry("alloc", 0x1000, 512, t=1,
+                                      frames=[{"filename": "tr\udc80ain.py", "line": 3,
+                                               "name": "f\ud800"}]),
+                                entry("free_requested", 0x1000, 512, t=2)]]}
+    cwd = os.getcwd()
+    os.chdir(d)
+    try:
+        with open("--help", "wb") as f:
+            pickle.dump(weird, f)
+        r = run("import", "--from", "pytorch-snapshot", "-o", "weird.jsonl", "--", "--help")
+        print(r.stdout, r.stderr)
+        check(r.returncode == 0 and os.path.exists("weird.jsonl"),
+              "an input named --help is converted")
+        r = run("replay", "weird.jsonl", "--json")
+        print(r.stdout, r.stderr)
+        check(r.returncode == 0 and json.loads(r.stdout)["peak_requested_bytes"] == 512,
+              "the trace with a lone surrogate replays")
+        r = run("timeline", "weird.jsonl", "-o", "weird.svg")
+        check(r.returncode == 0, "the trace with a lone surrogate draws")
+        header = json.loads(open("weird.jsonl", encoding="utf-8").readline())
+        check(header["sites"][0]["file"] == "tr\ufffdain.py", "U+FFFD for the lone surrogate")
+    finally:
+        os.chdir(cwd)
 print("ok")

@@ -90,6 +90,11 @@ case $case_name in
     check bad_negative.json "devices[0].segments[0].blocks[0].addr: expected a non-negative integer, got negative integer"
     check bad_huge_line.json "devices[0].info.name: expected a string, got integer"
     check no_such_file.json "cannot read"
+    check bad_block_past_segment.json "devices[0].segments[0].blocks[2]: expected a block inside its segment"
+    check bad_overlap.json "devices[0].segments[0].blocks[1]: overlaps the block before it"
+    # A segment of nearly 2^64 bytes: a bounded map, not an abort.
+    expect_rc 0 "$memtrace" oom hostile_huge_segment.json
+    grep -q "one character = 64.0 PiB" <<<"$out" || fail "huge segment: cell size"
     expect_rc 0 "$memtrace" buffers minor_version.json
     expect_rc 2 "$memtrace" oom a.json
     grep -q "not an OOM dump" <<<"$out" || fail "oom on a snapshot"

@@ -8,6 +8,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -235,6 +238,46 @@ TEST(SegmentMapTest, OneCharacterPerCellMajorityState) {
   EXPECT_GE(ChooseCellBytes(SnapDevice{}), 512u);
 }
 
+// A segment of nearly 2^64 bytes (a corrupt or hostile dump): the cell size still
+// bounds the map to columns x lines cells, and drawing it neither overflows nor
+// allocates 2^64 / 512 cells (it did: memtrace oom aborted).
+TEST(SegmentMapTest, SegmentOfNearly2To64BytesGivesABoundedMap) {
+  SnapDevice d;
+  SnapSegment s;
+  s.addr = 0;
+  s.size = UINT64_MAX;
+  s.first_block = 0;
+  s.num_blocks = 2;
+  d.blocks.push_back(SnapBlock{});
+  d.blocks.back().addr = 0;
+  d.blocks.back().size = UINT64_MAX / 2;
+  d.blocks.back().state = BlockKind::kAllocated;
+  d.blocks.push_back(SnapBlock{});
+  d.blocks.back().addr = UINT64_MAX / 2;
+  d.blocks.back().size = UINT64_MAX - UINT64_MAX / 2;
+  d.blocks.back().state = BlockKind::kFree;
+  d.segments.push_back(s);
+  const uint64_t cell = ChooseCellBytes(d, 8, 2);
+  EXPECT_LE(UINT64_MAX / cell, 16u);
+  const std::vector<std::string> map = SegmentMap(d, d.segments[0], cell, 8);
+  ASSERT_EQ(map.size(), 2u);
+  EXPECT_EQ(map[0], "########");
+  EXPECT_EQ(map[1], "........");
+}
+
+// Deltas of sums near 2^64 (hostile snapshots): saturated, not a signed overflow.
+TEST(SiteUsageTest, SignedDeltaSaturates) {
+  EXPECT_EQ(SignedDelta(5, 3), -2);
+  EXPECT_EQ(SignedDelta(3, 5), 2);
+  EXPECT_EQ(SignedDelta(0, UINT64_MAX), INT64_MAX);
+  EXPECT_EQ(SignedDelta(UINT64_MAX, 0), INT64_MIN);
+  EXPECT_EQ(SignedDelta(uint64_t{1} << 63, 0), INT64_MIN);
+  EXPECT_EQ(SignedDelta(0, uint64_t{1} << 63), INT64_MAX);
+  SiteDelta d;
+  d.bytes_a = UINT64_MAX;
+  EXPECT_EQ(d.delta_bytes(), INT64_MIN);
+}
+
 TEST(InspectFormatTest, AgesSharesDeltasAndTables) {
   EXPECT_EQ(FormatAge(-1), "-");
   EXPECT_EQ(FormatAge(999'000'000), "999ms");
@@ -252,20 +295,26 @@ TEST(InspectFormatTest, AgesSharesDeltasAndTables) {
   EXPECT_EQ(t.Render(), "NAME    BYTES\na           1\nlonger    100\n");
 }
 
+// A listening socket on 127.0.0.1, on a port the kernel picks (stored in *port).
+int ListenOnLoopback(int* port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  ::listen(fd, 1);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
 // A one-shot HTTP server on a loopback port that answers `reply` to the first request
 // and records it.
 class OneShotServer {
  public:
   explicit OneShotServer(std::string reply) : reply_(std::move(reply)) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    ::listen(fd_, 1);
-    socklen_t len = sizeof(addr);
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port_ = ntohs(addr.sin_port);
+    fd_ = ListenOnLoopback(&port_);
     thread_ = std::thread([this] {
       const int c = ::accept(fd_, nullptr, nullptr);
       char buf[4096];
@@ -339,6 +388,102 @@ TEST(HttpGetTest, SendsTheBearerToken) {
   ASSERT_TRUE(HttpGetOk(s.url(), "abc123").ok());
   EXPECT_NE(s.request().find("Authorization: Bearer abc123\r\n"), std::string::npos);
   EXPECT_EQ(s.request().rfind("GET /x HTTP/1.1\r\n", 0), 0u);
+}
+
+// A server on 127.0.0.1 that answers the headers of a 1000-byte body and then sends one
+// byte every 100 ms, never going silent for long: only an overall deadline ends the
+// client's wait. It stops when the client closes the connection (send fails) or after
+// 20 s at most (so a client without a deadline fails the test instead of hanging it).
+class TricklingServer {
+ public:
+  TricklingServer() {
+    fd_ = ListenOnLoopback(&port_);
+    thread_ = std::thread([this] {
+      const int c = ::accept(fd_, nullptr, nullptr);
+      std::string request;
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(c, buf, sizeof(buf), 0)) > 0) {
+        request.append(buf, static_cast<size_t>(n));
+        if (request.find("\r\n\r\n") != std::string::npos) break;
+      }
+      const std::string head = "HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n";
+      ::send(c, head.data(), head.size(), MSG_NOSIGNAL);
+      std::unique_lock<std::mutex> lock(mu_);
+      for (int i = 0; i < 200 && !stop_; ++i) {
+        // Pacing, not ordering: the byte rate is what is under test.
+        cv_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; });
+        if (stop_ || ::send(c, "x", 1, MSG_NOSIGNAL) != 1) break;
+      }
+      ::close(c);
+    });
+  }
+  ~TricklingServer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+    ::close(fd_);
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/x"; }
+
+ private:
+  int fd_ = -1, port_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// A byte every 100 ms is never 1 s of silence: before the overall deadline the client
+// waited for all 1000 bytes (and for 25 s a byte, forever).
+TEST(HttpGetTest, ATricklingServerMeetsTheOverallDeadline) {
+  TricklingServer server;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<HttpResponse> r = HttpGet(server.url(), "", /*timeout_s=*/1, /*deadline_s=*/1);
+  const auto took = std::chrono::steady_clock::now() - start;
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("GET " + server.url() + ": no complete answer within 1 s"),
+            std::string::npos)
+      << r.status();
+  EXPECT_LT(took, std::chrono::seconds(5));
+}
+
+// The response parser on its own (what the fuzzer feeds): framing, strict numbers.
+TEST(HttpGetTest, ParseHttpResponseFramingAndMalformedAnswers) {
+  absl::StatusOr<HttpResponse> r =
+      ParseHttpResponse("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        "5;ext=1\r\nhello\r\n1\r\n!\r\n0\r\n\r\n");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->body, "hello!");
+  EXPECT_EQ(r->reason, "OK");
+  r = ParseHttpResponse("HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno more");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 404);
+  EXPECT_EQ(r->body, "no");
+  const struct {
+    const char* raw;
+    const char* needle;
+  } bad[] = {
+      {"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\nabc", "malformed Content-Length \"-5\""},
+      {"HTTP/1.1 200 OK\r\nContent-Length: 3x\r\n\r\nabc", "malformed Content-Length"},
+      {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+       "two different Content-Length"},
+      {"HTTP/1.1 2x0 OK\r\n\r\n", "malformed status line"},
+      {"HTTP/1.1 001 Unauthorized\r\nContent-Length: 0\r\n\r\n", "malformed status line"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXY0\r\n\r\n",
+       "malformed chunked body"},
+      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nffffffffffffffffff\r\n",
+       "malformed chunked body"},
+      {"HTTP/1.1 200 OK\r\nno end", "no end of headers"},
+  };
+  for (const auto& b : bad) {
+    r = ParseHttpResponse(b.raw);
+    ASSERT_FALSE(r.ok()) << b.raw;
+    EXPECT_NE(r.status().message().find(b.needle), std::string::npos) << r.status();
+  }
 }
 
 }  // namespace

@@ -5,9 +5,10 @@ safe capacity / peak requested <= 1.15.
 
     replay_targets_test.py MEMTRACE TRACE...
 
-Traces that do not exist (the real PyTorch traces in ../shared/traces/ outside this
-workspace) are reported and skipped. The figures are deterministic, so a policy change
-that loses a target fails here, naming the trace and the figure.
+Every trace named is a declared input: one that does not exist fails the test (the
+real PyTorch traces are in the repository, tests/data/traces/real/). The figures are
+deterministic, so a policy change that loses a target fails here, naming the trace and
+the figure.
 """
 import json
 import os
@@ -24,7 +25,7 @@ def main():
     checked = 0
     for trace in traces:
         if not os.path.exists(trace):
-            print("skip: %s is not present" % trace)
+            failures.append("%s: a declared input trace is missing" % trace)
             continue
         out = subprocess.run([memtrace, "replay", trace, "--min-capacity", "--json"],
                              check=True, capture_output=True, text=True).stdout

@@ -6,6 +6,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <string>
 
 #include "tools/trace_replay.h"
@@ -131,6 +133,101 @@ TEST(TraceImportTest, UmpireErrorsNameFileAndLine) {
     ASSERT_FALSE(s.ok()) << c.text;
     EXPECT_THAT(std::string(s.status().message()), HasSubstr(c.needle)) << c.text;
   }
+}
+
+// The largest time_ns in a trace the importers wrote, and whether times never go back.
+int64_t MaxTime(const std::string& trace, bool* monotone) {
+  int64_t last = 0, max = 0;
+  *monotone = true;
+  for (size_t pos = trace.find("\"time_ns\":"); pos != std::string::npos;
+       pos = trace.find("\"time_ns\":", pos + 1)) {
+    const int64_t t = std::stoll(trace.substr(pos + 10, 24));
+    if (t < last) *monotone = false;
+    last = t;
+    max = std::max(max, t);
+  }
+  return max;
+}
+
+TEST(TraceImportTest, RmmLinesOutOfOrderAreNotAPassOverMidnight) {
+  // The second line is 1 us earlier (two threads logging): it used to add 24 h.
+  std::string out;
+  absl::StatusOr<ImportStats> s = ImportRmmCsv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,10:00:00.000002,allocate,0x1000,512,0x0\n"
+      "2,10:00:00.000001,allocate,0x2000,512,0x0\n"
+      "1,10:00:00.000003,free,0x1000,512,0x0\n",
+      "rmm.csv", &out);
+  ASSERT_TRUE(s.ok()) << s.status();
+  bool monotone = false;
+  EXPECT_EQ(MaxTime(out, &monotone), 1000);
+  EXPECT_TRUE(monotone);
+  // A real pass over midnight still adds the day.
+  out.clear();
+  s = ImportRmmCsv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,23:59:59.900000,allocate,0x1000,512,0x0\n"
+      "1,00:00:00.100000,free,0x1000,512,0x0\n",
+      "rmm.csv", &out);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(MaxTime(out, &monotone), 200'000'000);
+}
+
+TEST(TraceImportTest, RmmEndlessPassesOverMidnightAreRefusedNotOverflowed) {
+  // Each 23:59:59 -> 00:00:00 pair is one more day: 10^5 of them overflowed int64 ns
+  // (signed-overflow UB). Refused after 10,000, naming the line.
+  std::string text = "Thread,Time,Action,Pointer,Size,Stream\n";
+  for (int i = 0; i < 10001; ++i) {
+    text += "1,23:59:59.000000,allocate failure,0x0,512,0x0\n"
+            "1,00:00:00.000000,allocate failure,0x0,512,0x0\n";
+  }
+  std::string out;
+  absl::StatusOr<ImportStats> s = ImportRmmCsv(text, "rmm.csv", &out);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()),
+              HasSubstr("rmm.csv:20003: Time \"00:00:00.000000\": more than 10000 passes over midnight"));
+}
+
+TEST(TraceImportTest, UmpireTimestampsBeyondInt64AreRefusedAndTimesNeverGoBack) {
+  std::string out;
+  absl::StatusOr<ImportStats> s = ImportUmpire(
+      R"({"event":"allocate","payload":{"size":8},"result":{"memory_ptr":"0x10"},"timestamp":18446744073709551615})",
+      "u.log", &out);
+  ASSERT_FALSE(s.ok());
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("u.log:1: \"timestamp\""));
+  // The largest allowed first, then 0: in range, no overflow, and written at the time
+  // before (0), not at -2^63.
+  out.clear();
+  s = ImportUmpire(
+      "{\"event\":\"allocate\",\"payload\":{\"size\":8},\"result\":{\"memory_ptr\":\"0x10\"},"
+      "\"timestamp\":9223372036854775807}\n"
+      "{\"event\":\"deallocate\",\"payload\":{\"memory_ptr\":\"0x10\"},\"timestamp\":0}\n",
+      "u.log", &out);
+  ASSERT_TRUE(s.ok()) << s.status();
+  bool monotone = false;
+  EXPECT_EQ(MaxTime(out, &monotone), 0);
+  EXPECT_TRUE(monotone);
+}
+
+TEST(TraceImportTest, WithAStreamTheBufferStaysSmallAndTheTraceIsTheSame) {
+  std::string text = "Thread,Time,Action,Pointer,Size,Stream\n";
+  for (int i = 0; i < 40000; ++i) {
+    text += "1,10:00:00.000001,allocate," + std::to_string(4096 * (i + 1)) + ",512,0x0\n";
+  }
+  std::string whole;
+  ASSERT_TRUE(ImportRmmCsv(text, "rmm.csv", &whole).ok());
+  ASSERT_GT(whole.size(), size_t{4} << 20);
+  std::FILE* f = std::tmpfile();
+  ASSERT_NE(f, nullptr);
+  std::string buffer;
+  ASSERT_TRUE(ImportRmmCsv(text, "rmm.csv", &buffer, f).ok());
+  EXPECT_TRUE(buffer.empty());  // flushed at the end
+  std::string written;
+  std::rewind(f);
+  char chunk[65536];
+  for (size_t n; (n = std::fread(chunk, 1, sizeof chunk, f)) > 0;) written.append(chunk, n);
+  std::fclose(f);
+  EXPECT_EQ(written, whole);
 }
 
 }  // namespace

@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <filesystem>
 #include <string>
 
@@ -149,16 +152,15 @@ TEST(MinCapacityTest, TheAnswerFitsAndEverythingBelowThePeakFails) {
   EXPECT_GT(m.runs, 2);
 }
 
-// The real PyTorch traces in ../shared/traces (skipped where they are not present).
+// The real PyTorch traces, part of the repository (tests/data/traces/real/, gzip): a
+// missing file fails here, never skips. The figures are their README's.
 TEST(RealTraceTest, ResNet18FiguresMatchTheTraceReadme) {
-  const std::filesystem::path path =
-      std::filesystem::path(DEVMEM_SOURCE_DIR) / ".." / "shared" / "traces" / "resnet18_train.jsonl";
-  if (!std::filesystem::exists(path)) GTEST_SKIP() << path << " is not present";
+  const std::filesystem::path path = std::filesystem::path(DEVMEM_SOURCE_DIR) / "tests" /
+                                     "data" / "traces" / "real" / "resnet18_train.jsonl.gz";
   absl::StatusOr<Trace> t = ReadTrace(path.string());
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(t->lines, 29332u);
   EXPECT_EQ(t->unmatched_frees, 0u);
-  // The README of ../shared/traces says 353.4 MiB.
   EXPECT_NEAR(static_cast<double>(t->peak_requested) / kMiB, 353.4, 0.05);
   const ReplayResult a = Replay(*t, Config{}, kUnboundedCapacity);
   const ReplayResult b = Replay(*t, Config{}, kUnboundedCapacity);
@@ -166,6 +168,57 @@ TEST(RealTraceTest, ResNet18FiguresMatchTheTraceReadme) {
   EXPECT_EQ(a.device_allocs, b.device_allocs);
   EXPECT_EQ(a.ooms, 0);
   EXPECT_GE(a.peak_reserved_bytes, a.peak_requested_bytes);
+}
+
+// gzip traces (tools/trace_file.h): members one after another are read in turn; a
+// truncated or corrupt file is an error naming it, not a partial trace.
+TEST(TraceFileTest, GzipMembersTruncationAndCorruption) {
+  const std::filesystem::path real = std::filesystem::path(DEVMEM_SOURCE_DIR) / "tests" /
+                                     "data" / "traces" / "real" / "resnet18_train.jsonl.gz";
+  std::string gz;
+  {
+    std::FILE* f = std::fopen(real.c_str(), "rb");
+    ASSERT_NE(f, nullptr) << real;
+    char buf[65536];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) gz.append(buf, n);
+    std::fclose(f);
+  }
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("devmem_trace_file_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    const std::string path = (dir / name).string();
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    std::fwrite(bytes.data(), 1, bytes.size(), f);
+    std::fclose(f);
+    return path;
+  };
+  absl::StatusOr<Trace> t = ReadTrace(write("twice.jsonl.gz", gz + gz));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->lines, 2u * 29332);
+  const std::string truncated = write("cut.jsonl.gz", gz.substr(0, gz.size() / 2));
+  t = ReadTrace(truncated);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find(truncated + ": truncated gzip data"), std::string::npos)
+      << t.status();
+  std::string bad = gz;
+  for (size_t i = 100; i < 200; ++i) bad[i] = static_cast<char>(bad[i] ^ 0x5a);
+  const std::string corrupt = write("bad.jsonl.gz", bad);
+  t = ReadTrace(corrupt);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find(corrupt + ": corrupt gzip data"), std::string::npos)
+      << t.status();
+  std::filesystem::remove_all(dir);
+}
+
+TEST(RealTraceTest, MobileNetV2FiguresMatchTheTraceReadme) {
+  const std::filesystem::path path = std::filesystem::path(DEVMEM_SOURCE_DIR) / "tests" /
+                                     "data" / "traces" / "real" / "mobilenet_v2_train.jsonl.gz";
+  absl::StatusOr<Trace> t = ReadTrace(path.string());
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->lines, 87780u);
+  EXPECT_EQ(t->unmatched_frees, 0u);
+  EXPECT_NEAR(static_cast<double>(t->peak_requested) / kMiB, 652.6, 0.05);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // tools/http_get.cc: a blocking HTTP/1.1 GET over POSIX sockets (why not a library:
-// tools/http_get.h). Every wait is a poll() with a timeout, so a stuck server cannot
-// hang memtrace.
+// tools/http_get.h). Every wait is a poll() bounded by the silence timeout and by what
+// is left of the overall deadline, so neither a stuck nor a trickling server can hang
+// memtrace.
 #include "tools/http_get.h"
 
 #include <netdb.h>
@@ -8,7 +9,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -52,14 +56,37 @@ absl::StatusOr<Url> ParseUrl(const std::string& url) {
   return u;
 }
 
-// Waits for `events` on fd; false on timeout.
-bool WaitFor(int fd, short events, int timeout_s) {
+using Clock = std::chrono::steady_clock;
+
+// The two limits of one exchange: silence (per wait) and the overall deadline.
+struct Limits {
+  int timeout_s;
+  Clock::time_point deadline;
+  int deadline_s;
+};
+
+enum class Wait { kReady, kSilent, kDeadline };
+
+// Waits for `events` on fd, at most the silence timeout and at most until the deadline.
+Wait WaitFor(int fd, short events, const Limits& l) {
   pollfd p{fd, events, 0};
-  int rc;
-  do {
-    rc = ::poll(&p, 1, timeout_s * 1000);
-  } while (rc < 0 && errno == EINTR);
-  return rc > 0;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(l.deadline -
+                                                                            Clock::now());
+    if (left.count() <= 0) return Wait::kDeadline;
+    const bool deadline_first = left.count() < int64_t{l.timeout_s} * 1000;
+    const int ms = static_cast<int>(deadline_first ? left.count() : int64_t{l.timeout_s} * 1000);
+    const int rc = ::poll(&p, 1, ms);
+    if (rc > 0) return Wait::kReady;
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return Wait::kSilent;
+    return deadline_first ? Wait::kDeadline : Wait::kSilent;
+  }
+}
+
+std::string DeadlineMessage(const std::string& url, const Limits& l, size_t received) {
+  return "GET " + url + ": no complete answer within " + std::to_string(l.deadline_s) +
+         " s (" + std::to_string(received) + " bytes received)";
 }
 
 class Socket {
@@ -75,7 +102,7 @@ class Socket {
 };
 
 absl::StatusOr<std::string> Exchange(const std::string& url, const Url& u,
-                                     const std::string& request, int timeout_s) {
+                                     const std::string& request, const Limits& limits) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -91,7 +118,7 @@ absl::StatusOr<std::string> Exchange(const std::string& url, const Url& u,
     if (s < 0) continue;
     int rc = ::connect(s, a->ai_addr, a->ai_addrlen);
     if (rc < 0 && errno == EINPROGRESS) {
-      if (!WaitFor(s, POLLOUT, timeout_s)) {
+      if (WaitFor(s, POLLOUT, limits) != Wait::kReady) {
         last_error = "connection timed out";
         ::close(s);
         continue;
@@ -117,7 +144,7 @@ absl::StatusOr<std::string> Exchange(const std::string& url, const Url& u,
   Socket sock(fd);
   size_t sent = 0;
   while (sent < request.size()) {
-    if (!WaitFor(fd, POLLOUT, timeout_s)) {
+    if (WaitFor(fd, POLLOUT, limits) != Wait::kReady) {
       return absl::UnavailableError("GET " + url + ": timed out sending the request");
     }
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
@@ -130,9 +157,14 @@ absl::StatusOr<std::string> Exchange(const std::string& url, const Url& u,
   std::string raw;
   char buf[1 << 16];
   for (;;) {
-    if (!WaitFor(fd, POLLIN, timeout_s)) {
-      return absl::UnavailableError("GET " + url + ": no answer for " +
-                                    std::to_string(timeout_s) + " s");
+    switch (WaitFor(fd, POLLIN, limits)) {
+      case Wait::kReady:
+        break;
+      case Wait::kSilent:
+        return absl::UnavailableError("GET " + url + ": no answer for " +
+                                      std::to_string(limits.timeout_s) + " s");
+      case Wait::kDeadline:
+        return absl::UnavailableError(DeadlineMessage(url, limits, raw.size()));
     }
     const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
@@ -153,93 +185,138 @@ std::string Lower(std::string s) {
   return s;
 }
 
-// De-chunks `body` (RFC 9112 7.1); false if malformed.
-bool Dechunk(const std::string& body, std::string* out) {
-  size_t pos = 0;
+// De-chunks body[0, size) in place (RFC 9112 7.1; the output is never longer than the
+// input, so it is written over what was already read); false if malformed.
+bool DechunkInPlace(std::string* body) {
+  std::string& b = *body;
+  size_t pos = 0, out = 0;
   for (;;) {
-    const size_t eol = body.find("\r\n", pos);
+    const size_t eol = b.find("\r\n", pos);
     if (eol == std::string::npos) return false;
-    const std::string size_text = body.substr(pos, eol - pos);
-    char* end = nullptr;
-    errno = 0;
-    const unsigned long long size = std::strtoull(size_text.c_str(), &end, 16);
-    if (end == size_text.c_str() || errno != 0) return false;
+    // Hex digits, then optional chunk extensions after ';'.
+    size_t digits_end = pos;
+    uint64_t size = 0;
+    while (digits_end < eol && std::isxdigit(static_cast<unsigned char>(b[digits_end]))) {
+      if (size > (kMaxBody >> 4)) return false;
+      const char c = b[digits_end];
+      size = size * 16 + static_cast<uint64_t>(std::isdigit(static_cast<unsigned char>(c))
+                                                  ? c - '0'
+                                                  : std::tolower(static_cast<unsigned char>(c)) - 'a' + 10);
+      ++digits_end;
+    }
+    if (digits_end == pos || (digits_end < eol && b[digits_end] != ';' && b[digits_end] != ' ' &&
+                              b[digits_end] != '\t')) {
+      return false;
+    }
     pos = eol + 2;
-    if (size == 0) return true;
-    if (size > body.size() - pos) return false;
-    out->append(body, pos, size);
+    if (size == 0) {
+      b.resize(out);
+      return true;
+    }
+    if (size > b.size() - pos || b.size() - pos - size < 2 || b.compare(pos + size, 2, "\r\n") != 0) {
+      return false;
+    }
+    std::memmove(b.data() + out, b.data() + pos, size);
+    out += size;
     pos += size + 2;
-    if (pos > body.size()) return false;
   }
 }
 
 }  // namespace
 
+absl::StatusOr<HttpResponse> ParseHttpResponse(std::string raw) {
+  const size_t head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) {
+    return absl::UnavailableError("malformed answer (no end of headers)");
+  }
+  const std::string_view head(raw.data(), head_end);
+  size_t line_end = head.find("\r\n");
+  const std::string_view status_line = head.substr(0, line_end);
+  HttpResponse r;
+  // "HTTP/1.1 200 OK": a version, a space, three digits, then a space and the reason.
+  if (status_line.size() < 12 || status_line.compare(0, 5, "HTTP/") != 0 ||
+      status_line.find(' ') == std::string_view::npos) {
+    return absl::UnavailableError("malformed status line \"" +
+                                  std::string(status_line.substr(0, 80)) + "\"");
+  }
+  const size_t code_at = status_line.find(' ') + 1;
+  // Three digits, the first 1-9 ("001" is no status: found by fuzz_http_response).
+  if (status_line.size() < code_at + 3 || status_line[code_at] < '1' ||
+      !std::isdigit(static_cast<unsigned char>(status_line[code_at])) ||
+      !std::isdigit(static_cast<unsigned char>(status_line[code_at + 1])) ||
+      !std::isdigit(static_cast<unsigned char>(status_line[code_at + 2])) ||
+      (status_line.size() > code_at + 3 && status_line[code_at + 3] != ' ')) {
+    return absl::UnavailableError("malformed status line \"" +
+                                  std::string(status_line.substr(0, 80)) + "\"");
+  }
+  r.status = (status_line[code_at] - '0') * 100 + (status_line[code_at + 1] - '0') * 10 +
+             (status_line[code_at + 2] - '0');
+  if (status_line.size() > code_at + 4) r.reason = std::string(status_line.substr(code_at + 4));
+  bool chunked = false;
+  int64_t content_length = -1;
+  while (line_end != std::string_view::npos) {
+    const size_t start = line_end + 2;
+    line_end = head.find("\r\n", start);
+    const std::string_view line = head.substr(start, line_end == std::string_view::npos
+                                                         ? std::string_view::npos
+                                                         : line_end - start);
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    const std::string name = Lower(std::string(line.substr(0, colon)));
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    if (name == "transfer-encoding" && Lower(std::string(value)).find("chunked") != std::string::npos) {
+      chunked = true;
+    } else if (name == "content-length") {
+      // Digits only: atoll took "-5" and "12abc".
+      uint64_t n = 0;
+      if (value.empty() || value.size() > 12 ||
+          value.find_first_not_of("0123456789") != std::string_view::npos) {
+        return absl::UnavailableError("malformed Content-Length \"" +
+                                      std::string(value.substr(0, 40)) + "\"");
+      }
+      for (char c : value) n = n * 10 + static_cast<uint64_t>(c - '0');
+      if (content_length >= 0 && static_cast<uint64_t>(content_length) != n) {
+        return absl::UnavailableError("two different Content-Length headers");
+      }
+      content_length = static_cast<int64_t>(n);
+    }
+  }
+  raw.erase(0, head_end + 4);  // the body, in place
+  if (chunked) {
+    if (!DechunkInPlace(&raw)) return absl::UnavailableError("malformed chunked body");
+  } else if (content_length >= 0) {
+    if (static_cast<uint64_t>(content_length) > raw.size()) {
+      return absl::UnavailableError("connection closed after " + std::to_string(raw.size()) +
+                                    " of " + std::to_string(content_length) + " body bytes");
+    }
+    raw.resize(static_cast<size_t>(content_length));
+  }
+  r.body = std::move(raw);
+  return r;
+}
+
 absl::StatusOr<HttpResponse> HttpGet(const std::string& url, const std::string& token,
-                                     int timeout_s) {
+                                     int timeout_s, int deadline_s) {
   absl::StatusOr<Url> u = ParseUrl(url);
   if (!u.ok()) return absl::InvalidArgumentError("GET " + std::string(u.status().message()));
   std::string request = "GET " + u->target + " HTTP/1.1\r\nHost: " + u->host + ":" + u->port +
                         "\r\nUser-Agent: memtrace\r\nAccept: */*\r\nConnection: close\r\n";
   if (!token.empty()) request += "Authorization: Bearer " + token + "\r\n";
   request += "\r\n";
-  absl::StatusOr<std::string> raw = Exchange(url, *u, request, timeout_s);
+  const Limits limits{std::max(timeout_s, 1), Clock::now() + std::chrono::seconds(deadline_s),
+                      deadline_s};
+  absl::StatusOr<std::string> raw = Exchange(url, *u, request, limits);
   if (!raw.ok()) return raw.status();
-  const size_t head_end = raw->find("\r\n\r\n");
-  if (head_end == std::string::npos) {
-    return absl::UnavailableError("GET " + url + ": malformed answer (no end of headers)");
-  }
-  std::istringstream head(raw->substr(0, head_end));
-  std::string status_line;
-  std::getline(head, status_line);
-  if (!status_line.empty() && status_line.back() == '\r') status_line.pop_back();
-  HttpResponse r;
-  // "HTTP/1.1 200 OK"
-  if (status_line.compare(0, 5, "HTTP/") != 0 || status_line.size() < 12) {
-    return absl::UnavailableError("GET " + url + ": malformed status line \"" +
-                                  status_line.substr(0, 80) + "\"");
-  }
-  r.status = std::atoi(status_line.c_str() + status_line.find(' ') + 1);
-  const size_t reason_at = status_line.find(' ', status_line.find(' ') + 1);
-  if (reason_at != std::string::npos) r.reason = status_line.substr(reason_at + 1);
-  bool chunked = false;
-  long long content_length = -1;
-  std::string line;
-  while (std::getline(head, line)) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    const size_t colon = line.find(':');
-    if (colon == std::string::npos) continue;
-    const std::string name = Lower(line.substr(0, colon));
-    std::string value = line.substr(colon + 1);
-    value.erase(0, value.find_first_not_of(" \t"));
-    if (name == "transfer-encoding" && Lower(value).find("chunked") != std::string::npos) {
-      chunked = true;
-    } else if (name == "content-length") {
-      content_length = std::atoll(value.c_str());
-    }
-  }
-  std::string body = raw->substr(head_end + 4);
-  if (chunked) {
-    if (!Dechunk(body, &r.body)) {
-      return absl::UnavailableError("GET " + url + ": malformed chunked body");
-    }
-  } else if (content_length >= 0) {
-    if (static_cast<unsigned long long>(content_length) > body.size()) {
-      return absl::UnavailableError("GET " + url + ": connection closed after " +
-                                    std::to_string(body.size()) + " of " +
-                                    std::to_string(content_length) + " body bytes");
-    }
-    body.resize(static_cast<size_t>(content_length));
-    r.body = std::move(body);
-  } else {
-    r.body = std::move(body);
-  }
+  absl::StatusOr<HttpResponse> r = ParseHttpResponse(*std::move(raw));
+  if (!r.ok()) return absl::UnavailableError("GET " + url + ": " + std::string(r.status().message()));
   return r;
 }
 
 absl::StatusOr<std::string> HttpGetOk(const std::string& url, const std::string& token,
-                                      int timeout_s) {
-  absl::StatusOr<HttpResponse> r = HttpGet(url, token, timeout_s);
+                                      int timeout_s, int deadline_s) {
+  absl::StatusOr<HttpResponse> r = HttpGet(url, token, timeout_s, deadline_s);
   if (!r.ok()) return r.status();
   if (r->status < 200 || r->status > 299) {
     std::string first = r->body.substr(0, r->body.find('\n'));

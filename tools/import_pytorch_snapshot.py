@@ -22,22 +22,37 @@ without time_us the event's index stands in (order is all replay needs). Device:
 entry's list index becomes "cuda:N"; --device N keeps one device (replay puts every
 event on one simulated device, so use it for multi-GPU snapshots).
 
-Safety: the pickle is read by an Unpickler that refuses every global except a few
-builtins (set, frozenset, ...): a snapshot is plain dicts, lists, strings and numbers,
-and a pickle that asks for anything else is refused instead of executed.
+Safety: a snapshot is plain dicts, lists, strings and numbers, so the pickle is read by
+an Unpickler that refuses every global except builtins.set and builtins.frozenset, whose
+results are no larger than the list they are built from (bytearray, range, int, str, ...
+were allowed, and bytearray(2**31) took 2.1 GB from a 36-byte pickle). Size and work are
+bounded too:
+  - memory: at most 1 GiB + 64 x the pickle's size (RLIMIT_AS, set by main()); more is
+    refused as malformed input, so a length prefix that asks for gigabytes (BYTEARRAY8
+    allocates before reading) is an error, not a 2 GB allocation;
+  - work: a pickle can share one object many times (memo references), so a few KB can
+    describe 4e8 entries; the entries and frames visited are limited to one per byte of
+    the pickle (a real entry takes tens of bytes), beyond which it is refused.
+Strings: frame file and function names, and the input's name, are written as valid UTF-8
+(a lone surrogate, which pickles can hold and non-UTF-8 file names decode to, becomes
+U+FFFD: json.dumps would write it as an escape that memtrace's reader rejects).
 
 Exit status: 0 converted; 2 unreadable or malformed input (the message names the file
 and the entry: "snap.pickle: device_traces[0][12]: 'addr': expected an integer").
 
-Usage: import_pytorch_snapshot.py SNAPSHOT.pickle -o TRACE.jsonl [--device N]
+Usage: import_pytorch_snapshot.py -o TRACE.jsonl [--device N] [--] SNAPSHOT.pickle
+(memtrace passes `--output=TRACE -- SNAPSHOT`, so any file name is a file name.)
 """
 import argparse
+import io
 import json
 import pickle
 import sys
 
-ALLOWED_BUILTINS = {"set", "frozenset", "bytearray", "complex", "range", "slice", "dict",
-                    "list", "tuple", "str", "int", "float", "bool", "bytes"}
+# Constructors whose result is bounded by their (already built) argument.
+ALLOWED_BUILTINS = {"set", "frozenset"}
+MEMORY_BASE = 1 << 30
+MEMORY_PER_BYTE = 64
 ACTIONS = {"alloc": "alloc", "free_requested": "free", "free": "free",
            "free_completed": "free_completed", "segment_alloc": "segment_alloc",
            "segment_free": "segment_free", "segment_map": "segment_map",
@@ -56,16 +71,66 @@ class RestrictedUnpickler(pickle.Unpickler):
                          "holds only dicts, lists, strings and numbers")
 
 
-def load(path):
+def read(path):
     try:
         with open(path, "rb") as f:
-            return RestrictedUnpickler(f).load()
+            return f.read()
     except OSError as e:
         raise InputError(f"cannot read ({e.strerror})")
+
+
+def loads(data):
+    """Unpickles `data` with the restricted Unpickler; every failure is InputError."""
+    try:
+        return RestrictedUnpickler(io.BytesIO(data)).load()
     except InputError:
         raise
+    except MemoryError:
+        raise InputError("the pickle asks for more memory than this importer allows "
+                         f"({MEMORY_BASE >> 20} MiB + {MEMORY_PER_BYTE} x its size)")
+    except RecursionError:
+        raise InputError("the pickle nests too deeply")
     except Exception as e:  # noqa: BLE001 -- any unpickling failure is malformed input
-        raise InputError(f"not a pickle ({type(e).__name__}: {e})")
+        raise InputError(f"not a pickle ({type(e).__name__}: {str(e)[:200]})")
+
+
+def limit_memory(input_bytes):
+    """Caps this process's address space (see Safety); best effort where unsupported."""
+    try:
+        import resource
+        cap = MEMORY_BASE + MEMORY_PER_BYTE * input_bytes
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if hard != resource.RLIM_INFINITY:
+            cap = min(cap, hard)
+        if soft == resource.RLIM_INFINITY or soft > cap:
+            resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+
+
+class Budget:
+    """Entries and frames visited, at most one per byte of the pickle (see Safety)."""
+
+    def __init__(self, input_bytes):
+        self.left = max(int(input_bytes), 1000)
+        self.limit = self.left
+
+    def spend(self, n, where):
+        self.left -= n
+        if self.left < 0:
+            raise InputError(f"{where}: the pickle describes more than {self.limit} entries "
+                             "and frames, more than its size can hold unless objects are "
+                             "shared many times over (refused: a shared-reference bomb)")
+
+
+def text(value):
+    """A name as valid UTF-8 text: surrogate pairs joined, lone surrogates U+FFFD. Only
+    strings and numbers are names; anything else (a list nested 10^5 deep would make
+    str() recurse) is no name."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return ""
+    s = value if isinstance(value, str) else repr(value)
+    return s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def uint(entry, key, where, default=None):
@@ -76,28 +141,36 @@ def uint(entry, key, where, default=None):
     return value
 
 
-def site_of(frames, sites):
+def site_of(frames, sites, budget, where):
     if not isinstance(frames, list) or not frames:
         return 0
-    frame = next((f for f in frames if isinstance(f, dict) and
-                  "/torch/" not in str(f.get("filename", ""))), frames[0])
+    frame = frames[0]
+    for f in frames:
+        budget.spend(1, where)
+        if isinstance(f, dict) and "/torch/" not in text(f.get("filename", "")):
+            frame = f
+            break
     if not isinstance(frame, dict):
         return 0
-    key = (str(frame.get("filename", "")), frame.get("line", 0), str(frame.get("name", "")))
-    if not isinstance(key[1], int) or key[1] < 0 or key[1] >= 2**32:
+    key = (text(frame.get("filename", "")), frame.get("line", 0), text(frame.get("name", "")))
+    if isinstance(key[1], bool) or not isinstance(key[1], int) or not 0 <= key[1] < 2**32:
         key = (key[0], 0, key[2])
     if key not in sites:
         sites[key] = len(sites) + 1
     return sites[key]
 
 
-def convert(snapshot, device_filter):
+def convert(snapshot, device_filter, budget):
     if not isinstance(snapshot, dict) or "device_traces" not in snapshot:
         raise InputError("expected a dict with 'device_traces' "
                          "(the pickle of torch.cuda.memory._dump_snapshot)")
     traces = snapshot["device_traces"]
     if not isinstance(traces, list):
         raise InputError("device_traces: expected a list (one per device)")
+    # Counted before anything is scanned: len() is free, a walk over 4e8 shared entries
+    # is not.
+    budget.spend(len(traces) + sum(len(t) for t in traces if isinstance(t, list)),
+                 "device_traces")
     has_free_requested = any(isinstance(e, dict) and e.get("action") == "free_requested"
                              for t in traces if isinstance(t, list) for e in t)
     sites, events = {}, []
@@ -123,34 +196,42 @@ def convert(snapshot, device_filter):
             stream = uint(entry, "stream", where, 0)
             if "time_us" in entry:
                 time_ns = uint(entry, "time_us", where) * 1000
+                if time_ns >= 2**63:
+                    raise InputError(f"{where}: 'time_us': expected at most (2^63 - 1) / 1000")
             else:
                 time_ns = len(events)
-            site = site_of(entry.get("frames"), sites) if mapped in ("alloc", "oom") else 0
+            site = (site_of(entry.get("frames"), sites, budget, where)
+                    if mapped in ("alloc", "oom") else 0)
             events.append((time_ns, mapped, dev, stream, addr, size, site))
     return sites, events
 
 
 def write(path, source, sites, events):
+    with open(path, "w", encoding="utf-8", newline="\n") as out:
+        write_to(out, source, sites, events)
+
+
+def write_to(out, source, sites, events):
+    """Writes the trace to the text stream `out` (the fuzz harness passes a StringIO)."""
     first = min((e[0] for e in events), default=0)
     live = {}
     table = [{"id": i, "file": f, "line": ln, "function": fn, "tag": "", "kind": "alloc"}
              for (f, ln, fn), i in sites.items()]
-    with open(path, "w", encoding="utf-8", newline="\n") as out:
-        out.write(json.dumps({"schema": "devmem.trace/1", "sites": table,
-                              "source": "pytorch-snapshot:" + source},
-                             separators=(",", ":")) + "\n")
-        for seq, (time_ns, action, dev, stream, addr, size, site) in enumerate(events, 1):
-            if action == "alloc":
-                live[addr] = (size, site)
-            requested = size if action in ("alloc", "free", "oom") else 0
-            if action == "free":
-                size, site = live.pop(addr, (size, 0))
-                requested = size
-            out.write(json.dumps(
-                {"seq": seq, "time_ns": time_ns - first, "action": action,
-                 "device": f"cuda:{dev}", "stream": stream, "addr": addr, "size": size,
-                 "requested": requested, "site": site, "thread": 0},
-                separators=(",", ":")) + "\n")
+    out.write(json.dumps({"schema": "devmem.trace/1", "sites": table,
+                          "source": "pytorch-snapshot:" + text(source)},
+                         separators=(",", ":")) + "\n")
+    for seq, (time_ns, action, dev, stream, addr, size, site) in enumerate(events, 1):
+        if action == "alloc":
+            live[addr] = (size, site)
+        requested = size if action in ("alloc", "free", "oom") else 0
+        if action == "free":
+            size, site = live.pop(addr, (size, 0))
+            requested = size
+        out.write(json.dumps(
+            {"seq": seq, "time_ns": time_ns - first, "action": action,
+             "device": f"cuda:{dev}", "stream": stream, "addr": addr, "size": size,
+             "requested": requested, "site": site, "thread": 0},
+            separators=(",", ":")) + "\n")
 
 
 def main():
@@ -161,7 +242,12 @@ def main():
                         help="keep only this device's events (default: all)")
     args = parser.parse_args()
     try:
-        sites, events = convert(load(args.snapshot), args.device)
+        data = read(args.snapshot)
+        size = len(data)
+        limit_memory(size)
+        snapshot = loads(data)
+        del data
+        sites, events = convert(snapshot, args.device, Budget(size))
     except InputError as e:
         print(f"{args.snapshot}: {e}", file=sys.stderr)
         return 2

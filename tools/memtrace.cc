@@ -16,11 +16,22 @@
 //   memtrace SUBCOMMAND --help     what each one does
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+#include <string>
+
+#include "allocator/config.h"
 #include "devmem/devmem_version.h"
 #include "tools/memtrace_commands.h"
 
 int main(int argc, char** argv) {
   namespace mt = devmem::memtrace;
+  // DEVMEM_CONF is validated before anything runs, as by every devmem executable (the
+  // README's promise): a malformed value is exit status 2 with its message
+  // (tools/memtrace_commands.h says how it combines with --conf).
+  if (absl::StatusOr<devmem::Config> env = devmem::ConfigFromEnv(); !env.ok()) {
+    std::fprintf(stderr, "memtrace: %s\n", std::string(env.status().message()).c_str());
+    return mt::kExitBadInput;
+  }
   CLI::App app{"memtrace: who holds the memory of a devmem process, and what a workload "
                "would cost elsewhere"};
   app.require_subcommand(1);

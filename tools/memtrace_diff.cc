@@ -63,7 +63,7 @@ int RunDiff(const DiffOptions& o) {
                             {"count_b", r.count_b}, {"delta_count", r.delta_count()}});
     }
     ojson out{{"a", o.a}, {"b", o.b}, {"live_bytes_a", t.bytes_a}, {"live_bytes_b", t.bytes_b},
-              {"net_bytes", static_cast<int64_t>(t.bytes_b) - static_cast<int64_t>(t.bytes_a)},
+              {"net_bytes", SignedDelta(t.bytes_a, t.bytes_b)},
               {"grew_bytes", t.grew_bytes}, {"shrank_bytes", t.shrank_bytes},
               {"grew_sites", t.grew_sites}, {"shrank_sites", t.shrank_sites},
               {"unchanged_sites", t.unchanged_sites}, {"changed_sites", rows.size()},
@@ -77,7 +77,7 @@ int RunDiff(const DiffOptions& o) {
     std::printf("A  %s: %s live\nB  %s: %s live\n", o.a.c_str(), Bytes(t.bytes_a).c_str(),
                 o.b.c_str(), Bytes(t.bytes_b).c_str());
     std::printf("net %s; grew %s at %llu sites, shrank %s at %llu sites, %llu unchanged\n\n",
-                FormatDelta(static_cast<int64_t>(t.bytes_b) - static_cast<int64_t>(t.bytes_a))
+                FormatDelta(SignedDelta(t.bytes_a, t.bytes_b))
                     .c_str(),
                 Bytes(t.grew_bytes).c_str(), static_cast<unsigned long long>(t.grew_sites),
                 Bytes(t.shrank_bytes).c_str(), static_cast<unsigned long long>(t.shrank_sites),

@@ -5,6 +5,9 @@
 // converted by tools/import_pytorch_snapshot.py (Python's standard library), which this
 // command runs with python3 (found beside the memtrace executable, else in the source
 // tree; DEVMEM_IMPORT_PYTORCH overrides the path).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,10 +15,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
-#include <sstream>
+#include <new>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tools/memtrace_commands.h"
@@ -46,7 +49,9 @@ std::string PytorchScript() {
 
 int RunPytorch(const std::string& input, const std::string& output) {
   const std::string script = PytorchScript();
-  std::vector<std::string> args = {"python3", script, input, "-o", output};
+  // Options first, then "--": argparse would take an input named "--help" (or an output
+  // starting with '-') for an option.
+  std::vector<std::string> args = {"python3", script, "--output=" + output, "--", input};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -70,29 +75,86 @@ int RunPytorch(const std::string& input, const std::string& output) {
   return kExitBadInput;
 }
 
+// The input, read-only: mapped when it is a regular file (no copy on the heap: the
+// importers read it as a view), read into memory otherwise (a pipe).
+class InputText {
+ public:
+  ~InputText() {
+    if (map_ != nullptr) munmap(map_, size_);
+  }
+  // False with errno set when the file cannot be opened or read.
+  bool Open(const std::string& path) {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    struct stat st {};
+    bool ok = fstat(fd, &st) == 0;
+    if (ok && S_ISREG(st.st_mode) && st.st_size > 0) {
+      size_ = static_cast<size_t>(st.st_size);
+      void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      ok = p != MAP_FAILED;
+      if (ok) map_ = static_cast<char*>(p);
+    } else if (ok) {
+      char buf[1 << 16];
+      for (ssize_t n; (n = read(fd, buf, sizeof buf)) != 0;) {
+        if (n < 0) {
+          if (errno == EINTR) continue;
+          ok = false;
+          break;
+        }
+        copy_.append(buf, static_cast<size_t>(n));
+      }
+    }
+    const int saved = errno;
+    close(fd);
+    errno = saved;
+    return ok;
+  }
+  std::string_view text() const {
+    return map_ != nullptr ? std::string_view(map_, size_) : std::string_view(copy_);
+  }
+
+ private:
+  char* map_ = nullptr;
+  size_t size_ = 0;
+  std::string copy_;
+};
+
 int RunImport(const std::string& from, const std::string& input, const std::string& output) {
   if (from == "pytorch-snapshot") return RunPytorch(input, output);
-  std::ifstream in(input, std::ios::binary);
-  if (!in) {
+  InputText in;
+  if (!in.Open(input)) {
     std::fprintf(stderr, "memtrace import: %s: cannot read (%s)\n", input.c_str(),
                  std::strerror(errno));
     return kExitBadInput;
   }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  const std::string text = buffer.str();
-  std::string out;
-  absl::StatusOr<ImportStats> stats = from == "rmm-csv" ? ImportRmmCsv(text, input, &out)
-                                                        : ImportUmpire(text, input, &out);
-  if (!stats.ok()) {
-    std::fprintf(stderr, "memtrace import: %s\n", std::string(stats.status().message()).c_str());
+  // Written as it is made into a temporary file beside the output, renamed at the end:
+  // memory stays at the input's mapping plus ~1 MiB, and a failed import leaves no
+  // partial trace (and the old output, if any, untouched).
+  const std::string tmp = output + ".tmp-" + std::to_string(getpid());
+  std::FILE* file = std::fopen(tmp.c_str(), "wb");
+  if (file == nullptr) {
+    std::fprintf(stderr, "memtrace import: %s: cannot write (%s)\n", output.c_str(),
+                 std::strerror(errno));
     return kExitBadInput;
   }
-  std::ofstream file(output, std::ios::binary | std::ios::trunc);
-  file << out;
-  file.flush();
-  if (!file) {
-    std::fprintf(stderr, "memtrace import: %s: cannot write\n", output.c_str());
+  std::string buffer;
+  absl::StatusOr<ImportStats> stats;
+  try {
+    stats = from == "rmm-csv" ? ImportRmmCsv(in.text(), input, &buffer, file)
+                              : ImportUmpire(in.text(), input, &buffer, file);
+  } catch (const std::bad_alloc&) {
+    stats = absl::ResourceExhaustedError(input + ": not enough memory to convert it");
+  }
+  const bool closed = std::fclose(file) == 0;
+  if (!stats.ok() || !closed || std::rename(tmp.c_str(), output.c_str()) != 0) {
+    const int saved = errno;
+    std::remove(tmp.c_str());
+    if (!stats.ok()) {
+      std::fprintf(stderr, "memtrace import: %s\n", std::string(stats.status().message()).c_str());
+    } else {
+      std::fprintf(stderr, "memtrace import: %s: cannot write (%s)\n", output.c_str(),
+                   std::strerror(saved));
+    }
     return kExitBadInput;
   }
   std::fprintf(stderr,

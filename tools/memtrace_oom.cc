@@ -29,21 +29,6 @@ struct OomOptions {
   bool json = false;
 };
 
-struct SegmentBytes {
-  uint64_t allocated = 0, free = 0, pending = 0;
-};
-
-SegmentBytes BytesOf(const SnapDevice& d, const SnapSegment& s) {
-  SegmentBytes out;
-  for (size_t i = 0; i < s.num_blocks; ++i) {
-    const SnapBlock& b = d.blocks[s.first_block + i];
-    (b.state == BlockKind::kAllocated ? out.allocated
-     : b.state == BlockKind::kPending ? out.pending
-                                      : out.free) += b.size;
-  }
-  return out;
-}
-
 std::string Hex(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(v));
@@ -88,7 +73,7 @@ int RunOom(const OomOptions& o) {
       const uint64_t cell = ChooseCellBytes(*d, o.columns);
       ojson segs = ojson::array();
       for (const SnapSegment& s : d->segments) {
-        const SegmentBytes sb = BytesOf(*d, s);
+        const SegmentBytes sb = SegmentStateBytes(*d, s);
         segs.push_back(ojson{{"addr", s.addr}, {"size", s.size}, {"stream", s.stream},
                              {"pool", s.small_pool ? "small" : "large"},
                              {"expandable", s.expandable}, {"allocated_bytes", sb.allocated},
@@ -156,7 +141,7 @@ int RunOom(const OomOptions& o) {
     SegmentBytes rest;
     size_t rest_count = 0;
     for (const SnapSegment& s : d->segments) {
-      const SegmentBytes sb = BytesOf(*d, s);
+      const SegmentBytes sb = SegmentStateBytes(*d, s);
       if (shown == kMaxSegments) {
         rest.allocated += sb.allocated;
         rest.free += sb.free;

@@ -16,7 +16,7 @@ namespace {
 
 int RunReplay(const std::string& path, const std::string& conf, const std::string& capacity_text,
               bool min_capacity, bool json) {
-  absl::StatusOr<Config> config = ParseConfig(conf);
+  absl::StatusOr<Config> config = CommandConfig(conf);
   if (!config.ok()) {
     std::fprintf(stderr, "memtrace replay: --conf: %s\n",
                  std::string(config.status().message()).c_str());
@@ -38,6 +38,7 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
     std::fprintf(stderr, "memtrace replay: %s\n", std::string(trace.status().message()).c_str());
     return kExitBadInput;
   }
+  WarnUnmatchedFrees("replay", path, trace->unmatched_frees);
   const ReplayResult r = Replay(*trace, *config, capacity);
   MinCapacity m;
   if (min_capacity) m = FindMinCapacity(*trace, *config);
@@ -46,7 +47,7 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
                 "\"capacity_bytes\": %llu, \"peak_requested_bytes\": %llu, "
                 "\"peak_reserved_bytes\": %llu, \"reserved_over_requested\": %.4f, "
                 "\"device_allocs\": %lld, \"device_frees\": %lld, \"ooms\": %lld, "
-                "\"alloc_retries\": %lld, \"ns_per_op\": %.1f",
+                "\"alloc_retries\": %lld, \"ns_per_op\": %.1f, \"config\": \"%s\"",
                 path.c_str(), static_cast<unsigned long long>(trace->lines),
                 static_cast<unsigned long long>(r.ops),
                 static_cast<unsigned long long>(trace->unmatched_frees),
@@ -55,7 +56,7 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
                 static_cast<unsigned long long>(r.peak_reserved_bytes), r.reserved_over_requested,
                 static_cast<long long>(r.device_allocs), static_cast<long long>(r.device_frees),
                 static_cast<long long>(r.ooms), static_cast<long long>(r.alloc_retries),
-                r.ns_per_op);
+                r.ns_per_op, ToString(*config).c_str());
     if (min_capacity) {
       std::printf(", \"min_capacity_bytes\": %llu, \"min_capacity_over_peak_requested\": %.4f, "
                   "\"smallest_fitting_bytes\": %llu, \"min_capacity_monotonic\": %s, "

@@ -37,7 +37,7 @@ int RunTimeline(const TimelineArgs& a) {
   TimelineOptions options;
   options.max_points = a.points;
   options.top_sites = a.top;
-  absl::StatusOr<Config> config = ParseConfig(a.conf);
+  absl::StatusOr<Config> config = CommandConfig(a.conf);
   if (!config.ok()) {
     std::fprintf(stderr, "memtrace timeline: --conf: %s\n",
                  std::string(config.status().message()).c_str());
@@ -70,6 +70,7 @@ int RunTimeline(const TimelineArgs& a) {
     std::fprintf(stderr, "memtrace timeline: %s\n", std::string(t.status().message()).c_str());
     return kExitBadInput;
   }
+  WarnUnmatchedFrees("timeline", a.source, t->unmatched_frees);
   const std::string out = html ? TimelineHtml(*t, a.source) : TimelineSvg(*t, a.source);
   std::ofstream file(a.output, std::ios::binary | std::ios::trunc);
   file << out;
@@ -81,12 +82,14 @@ int RunTimeline(const TimelineArgs& a) {
   if (a.json) {
     std::printf("{\"output\": \"%s\", \"events\": %llu, \"points\": %zu, "
                 "\"peak_allocated_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
-                "\"reserved_from_replay\": %s, \"ooms\": %zu, \"sites\": %zu}\n",
+                "\"reserved_from_replay\": %s, \"ooms\": %zu, \"sites\": %zu, "
+                "\"unmatched_frees\": %llu, \"time_backwards\": %llu}\n",
                 a.output.c_str(), static_cast<unsigned long long>(t->events), t->x.size(),
                 static_cast<unsigned long long>(t->peak_allocated),
                 static_cast<unsigned long long>(t->peak_reserved),
                 t->reserved_from_replay ? "true" : "false", t->ooms.size(),
-                t->site_names.size());
+                t->site_names.size(), static_cast<unsigned long long>(t->unmatched_frees),
+                static_cast<unsigned long long>(t->time_backwards));
   } else {
     std::printf("%s: %llu events, %zu points, peak allocated %s, peak reserved %s%s, "
                 "%zu OOMs\n",

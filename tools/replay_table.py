@@ -4,8 +4,8 @@
     tools/replay_table.py [--memtrace build/bin/memtrace] [--conf C ...]
 
 Runs `memtrace replay TRACE --min-capacity --json [--conf C]` for the four synthetic
-traces in tests/data/traces/ and the two real PyTorch traces in ../shared/traces/
-(skipped when absent), and prints one Markdown row per (trace, configuration) with
+traces in tests/data/traces/ and the two real PyTorch traces in tests/data/traces/real/
+(gzip; a missing trace is an error), and prints one Markdown row per (trace, configuration) with
 issue 5's targets: peak reserved / peak requested <= 1.3 and the smallest safe
 capacity / peak requested <= 1.15. Replays are deterministic, so the table is too
 (only ns/op, which it leaves out, varies).
@@ -22,8 +22,8 @@ TRACES = [
     ("transformer step", os.path.join(ROOT, "tests/data/traces/transformer.jsonl")),
     ("fragmentation adversary", os.path.join(ROOT, "tests/data/traces/fragmentation.jsonl")),
     ("multi-stream producer/consumer", os.path.join(ROOT, "tests/data/traces/multistream.jsonl")),
-    ("ResNet-18", os.path.join(ROOT, "../shared/traces/resnet18_train.jsonl")),
-    ("MobileNetV2", os.path.join(ROOT, "../shared/traces/mobilenet_v2_train.jsonl")),
+    ("ResNet-18", os.path.join(ROOT, "tests/data/traces/real/resnet18_train.jsonl.gz")),
+    ("MobileNetV2", os.path.join(ROOT, "tests/data/traces/real/mobilenet_v2_train.jsonl.gz")),
 ]
 CONFS = [
     ("", "default"),
@@ -53,8 +53,7 @@ def main():
     print("|---|---|---|---|---|---|")
     for name, path in TRACES:
         if not os.path.exists(path):
-            print("%s: %s is not present; skipped" % (name, path), file=sys.stderr)
-            continue
+            sys.exit("%s: %s is missing" % (name, path))
         for i, (conf, label) in enumerate(confs):
             d = replay(args.memtrace, path, conf)
             res = d["reserved_over_requested"]

@@ -11,9 +11,23 @@ uint64_t ChooseCellBytes(const SnapDevice& device, int columns, int max_lines) {
   uint64_t largest = 0;
   for (const SnapSegment& s : device.segments) largest = std::max(largest, s.size);
   const uint64_t cells = static_cast<uint64_t>(std::max(1, columns) * std::max(1, max_lines));
+  // Ceiling division written so that it cannot overflow: a segment of nearly 2^64
+  // bytes (a hostile or corrupt dump) must still get a cell size that bounds the map.
+  auto cells_for = [&](uint64_t cell) { return largest / cell + (largest % cell != 0); };
   uint64_t cell = 512;
-  while (cell < (uint64_t{1} << 62) && (largest + cell - 1) / cell > cells) cell <<= 1;
+  while (cell < (uint64_t{1} << 63) && cells_for(cell) > cells) cell <<= 1;
   return cell;
+}
+
+SegmentBytes SegmentStateBytes(const SnapDevice& device, const SnapSegment& segment) {
+  SegmentBytes out;
+  for (size_t i = 0; i < segment.num_blocks; ++i) {
+    const SnapBlock& b = device.blocks[segment.first_block + i];
+    (b.state == BlockKind::kAllocated ? out.allocated
+     : b.state == BlockKind::kPending ? out.pending
+                                      : out.free) += b.size;
+  }
+  return out;
 }
 
 std::vector<std::string> SegmentMap(const SnapDevice& device, const SnapSegment& segment,
@@ -29,7 +43,10 @@ std::vector<std::string> SegmentMap(const SnapDevice& device, const SnapSegment&
     const uint64_t end = begin + b.size;
     while (begin < end) {
       const uint64_t c = begin / cell_bytes;
-      const uint64_t cell_end = std::min(end, (c + 1) * cell_bytes);
+      // (c + 1) * cell_bytes can be 2^64 in the last cell of a huge segment: compare
+      // the distance to the cell's start instead.
+      const uint64_t cell_start = c * cell_bytes;
+      const uint64_t cell_end = end - cell_start > cell_bytes ? cell_start + cell_bytes : end;
       cells[c][state] += cell_end - begin;
       begin = cell_end;
     }

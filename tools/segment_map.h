@@ -19,6 +19,13 @@ namespace devmem::memtrace {
 // segment of `device` fits in columns * max_lines cells.
 uint64_t ChooseCellBytes(const SnapDevice& device, int columns = 64, int max_lines = 4);
 
+// Bytes of a segment's blocks in each state. The reader guarantees the blocks lie in
+// the segment without overlapping, so the three add up to at most the segment's size.
+struct SegmentBytes {
+  uint64_t allocated = 0, free = 0, pending = 0;
+};
+SegmentBytes SegmentStateBytes(const SnapDevice& device, const SnapSegment& segment);
+
 // The map of one segment: ceil(size / cell) characters, split into lines of `columns`.
 std::vector<std::string> SegmentMap(const SnapDevice& device, const SnapSegment& segment,
                                     uint64_t cell_bytes, int columns = 64);

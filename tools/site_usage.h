@@ -54,18 +54,22 @@ std::vector<BufferRef> ListBuffers(const Snapshot& snap, const BufferQuery& quer
 std::vector<SiteGroup> GroupBySite(const Snapshot& snap, const BufferQuery& query,
                                    BufferTotals* totals);
 
+// b - a as a signed number, saturated at the int64 range (hostile snapshots can hold
+// sums near 2^64, where a plain signed subtraction overflows).
+inline int64_t SignedDelta(uint64_t a, uint64_t b) {
+  constexpr uint64_t kMax = static_cast<uint64_t>(INT64_MAX);
+  if (b >= a) return static_cast<int64_t>(b - a > kMax ? kMax : b - a);
+  return a - b > kMax ? INT64_MIN : -static_cast<int64_t>(a - b);
+}
+
 // One row of `diff`: a site's live bytes and counts in A and in B. Sites are matched by
 // their text ("where") and device, not by id: ids are per process.
 struct SiteDelta {
   std::string device, where;
   bool copy = false;
   uint64_t bytes_a = 0, bytes_b = 0, count_a = 0, count_b = 0;
-  int64_t delta_bytes() const {
-    return static_cast<int64_t>(bytes_b) - static_cast<int64_t>(bytes_a);
-  }
-  int64_t delta_count() const {
-    return static_cast<int64_t>(count_b) - static_cast<int64_t>(count_a);
-  }
+  int64_t delta_bytes() const { return SignedDelta(bytes_a, bytes_b); }
+  int64_t delta_count() const { return SignedDelta(count_a, count_b); }
 };
 
 struct DiffTotals {

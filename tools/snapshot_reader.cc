@@ -281,18 +281,31 @@ void ReadDevice(const simdjson::dom::element& e, const Path& p, SnapDevice* d) {
     const simdjson::dom::array blocks = Arr(Get(so, "blocks", segp), bp);
     seg.first_block = d->blocks.size();
     size_t k = 0;
+    uint64_t covered_to = seg.addr;  // end of the block before (blocks are in address order)
     for (simdjson::dom::element be : blocks) {
       const Path blp = bp.At(k++);
       SnapBlock& b = d->blocks.emplace_back();
       ReadBlock(be, blp, &b);
       // Blocks must lie inside their segment: the views (segment maps, shares) rely on
       // it, and a file that breaks it is not one devmem wrote.
-      if (b.addr < seg.addr || b.size > seg.addr + seg.size - b.addr) {
+      // Written so that nothing wraps: a block that starts past the segment's end made
+      // `seg.addr + seg.size - b.addr` wrap to a huge bound and was accepted (found by
+      // the snapshot fuzzer's invariants: segment maps then indexed past their cells).
+      if (b.addr < seg.addr || b.addr - seg.addr > seg.size ||
+          b.size > seg.size - (b.addr - seg.addr)) {
         throw ReadError{blp.ToString() + ": expected a block inside its segment [" +
                         std::to_string(seg.addr) + ", +" + std::to_string(seg.size) +
                         "), got addr " + std::to_string(b.addr) + " size " +
                         std::to_string(b.size)};
       }
+      // Blocks tile the segment in address order (docs/formats.md): one that starts
+      // before the previous one ends would be counted twice by buffers, diff and oom.
+      if (b.addr < covered_to) {
+        throw ReadError{blp.ToString() + ": overlaps the block before it (which ends at " +
+                        std::to_string(covered_to) + "), got addr " + std::to_string(b.addr) +
+                        ": blocks must tile their segment in address order"};
+      }
+      covered_to = b.addr + b.size;
     }
     seg.num_blocks = k;
     d->segments.push_back(seg);

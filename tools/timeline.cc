@@ -9,9 +9,11 @@
 #include <numeric>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "allocator/caching_allocator.h"
+#include "tools/trace_file.h"
 #include "tools/trace_replay.h"
 
 namespace devmem {
@@ -56,6 +58,12 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   absl::flat_hash_map<uint64_t, uint32_t> dense;           // trace site id -> index
   std::vector<uint64_t> dense_ids;                         // index -> trace site id
   bool has_segments = false, has_time = false;
+  // The trace rule shared with replay (tools/trace_replay.h): an alloc of a live
+  // address is an error naming the line; a free of an address that is not live is
+  // counted and skipped (a trace cut from a ring may start with frees).
+  absl::flat_hash_set<uint64_t> live_addrs;
+  uint64_t unmatched_frees = 0, time_backwards = 0;
+  int64_t last_time = INT64_MIN;
   uint64_t line_no = 0;
   const char* const data = buffer.data();
   for (size_t pos = 0; pos < buffer.size();) {
@@ -151,6 +159,23 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     if (e.size > (uint64_t{1} << 50)) {
       return LineError(name, line_no, "size is absurd (more than 2^50 bytes)");
     }
+    if (e.kind == Kind::kAlloc && !live_addrs.insert(e.addr).second) {
+      return LineError(name, line_no,
+                       absl::StrFormat("alloc of addr %d, which is already live", e.addr));
+    }
+    if (e.kind == Kind::kFree && live_addrs.erase(e.addr) == 0) {
+      ++unmatched_frees;
+      continue;
+    }
+    // Time never goes backwards on the x axis: an event earlier than the one before
+    // (threads' events merged slightly out of order) is drawn at the time before. Then
+    // the interval index only grows, so there are at most max_points intervals (each
+    // step back used to open one more).
+    if (time < last_time) {
+      time = last_time;
+      ++time_backwards;
+    }
+    last_time = time;
     e.time = time;
     if (e.time != 0) has_time = true;
     auto [it, inserted] = dense.try_emplace(site, static_cast<uint32_t>(dense_ids.size()));
@@ -159,8 +184,11 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     events.push_back(e);
   }
 
+  live_addrs = {};  // released: the pass below keeps its own table
   Timeline tl;
   tl.events = events.size();
+  tl.unmatched_frees = unmatched_frees;
+  tl.time_backwards = time_backwards;
   tl.x_is_time = has_time;
   const int64_t x0 = events.empty() ? 0 : (has_time ? events.front().time : 0);
   auto x_of = [&](size_t i) { return has_time ? events[i].time - x0 : static_cast<int64_t>(i); };
@@ -183,9 +211,7 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     for (size_t i = 0; i < events.size(); ++i) {
       const TimelineEvent& e = events[i];
       if (e.kind == Kind::kAlloc) {
-        if (!live.try_emplace(e.addr, trace.allocations).second) {
-          continue;  // an alloc of a live address: counted once, like the first
-        }
+        live.try_emplace(e.addr, trace.allocations);  // the reader refused double allocs
         trace.ops.push_back(Trace::Op{e.size, trace.allocations++, 0, true});
         op_event.push_back(i);
       } else if (e.kind == Kind::kFree) {
@@ -222,20 +248,45 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     }
   }
 
-  // The pass: allocated bytes and per-site bytes, sampled per interval.
+  // The pass: allocated bytes and per-site bytes, sampled per interval. Per-site
+  // samples are kept sparse: at each interval's end only the sites that changed in it
+  // are recorded, so memory is O(events) however many sites there are (a dense
+  // [point][site] table took 800 x 150,000 x 8 bytes = 960 MB for 150k sites).
+  struct SiteChange {
+    uint32_t point;
+    uint32_t site;
+    uint64_t bytes;
+  };
   const size_t nsites = dense_ids.size();
   std::vector<uint64_t> site_live(nsites, 0);
-  std::vector<std::vector<uint64_t>> site_samples;  // [point][site]
+  std::vector<uint64_t> peak(nsites, 0);       // each site's highest sampled bytes
+  std::vector<uint32_t> dirty;                 // sites changed in the open interval
+  std::vector<bool> is_dirty(nsites, false);
+  std::vector<SiteChange> changes;             // in point order
+  std::vector<uint64_t> allocated_at_end;      // per point: the sum over all sites
   absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint32_t>> live;  // addr -> size, site
   uint64_t allocated = 0, reserved = 0;
   int current_bucket = -1;
   uint64_t bucket_alloc_max = 0, bucket_res_max = 0;
+  auto touch = [&](uint32_t site) {
+    if (!is_dirty[site]) {
+      is_dirty[site] = true;
+      dirty.push_back(site);
+    }
+  };
   auto close_bucket = [&](int b) {
     tl.x.push_back(x_max <= 0 ? 0 : static_cast<int64_t>((static_cast<__int128>(b) + 1) *
                                                          (x_max + 1) / points));
     tl.allocated.push_back(bucket_alloc_max);
     tl.reserved.push_back(bucket_res_max);
-    site_samples.push_back(site_live);
+    const uint32_t point = static_cast<uint32_t>(tl.x.size() - 1);
+    for (uint32_t s : dirty) {
+      changes.push_back(SiteChange{point, s, site_live[s]});
+      peak[s] = std::max(peak[s], site_live[s]);
+      is_dirty[s] = false;
+    }
+    dirty.clear();
+    allocated_at_end.push_back(allocated);
   };
   for (size_t i = 0; i < events.size(); ++i) {
     const TimelineEvent& e = events[i];
@@ -251,6 +302,7 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
         if (live.try_emplace(e.addr, e.size, e.site).second) {
           allocated += e.size;
           site_live[e.site] += e.size;
+          touch(e.site);
         }
         break;
       case Kind::kFree: {
@@ -258,6 +310,7 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
         if (it != live.end()) {
           allocated -= it->second.first;
           site_live[it->second.second] -= it->second.first;
+          touch(it->second.second);
           live.erase(it);
         }
         break;
@@ -280,11 +333,10 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   }
   if (current_bucket >= 0) close_bucket(current_bucket);
 
-  // Top sites by their highest sampled bytes; the rest summed as "other sites".
-  std::vector<uint64_t> peak(nsites, 0);
-  for (const auto& sample : site_samples) {
-    for (size_t s = 0; s < nsites; ++s) peak[s] = std::max(peak[s], sample[s]);
-  }
+  live = {};
+  site_live = {};
+  // Top sites by their highest sampled bytes; the rest summed as "other sites" (at each
+  // point: all sites' bytes, which is allocated_at_end, less the top sites').
   std::vector<size_t> order(nsites);
   std::iota(order.begin(), order.end(), 0);
   std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -292,33 +344,37 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   });
   size_t top = std::min<size_t>(order.size(), static_cast<size_t>(std::max(options.top_sites, 1)));
   while (top > 0 && peak[order[top - 1]] == 0) --top;
+  const size_t npoints = tl.x.size();
+  std::vector<int32_t> rank(nsites, -1);  // dense site -> its row among the top sites
   for (size_t k = 0; k < top; ++k) {
     const uint64_t id = dense_ids[order[k]];
+    rank[order[k]] = static_cast<int32_t>(k);
     auto it = site_table.find(id);
     tl.site_names.push_back(it != site_table.end() ? it->second
                             : id == 0              ? std::string("unknown site")
                                                    : absl::StrCat("site ", id));
-    std::vector<uint64_t> series;
-    series.reserve(site_samples.size());
-    for (const auto& sample : site_samples) series.push_back(sample[order[k]]);
     tl.site_peak_bytes.push_back(peak[order[k]]);
-    tl.by_site.push_back(std::move(series));
   }
-  if (top < order.size()) {
-    std::vector<uint64_t> other;
-    other.reserve(site_samples.size());
-    uint64_t other_peak = 0;
-    for (const auto& sample : site_samples) {
-      uint64_t sum = 0;
-      for (size_t k = top; k < order.size(); ++k) sum += sample[order[k]];
-      other.push_back(sum);
-      other_peak = std::max(other_peak, sum);
+  tl.by_site.assign(top, std::vector<uint64_t>(npoints, 0));
+  std::vector<uint64_t> other(npoints, 0);
+  std::vector<uint64_t> current(top, 0);
+  uint64_t top_sum = 0, other_peak = 0;
+  size_t next = 0;
+  for (size_t p = 0; p < npoints; ++p) {
+    for (; next < changes.size() && changes[next].point == p; ++next) {
+      const int32_t k = rank[changes[next].site];
+      if (k < 0) continue;
+      top_sum = top_sum - current[k] + changes[next].bytes;
+      current[k] = changes[next].bytes;
     }
-    if (other_peak > 0) {
-      tl.site_names.push_back("other sites");
-      tl.site_peak_bytes.push_back(other_peak);
-      tl.by_site.push_back(std::move(other));
-    }
+    for (size_t k = 0; k < top; ++k) tl.by_site[k][p] = current[k];
+    other[p] = allocated_at_end[p] - top_sum;
+    other_peak = std::max(other_peak, other[p]);
+  }
+  if (top < order.size() && other_peak > 0) {
+    tl.site_names.push_back("other sites");
+    tl.site_peak_bytes.push_back(other_peak);
+    tl.by_site.push_back(std::move(other));
   }
   return tl;
 }
@@ -331,12 +387,9 @@ absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string&
 }
 
 absl::StatusOr<Timeline> ReadTimeline(const std::string& path, const TimelineOptions& options) {
-  simdjson::padded_string text;
-  if (auto err = simdjson::padded_string::load(path).get(text); err) {
-    return absl::NotFoundError(
-        absl::StrFormat("%s: cannot read (%s)", path, simdjson::error_message(err)));
-  }
-  return BuildPadded(text, path, options);  // in place: no second copy of a big file
+  absl::StatusOr<simdjson::padded_string> text = LoadTraceFile(path);
+  if (!text.ok()) return text.status();
+  return BuildPadded(*text, path, options);  // in place: no second copy of a big file
 }
 
 }  // namespace devmem

@@ -8,8 +8,11 @@
 //   std::string svg = TimelineSvg(*t, "run.jsonl");
 //
 // Input: the trace format of docs/formats.md (header with the site table, then events).
-// Allocated bytes follow alloc/free (a free of an address that is not live is
-// skipped, as in replay). Reserved bytes follow segment_alloc/segment_map (+size) and
+// Allocated bytes follow alloc/free, under the rule replay uses (tools/trace_replay.h):
+// an alloc of an address that is already live is an error naming the line; a free of
+// an address that is not live is counted (`unmatched_frees`) and skipped, since a trace
+// cut from a ring may start with frees. An event whose time_ns is earlier than the one
+// before is drawn at the earlier event's time (counted in `time_backwards`). Reserved bytes follow segment_alloc/segment_map (+size) and
 // segment_free/segment_unmap (-size) when the trace has such events; when it has none
 // (imported or synthetic traces) the trace is replayed through a fresh allocator with
 // `config` on an unbounded sim device and its reserved bytes are sampled instead
@@ -18,7 +21,8 @@
 //
 // Downsampling: the x range is cut into `max_points` equal intervals; each point has
 // the highest allocated and reserved bytes within its interval (so no peak is lost)
-// and the per-site bytes at the interval's end.
+// and the per-site bytes at the interval's end. Memory is O(events + sites): at most
+// max_points intervals whatever the order of times, per-site samples stored sparsely.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +52,8 @@ struct Timeline {
   std::vector<std::vector<uint64_t>> by_site; // [series][point]
   std::vector<int64_t> ooms;                  // x of each OOM event
   uint64_t events = 0;
+  uint64_t unmatched_frees = 0;               // frees of addresses not live (skipped)
+  uint64_t time_backwards = 0;                // events earlier than the one before
   uint64_t peak_allocated = 0;
   uint64_t peak_reserved = 0;
 };

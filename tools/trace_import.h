@@ -13,7 +13,9 @@
 //            alloc/free; `allocate failure` becomes an `oom` event. Pointer and Stream
 //            are hex (0x...) or decimal; Time is the time of day `HH:MM:SS.ffffff` (or
 //            `HH:MM:SS:ffffff`), converted to nanoseconds from the first line; a time
-//            earlier than the one before is taken as a pass over midnight.
+//            more than 12 hours earlier than the line before is a pass over midnight
+//            (at most 10,000 of them), a smaller step back is lines out of order (see
+//            Output: times never go backwards).
 //   umpire   Umpire's replay log (UMPIRE_REPLAY=On): one JSON object per line, lines
 //            starting with '#' skipped. `"event": "allocate"` lines that carry
 //            `"result": {"memory_ptr": P}` become alloc (size from `payload.size`,
@@ -23,17 +25,23 @@
 //            `payload.memory_ptr` becomes free. `payload.allocator_ref` picks the
 //            stream: each Umpire allocator becomes its own stream (0, 1, ... in order of
 //            appearance), so their blocks stay apart as Umpire's pools keep them. Other
-//            events (version, makeAllocator, ...) are skipped. `timestamp` (ns) is made
-//            relative to the first alloc or free written.
+//            events (version, makeAllocator, ...) are skipped. `timestamp` (ns, at most
+//            2^63 - 1) is made relative to the first alloc or free written.
 // PyTorch snapshots (pickles) are converted by tools/import_pytorch_snapshot.py.
 //
 // Output: every event line carries the fields the runtime's reader requires (seq,
 // time_ns, action, device, stream, addr, size, requested, site = 0, thread = 0); frees
-// carry the size of the allocation they free. Errors name the file and the line and
-// what was expected there.
+// carry the size of the allocation they free. Times never go backwards: an event
+// earlier than the one before (threads' lines interleaved) is written at the time
+// before. Errors name the file and the line and what was expected there.
+//
+// Memory: the input is a view (memtrace maps the file); with `stream` given, the trace
+// is written there in pieces of about 1 MiB as it is made, so *out never holds more
+// than that (without it, *out receives the whole trace: tests and fuzzers).
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -51,9 +59,10 @@ struct ImportStats {
 
 // Each appends a whole devmem trace (header and events) to *out. `name` is used in
 // error messages ("name:line: ...").
+// With `stream`, write errors are reported as an error naming `name` too.
 absl::StatusOr<ImportStats> ImportRmmCsv(std::string_view text, const std::string& name,
-                                         std::string* out);
+                                         std::string* out, std::FILE* stream = nullptr);
 absl::StatusOr<ImportStats> ImportUmpire(std::string_view text, const std::string& name,
-                                         std::string* out);
+                                         std::string* out, std::FILE* stream = nullptr);
 
 }  // namespace devmem

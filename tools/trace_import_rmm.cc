@@ -19,6 +19,10 @@ absl::Status LineError(const std::string& name, uint64_t line, const std::string
   return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
 }
 
+constexpr int64_t kDayNs = int64_t{86400} * 1'000'000'000;
+constexpr int64_t kHalfDayNs = kDayNs / 2;
+constexpr int64_t kMaxDays = 10000;  // 27 years of passes over midnight
+
 bool ParseDecimal(std::string_view text, uint64_t* value) {
   if (text.empty() || (text.size() > 2 && (text[1] == 'x' || text[1] == 'X'))) return false;
   return ParseUnsigned(text, value);
@@ -48,8 +52,8 @@ bool ParseTimeOfDay(std::string_view text, int64_t* ns) {
 }  // namespace
 
 absl::StatusOr<ImportStats> ImportRmmCsv(std::string_view text, const std::string& name,
-                                         std::string* out) {
-  import_internal::TraceLineWriter writer(out, "rmm-csv:" + name);
+                                         std::string* out, std::FILE* stream) {
+  import_internal::TraceLineWriter writer(out, "rmm-csv:" + name, stream);
   // Column indices, found by name in the header so that column order does not matter.
   enum Column { kTime, kAction, kPointer, kSize, kStream, kColumns };
   static constexpr std::array<std::string_view, kColumns> kNames = {"Time", "Action", "Pointer",
@@ -57,9 +61,15 @@ absl::StatusOr<ImportStats> ImportRmmCsv(std::string_view text, const std::strin
   std::array<int, kColumns> col;
   col.fill(-1);
   bool have_header = false;
-  int64_t first_ns = -1, last_ns = 0, day_offset = 0;
+  int64_t first_ns = -1, last_of_day = -1;
+  int64_t days = 0;  // passes over midnight so far
   uint64_t line_no = 0;
-  for (std::string_view line : Split(text, "\n")) {
+  // Line by line without a vector of all lines (16 bytes a line: 480 MB for a 2 GiB log).
+  for (size_t pos = 0; pos <= text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view line = text.substr(pos, end - pos);
+    pos = end + 1;
     ++line_no;
     line = Strip(line);
     if (line.empty()) continue;
@@ -93,13 +103,20 @@ absl::StatusOr<ImportStats> ImportRmmCsv(std::string_view text, const std::strin
                        absl::StrFormat("Time \"%s\": expected HH:MM:SS.ffffff",
                                        std::string(field(kTime).substr(0, 40))));
     }
-    ns += day_offset;
-    if (first_ns < 0) first_ns = ns;
-    if (ns < last_ns) {  // the log passed midnight
-      day_offset += int64_t{86400} * 1'000'000'000;
-      ns += int64_t{86400} * 1'000'000'000;
+    // A time of day more than 12 h before the line before: the log passed midnight. A
+    // smaller step back is lines out of order (RMM's threads log concurrently; 1 us
+    // back used to add 24 h), which the writer keeps at the time before.
+    if (last_of_day >= 0 && last_of_day - ns > kHalfDayNs) {
+      if (++days > kMaxDays) {
+        return LineError(name, line_no,
+                         absl::StrFormat("Time \"%s\": more than %d passes over midnight "
+                                         "(times jump back by over 12 h again and again)",
+                                         std::string(field(kTime).substr(0, 40)), kMaxDays));
+      }
     }
-    last_ns = ns;
+    last_of_day = ns;
+    ns += days * kDayNs;  // at most 10^4 days: no overflow
+    if (first_ns < 0) first_ns = ns;
     const int64_t t = ns - first_ns;
     uint64_t ptr = 0, size = 0, stream = 0;
     const std::string_view action = field(kAction);
@@ -139,6 +156,7 @@ absl::StatusOr<ImportStats> ImportRmmCsv(std::string_view text, const std::strin
     }
   }
   if (!have_header) return LineError(name, line_no, "empty file: expected the RMM log header");
+  if (!writer.Finish()) return absl::InternalError(absl::StrFormat("%s: cannot write the trace", name));
   return writer.stats();
 }
 

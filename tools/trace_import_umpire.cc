@@ -31,8 +31,8 @@ bool Unsigned(simdjson::dom::element e, uint64_t* value) {
 }  // namespace
 
 absl::StatusOr<ImportStats> ImportUmpire(std::string_view text, const std::string& name,
-                                         std::string* out) {
-  import_internal::TraceLineWriter writer(out, "umpire:" + name);
+                                         std::string* out, std::FILE* stream) {
+  import_internal::TraceLineWriter writer(out, "umpire:" + name, stream);
   simdjson::dom::parser parser;
   absl::flat_hash_map<uint64_t, uint64_t> streams;  // allocator_ref -> stream
   int64_t first_ts = -1;
@@ -69,10 +69,13 @@ absl::StatusOr<ImportStats> ImportUmpire(std::string_view text, const std::strin
       continue;
     }
     uint64_t ts = 0;
-    if (!doc["timestamp"].get(e) && !Unsigned(e, &ts)) {
-      return LineError(name, line_no, "\"timestamp\": expected nanoseconds");
+    if (!doc["timestamp"].get(e) &&
+        (!Unsigned(e, &ts) || ts > static_cast<uint64_t>(INT64_MAX))) {
+      return LineError(name, line_no, "\"timestamp\": expected nanoseconds (at most 2^63 - 1)");
     }
     // Times count from the first event written (skipped lines do not move the origin).
+    // Both are in [0, 2^63 - 1], so the difference cannot overflow (it did, as the
+    // difference of two casts of any uint64).
     auto rel = [&] {
       if (first_ts < 0) first_ts = static_cast<int64_t>(ts);
       return static_cast<int64_t>(ts) - first_ts;
@@ -112,6 +115,7 @@ absl::StatusOr<ImportStats> ImportUmpire(std::string_view text, const std::strin
       writer.Free(ptr, stream, rel());
     }
   }
+  if (!writer.Finish()) return absl::InternalError(absl::StrFormat("%s: cannot write the trace", name));
   return writer.stats();
 }
 

@@ -1,13 +1,19 @@
 // tools/trace_import_writer.cc: the shared devmem trace writer of the importers.
 #include "tools/trace_import_writer.h"
 
+#include <algorithm>
 #include <charconv>
 
 #include "absl/strings/str_format.h"
 
 namespace devmem::import_internal {
 
-TraceLineWriter::TraceLineWriter(std::string* out, const std::string& source) : out_(out) {
+namespace {
+constexpr size_t kFlushBytes = size_t{1} << 20;
+}  // namespace
+
+TraceLineWriter::TraceLineWriter(std::string* out, const std::string& source, std::FILE* stream)
+    : out_(out), stream_(stream) {
   // The source goes into the header as an extra field (readers ignore unknown fields);
   // escaping keeps a file name with quotes from breaking the JSON.
   std::string escaped;
@@ -22,11 +28,23 @@ TraceLineWriter::TraceLineWriter(std::string* out, const std::string& source) : 
 
 void TraceLineWriter::Event(const char* action, uint64_t addr, uint64_t size, uint64_t stream,
                             int64_t time_ns) {
+  time_ns = std::max(time_ns, last_time_ns_);
+  last_time_ns_ = time_ns;
   absl::StrAppendFormat(out_,
                         "{\"seq\":%d,\"time_ns\":%d,\"action\":\"%s\",\"device\":\"cuda:0\","
                         "\"stream\":%d,\"addr\":%d,\"size\":%d,\"requested\":%d,\"site\":0,"
                         "\"thread\":0}\n",
                         ++seq_, time_ns, action, stream, addr, size, size);
+  if (stream_ != nullptr && out_->size() >= kFlushBytes) Finish();
+}
+
+bool TraceLineWriter::Finish() {
+  if (stream_ == nullptr) return true;
+  if (!out_->empty() && std::fwrite(out_->data(), 1, out_->size(), stream_) != out_->size()) {
+    write_failed_ = true;
+  }
+  out_->clear();
+  return !write_failed_;
 }
 
 bool TraceLineWriter::Alloc(uint64_t addr, uint64_t size, uint64_t stream, int64_t time_ns) {

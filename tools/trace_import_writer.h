@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,14 +16,19 @@ namespace devmem::import_internal {
 
 class TraceLineWriter {
  public:
-  // Appends the header line; `source` names the converted format and file.
-  TraceLineWriter(std::string* out, const std::string& source);
+  // Appends the header line; `source` names the converted format and file. With
+  // `stream`, *out is a buffer flushed there whenever it passes about 1 MiB (and by
+  // Finish()); without it, *out receives everything.
+  TraceLineWriter(std::string* out, const std::string& source, std::FILE* stream = nullptr);
 
   // Returns false when `addr` is already live (the caller reports the line).
   bool Alloc(uint64_t addr, uint64_t size, uint64_t stream, int64_t time_ns);
   void Free(uint64_t addr, uint64_t stream, int64_t time_ns);
   void Oom(uint64_t size, uint64_t stream, int64_t time_ns);
   void Skip() { ++stats_.skipped; }
+
+  // Flushes what is buffered to the stream; false if a write failed (then or before).
+  bool Finish();
 
   const ImportStats& stats() const { return stats_; }
 
@@ -31,7 +37,10 @@ class TraceLineWriter {
              int64_t time_ns);
 
   std::string* out_;
+  std::FILE* stream_;
+  bool write_failed_ = false;
   uint64_t seq_ = 0;
+  int64_t last_time_ns_ = INT64_MIN;  // times written never go backwards
   absl::flat_hash_map<uint64_t, uint64_t> live_;  // addr -> size
   ImportStats stats_;
 };

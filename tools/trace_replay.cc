@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
+#include "tools/trace_file.h"
 
 namespace devmem {
 namespace {
@@ -193,13 +194,10 @@ absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name)
 }
 
 absl::StatusOr<Trace> ReadTrace(const std::string& path) {
-  simdjson::padded_string text;
-  if (auto err = simdjson::padded_string::load(path).get(text); err) {
-    return absl::NotFoundError(
-        absl::StrFormat("%s: cannot read (%s)", path, simdjson::error_message(err)));
-  }
+  absl::StatusOr<simdjson::padded_string> text = LoadTraceFile(path);
+  if (!text.ok()) return text.status();
   // Parsed in place: a second copy would double the memory a 10^7-event trace needs.
-  return ParsePadded(text, path);
+  return ParsePadded(*text, path);
 }
 
 ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,

@@ -14,7 +14,8 @@
 // (addresses are reused after a free); `stream` is optional (default 0); other actions
 // (segment_alloc, oom, ...) and other fields are ignored. A free of an address that is
 // not live is counted (unmatched_frees) and skipped: traces often start after some
-// allocations were made. The whole trace replays on one device (the `device` field is
+// allocations were made (memtrace warns with the count); an alloc of a live address is
+// an error. memtrace timeline follows the same rule (docs/formats.md). The whole trace replays on one device (the `device` field is
 // not used).
 //
 // Determinism: the sim backend places segments deterministically and the allocator's

@@ -219,6 +219,26 @@ def fixtures():
     absurd = fixture_a()
     absurd["devices"][0]["segments"][0]["blocks"][0]["size"] = 18446744073709551615
     write("bad_absurd_size.json", absurd)
+    # A block that starts after its segment ends (found by the snapshot fuzzer: the
+    # bound wrapped and it was accepted, then segment maps read past their cells).
+    past = fixture_a()
+    past["devices"][0]["segments"][0]["blocks"][3 - 1]["addr"] += 100 * MIB
+    write("bad_block_past_segment.json", past)
+    # Two blocks covering the same bytes: counted twice by buffers, diff and oom if read.
+    overlap = fixture_a()
+    overlap["devices"][0]["segments"][0]["blocks"][1]["addr"] -= MIB
+    write("bad_overlap.json", overlap)
+    # An OOM dump whose segment is nearly 2^64 bytes: oom's segment map must stay
+    # bounded (it aborted allocating ~2^55 cells).
+    huge_seg = fixture_oom()
+    seg = huge_seg["devices"][0]["segments"][0]
+    huge_seg["devices"][0]["segments"] = [seg]
+    huge_seg["devices"][0]["live_buffers"] = []
+    seg["addr"] = 0
+    seg["size"] = 18446744073709551615
+    seg["blocks"] = [{"addr": 0, "size": 18446744073709551615, "requested": 0,
+                      "state": "free", "stream": 0, "site": 0}]
+    write("hostile_huge_segment.json", huge_seg)
     huge = fixture_a()
     huge["devices"][0]["segments"][0]["blocks"][0]["size"] = 1e300
     write("bad_float_size.json", huge)

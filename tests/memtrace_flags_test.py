@@ -1,0 +1,386 @@
+#!/usr/bin/env python3
+"""tests/memtrace_flags_test.py: every memtrace option has a check that fails when the
+option is ignored (a flag that parses but changes nothing is a bug a user sees: `diff
+--device` and `replay --conf` were such bugs).
+
+  memtrace_flags_test.py MEMTRACE SOURCE_DIR
+
+Each check runs memtrace with and without the option (or with two values) and asserts
+the difference the option must make. The option list comes from each subcommand's
+--help: an option without a check here fails the test, so a new flag needs a check.
+Live sources are a small HTTP server started here on 127.0.0.1 (port 0) that serves
+tests/data/snapshots/a.json as /debug/snapshot and a workload trace as /debug/trace,
+and requires `Authorization: Bearer tok`.
+"""
+import http.server
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+memtrace, src = sys.argv[1], sys.argv[2]
+snaps = os.path.join(src, "tests", "data", "snapshots")
+traces = os.path.join(src, "tests", "data", "traces")
+A, B, OOM = (os.path.join(snaps, n) for n in ("a.json", "b.json", "oom.json"))
+FRAG = os.path.join(traces, "fragmentation.jsonl")
+TRANSFORMER = os.path.join(traces, "transformer.jsonl")
+MIB = 1 << 20
+tmp = tempfile.mkdtemp()
+failures = []
+
+
+def fail(why):
+    print("FAILED:", why)
+    failures.append(why)
+
+
+def mt(*args, env=None, rc=0):
+    e = dict(os.environ)
+    e.pop("DEVMEM_CONF", None)
+    e.update(env or {})
+    r = subprocess.run([memtrace, *args], capture_output=True, text=True, env=e, timeout=120,
+                       stdin=subprocess.DEVNULL)
+    if rc is not None and r.returncode != rc:
+        fail("memtrace %s: exit status %d, expected %d\n%s%s"
+             % (" ".join(args), r.returncode, rc, r.stdout[-1500:], r.stderr[-1500:]))
+    return r
+
+
+def js(*args, env=None, rc=0):
+    r = mt(*args, env=env, rc=rc)
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        fail("memtrace %s: not one JSON document: %r" % (" ".join(args), r.stdout[:300]))
+        return {}
+
+
+def expect(cond, what):
+    if not cond:
+        fail(what)
+
+
+# --- a live process stand-in -------------------------------------------------------
+with open(A, "rb") as f:
+    SNAPSHOT = f.read()
+with open(TRANSFORMER, "rb") as f:
+    TRACE = b"".join(l for l in f if b'"schema"' not in l)  # /debug/trace: events only
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.headers.get("Authorization") != "Bearer tok":
+            body, code = b"unauthorized\n", 401
+        elif self.path.startswith("/debug/snapshot"):
+            body, code = SNAPSHOT, 200
+        elif self.path.startswith("/debug/trace"):
+            body, code = TRACE, 200
+        else:
+            body, code = b"not found\n", 404
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+URL = "http://127.0.0.1:%d" % server.server_address[1]
+TOKEN = os.path.join(tmp, "token")
+with open(TOKEN, "w") as f:
+    f.write("tok\n")
+
+# --- the checks, one per (subcommand, option) ----------------------------------------
+
+
+def replay_conf():
+    base = js("replay", FRAG, "--json")
+    regular = js("replay", FRAG, "--json", "--conf", "expandable_segments:false")
+    expect(regular.get("peak_reserved_bytes") != base.get("peak_reserved_bytes"),
+           "replay --conf expandable_segments:false changed nothing")
+    expect("expandable_segments:false" in regular.get("config", ""), "replay --conf: config")
+    # DEVMEM_CONF is the base, --conf's keys win.
+    env = {"DEVMEM_CONF": "expandable_segments:false"}
+    expect(js("replay", FRAG, "--json", env=env).get("peak_reserved_bytes")
+           == regular.get("peak_reserved_bytes"), "replay: DEVMEM_CONF not applied")
+    expect(js("replay", FRAG, "--json", "--conf", "expandable_segments:true", env=env)
+           .get("peak_reserved_bytes") == base.get("peak_reserved_bytes"),
+           "replay: --conf does not override DEVMEM_CONF")
+
+
+def replay_capacity():
+    r = js("replay", FRAG, "--json", "--capacity", "200MiB")
+    expect(r.get("capacity_bytes") == 200 * MIB and r.get("ooms", 0) > 0,
+           "replay --capacity 200MiB: expected that capacity and OOMs, got %r" % r)
+    expect(js("replay", FRAG, "--json").get("ooms") == 0, "replay unbounded: OOMs")
+
+
+def replay_min_capacity():
+    expect("min_capacity_bytes" not in js("replay", FRAG, "--json"), "min capacity unasked")
+    r = js("replay", FRAG, "--json", "--min-capacity")
+    expect(r.get("min_capacity_bytes", 0) >= r.get("peak_requested_bytes", 1),
+           "replay --min-capacity: no answer")
+
+
+def replay_json():
+    expect(mt("replay", FRAG).stdout.startswith("trace "), "replay: the table")
+    js("replay", FRAG, "--json")
+
+
+def import_checks():
+    csv = os.path.join(tmp, "r.csv")
+    with open(csv, "w") as f:
+        f.write("Thread,Time,Action,Pointer,Size,Stream\n"
+                "1,10:00:00.000001,allocate,0x7f0000000000,1048576,0x0\n"
+                "1,10:00:00.000003,free,0x7f0000000000,1048576,0x0\n")
+    out = os.path.join(tmp, "imported.jsonl")
+    mt("import", "--from", "rmm-csv", csv, "-o", out)
+    expect(os.path.exists(out) and '"alloc"' in open(out).read(), "import -o: no trace")
+    r = mt("import", "--from", "umpire", csv, "-o", os.path.join(tmp, "u.jsonl"), rc=2)
+    expect("umpire" in (r.stderr + r.stdout).lower() or csv in r.stderr,
+           "import --from umpire on a CSV: not refused as Umpire")
+
+
+def timeline_output():
+    svg, html = os.path.join(tmp, "t.svg"), os.path.join(tmp, "t.html")
+    mt("timeline", FRAG, "-o", svg)
+    mt("timeline", FRAG, "-o", html)
+    expect(open(svg).read().startswith("<svg") or "<svg" in open(svg).read()[:200], "-o .svg")
+    expect("<html" in open(html).read()[:500].lower(), "-o .html: not a page")
+
+
+def timeline_points():
+    svg = os.path.join(tmp, "p.svg")
+    a = js("timeline", TRANSFORMER, "-o", svg, "--json")
+    b = js("timeline", TRANSFORMER, "-o", svg, "--json", "--points", "10")
+    expect(b.get("points", 99) <= 10 < a.get("points", 0),
+           "timeline --points 10: %r vs default %r" % (b.get("points"), a.get("points")))
+
+
+def timeline_top():
+    svg = os.path.join(tmp, "s.svg")
+    a = js("timeline", TRANSFORMER, "-o", svg, "--json")
+    b = js("timeline", TRANSFORMER, "-o", svg, "--json", "--top", "2")
+    expect(b.get("sites") == 3 and a.get("sites", 0) > 3,
+           "timeline --top 2: %r series vs default %r" % (b.get("sites"), a.get("sites")))
+
+
+def timeline_conf():
+    svg = os.path.join(tmp, "c.svg")
+    a = js("timeline", FRAG, "-o", svg, "--json")
+    b = js("timeline", FRAG, "-o", svg, "--json", "--conf", "expandable_segments:false")
+    expect(a.get("reserved_from_replay") and
+           a.get("peak_reserved_bytes") != b.get("peak_reserved_bytes"),
+           "timeline --conf changed nothing")
+
+
+def timeline_token_file():
+    svg = os.path.join(tmp, "u.svg")
+    mt("timeline", URL, "-o", svg, rc=3)
+    expect(js("timeline", URL, "-o", svg, "--json", "--token-file", TOKEN).get("events", 0) > 0,
+           "timeline --token-file: no events")
+
+
+def timeline_json():
+    svg = os.path.join(tmp, "j.svg")
+    expect(not mt("timeline", FRAG, "-o", svg).stdout.startswith("{"), "timeline: text")
+    js("timeline", FRAG, "-o", svg, "--json")
+
+
+def buffers_list():
+    expect("buffers" not in js("buffers", A, "--json"), "buffers: grouped by default")
+    expect(len(js("buffers", A, "--json", "--list").get("buffers", [])) == 6, "buffers --list")
+
+
+def buffers_device():
+    devs = {s["device"] for s in js("buffers", A, "--json").get("sites", [])}
+    only = {s["device"] for s in js("buffers", A, "--json", "--device", "cpu").get("sites", [])}
+    expect(devs == {"sim:0", "cpu"} and only == {"cpu"}, "buffers --device cpu: %r" % only)
+
+
+def buffers_site():
+    r = js("buffers", A, "--json", "--site", "embed.cc")
+    expect([s["where"] for s in r.get("sites", [])] == ["model/embed.cc:12 (alloc)"],
+           "buffers --site embed.cc: %r" % r.get("sites"))
+
+
+def buffers_min_bytes():
+    a = js("buffers", A, "--json", "--list")
+    b = js("buffers", A, "--json", "--list", "--min-bytes", "1MiB")
+    expect(b.get("matched") == 3 and a.get("matched") == 6, "buffers --min-bytes 1MiB")
+
+
+def buffers_top():
+    r = js("buffers", A, "--json", "--top", "1")
+    expect(r.get("returned") == 1 and js("buffers", A, "--json").get("returned") == 4,
+           "buffers --top 1")
+
+
+def buffers_token_file():
+    mt("buffers", URL, rc=3)
+    expect(js("buffers", URL, "--json", "--token-file", TOKEN).get("matched") == 6,
+           "buffers --token-file")
+
+
+def buffers_json():
+    expect(not mt("buffers", A).stdout.startswith("{"), "buffers: text")
+    js("buffers", A, "--json")
+
+
+def snapshot_output():
+    out = os.path.join(tmp, "saved.json")
+    mt("snapshot", URL, "--token-file", TOKEN, "-o", out)
+    expect(open(out, "rb").read() == SNAPSHOT, "snapshot -o: not the served snapshot")
+
+
+def snapshot_token_file():
+    mt("snapshot", URL, "-o", os.path.join(tmp, "x.json"), rc=3)
+    expect(not os.path.exists(os.path.join(tmp, "x.json")), "snapshot: a failed save left a file")
+
+
+def snapshot_json():
+    out = os.path.join(tmp, "saved2.json")
+    r = mt("snapshot", URL, "--token-file", TOKEN, "-o", out, "--json")
+    expect(r.stdout.strip().startswith("{") and json.loads(r.stdout), "snapshot --json")
+    expect(not mt("snapshot", URL, "--token-file", TOKEN, "-o", out).stdout.startswith("{"),
+           "snapshot: text")
+
+
+def diff_device():
+    all_devs = {s["device"] for s in js("diff", A, B, "--json").get("sites", [])}
+    sim = js("diff", A, B, "--json", "--device", "sim:0")
+    expect(all_devs == {"sim:0", "cpu"} and
+           {s["device"] for s in sim.get("sites", [])} == {"sim:0"} and
+           sim.get("shrank_bytes") == 4 * MIB,
+           "diff --device sim:0: %r" % {k: v for k, v in sim.items() if k != "sites"})
+
+
+def diff_site():
+    r = js("diff", A, B, "--json", "--site", "tensor.cc")
+    expect([s["where"] for s in r.get("sites", [])] == ["tensor/tensor.cc:120 (clone)"],
+           "diff --site tensor.cc")
+
+
+def diff_top():
+    expect(js("diff", A, B, "--json", "--top", "1").get("returned") == 1, "diff --top 1")
+
+
+def diff_fail_on_growth():
+    mt("diff", A, B, "--fail-on-growth", "8MiB", rc=1)
+    mt("diff", A, B, "--fail-on-growth", "12MiB", rc=0)
+
+
+def diff_token_file():
+    mt("diff", A, URL, rc=3)
+    expect(js("diff", A, URL, "--json", "--token-file", TOKEN).get("changed_sites") == 0,
+           "diff against the served a.json")
+
+
+def diff_json():
+    expect(not mt("diff", A, B).stdout.startswith("{"), "diff: text")
+    js("diff", A, B, "--json")
+
+
+def oom_columns():
+    widths = {len(l.strip()) for l in mt("oom", OOM, "--columns", "16").stdout.splitlines()
+              if re.fullmatch(r"\s*\|[#.p ]+\|", l)}
+    expect(max(widths, default=0) == 18, "oom --columns 16: map widths %r" % widths)
+
+
+def oom_json():
+    expect(js("oom", OOM, "--json").get("cause") == "fragmentation", "oom --json")
+    expect(not mt("oom", OOM).stdout.startswith("{"), "oom: text")
+
+
+def watch_iterations():
+    r = mt("watch", URL, "--token-file", TOKEN, "--iterations", "3", "--interval", "0.05")
+    expect(len(re.findall(r"^DEVICE +TOTAL", r.stdout, re.M)) == 3, "watch --iterations 3")
+
+
+def watch_interval():
+    # The default interval is 2 s: two frames at 0.05 s take well under 2 s, at 1 s at
+    # least 1 s (the gap between the frames).
+    t0 = time.monotonic()
+    mt("watch", URL, "--token-file", TOKEN, "--iterations", "2", "--interval", "1")
+    slow = time.monotonic() - t0
+    t0 = time.monotonic()
+    mt("watch", URL, "--token-file", TOKEN, "--iterations", "2", "--interval", "0.05")
+    fast = time.monotonic() - t0
+    expect(slow >= 1.0 and fast < slow, "watch --interval: 1 s took %.2f s, 0.05 s %.2f s"
+           % (slow, fast))
+
+
+def watch_top():
+    def rows(*extra):
+        out = mt("watch", URL, "--token-file", TOKEN, "--iterations", "1", "--json",
+                 *extra).stdout
+        return sum(len(d.get("sites", [])) for d in [json.loads(out.splitlines()[0])])
+    expect(rows("--top", "1") == 1 and rows() > 1, "watch --top 1")
+
+
+def watch_token_file():
+    mt("watch", URL, "--iterations", "1", rc=3)
+
+
+def watch_json():
+    out = mt("watch", URL, "--token-file", TOKEN, "--iterations", "2", "--json",
+             "--interval", "0.05").stdout.splitlines()
+    expect(len(out) == 2 and all(json.loads(l) for l in out), "watch --json: two JSON lines")
+
+
+CHECKS = {
+    ("replay", "--conf"): replay_conf, ("replay", "--capacity"): replay_capacity,
+    ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
+    ("import", "--from"): import_checks, ("import", "--output"): import_checks,
+    ("timeline", "--output"): timeline_output, ("timeline", "--points"): timeline_points,
+    ("timeline", "--top"): timeline_top, ("timeline", "--conf"): timeline_conf,
+    ("timeline", "--token-file"): timeline_token_file, ("timeline", "--json"): timeline_json,
+    ("buffers", "--list"): buffers_list, ("buffers", "--device"): buffers_device,
+    ("buffers", "--site"): buffers_site, ("buffers", "--min-bytes"): buffers_min_bytes,
+    ("buffers", "--top"): buffers_top, ("buffers", "--token-file"): buffers_token_file,
+    ("buffers", "--json"): buffers_json,
+    ("snapshot", "--output"): snapshot_output, ("snapshot", "--token-file"): snapshot_token_file,
+    ("snapshot", "--json"): snapshot_json,
+    ("diff", "--device"): diff_device, ("diff", "--site"): diff_site, ("diff", "--top"): diff_top,
+    ("diff", "--fail-on-growth"): diff_fail_on_growth, ("diff", "--token-file"): diff_token_file,
+    ("diff", "--json"): diff_json,
+    ("oom", "--columns"): oom_columns, ("oom", "--json"): oom_json,
+    ("watch", "--iterations"): watch_iterations, ("watch", "--interval"): watch_interval,
+    ("watch", "--top"): watch_top, ("watch", "--token-file"): watch_token_file,
+    ("watch", "--json"): watch_json,
+}
+# Options that do not change what a command computes.
+EXEMPT = {"--help", "--version"}
+
+# Every option of every subcommand, from --help.
+top = mt("--help").stdout
+subcommands = re.findall(r"^  ([a-z][a-z-]*) {2,}\S", top.split("Subcommands:")[1], re.M)
+expect(subcommands, "no subcommands found in memtrace --help")
+for sub in subcommands:
+    text = mt(sub, "--help").stdout
+    options = text.split("Options:")[1] if "Options:" in text else ""
+    for m in re.finditer(r"^  (?:-\w,)?(--[a-z][a-z-]*)", options, re.M):
+        if m.group(1) not in EXEMPT and (sub, m.group(1)) not in CHECKS:
+            fail("memtrace %s %s has no check in tests/memtrace_flags_test.py" % (sub, m.group(1)))
+
+done = set()
+for (sub, opt), check in CHECKS.items():
+    if check in done:
+        continue
+    done.add(check)
+    before = len(failures)
+    check()
+    print("%s %s %s" % ("ok  " if len(failures) == before else "FAIL", sub, check.__name__))
+server.shutdown()
+if failures:
+    print("%d failure(s)" % len(failures))
+    sys.exit(1)
+print("ok: every memtrace option changes what it must")

@@ -1,0 +1,94 @@
+// tests/memtrace_timeline_test.cc: memtrace timeline's reader and bucketing
+// (tools/timeline.h): the trace rule shared with replay, bounded intervals when time
+// goes backwards, and the sparse per-site series against what they must add up to.
+#include "tools/timeline.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace devmem {
+namespace {
+
+std::string Alloc(uint64_t addr, uint64_t size, uint64_t site, int64_t time_ns) {
+  return "{\"action\":\"alloc\",\"addr\":" + std::to_string(addr) + ",\"size\":" +
+         std::to_string(size) + ",\"site\":" + std::to_string(site) +
+         ",\"time_ns\":" + std::to_string(time_ns) + "}\n";
+}
+std::string Free(uint64_t addr, int64_t time_ns) {
+  return "{\"action\":\"free\",\"addr\":" + std::to_string(addr) +
+         ",\"time_ns\":" + std::to_string(time_ns) + "}\n";
+}
+// A segment event, so that no replay runs (the tests look at allocated bytes only).
+std::string Segment(int64_t time_ns) {
+  return "{\"action\":\"segment_alloc\",\"addr\":1,\"size\":1073741824,\"time_ns\":" +
+         std::to_string(time_ns) + "}\n";
+}
+
+TEST(TimelineTest, TimeGoingBackwardsStaysWithinMaxPoints) {
+  // Times alternate between the end and the start of the range: every step back used
+  // to open another interval (16,000 points from an 800-point default).
+  std::string text = Segment(1);
+  for (int i = 0; i < 2000; ++i) {
+    text += Alloc(1000 + i, 512, 1, i % 2 == 0 ? 1'000'000 : 1);
+  }
+  TimelineOptions options;
+  options.max_points = 16;
+  absl::StatusOr<Timeline> t = BuildTimeline(text, "t.jsonl", options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_LE(t->x.size(), 16u);
+  EXPECT_EQ(t->time_backwards, 1000u);
+  EXPECT_EQ(t->peak_allocated, 2000u * 512);
+  for (size_t i = 1; i < t->x.size(); ++i) EXPECT_LT(t->x[i - 1], t->x[i]);
+}
+
+TEST(TimelineTest, DoubleAllocIsAnErrorAndUnmatchedFreesAreCounted) {
+  absl::StatusOr<Timeline> t =
+      BuildTimeline(Alloc(7, 512, 1, 1) + Alloc(7, 512, 1, 2), "t.jsonl", {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("t.jsonl:2: alloc of addr 7, which is already live"),
+            std::string::npos)
+      << t.status();
+  // Frees first (a trace cut from a ring), then a real pair: counted, skipped.
+  t = BuildTimeline(Segment(1) + Free(5, 1) + Free(6, 2) + Alloc(7, 512, 1, 3) + Free(7, 4),
+                    "t.jsonl", {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->unmatched_frees, 2u);
+  EXPECT_EQ(t->events, 3u);  // the segment event and the pair
+  EXPECT_EQ(t->peak_allocated, 512u);
+}
+
+TEST(TimelineTest, TopSitesAndOtherAddUpToAllocatedAtEveryPoint) {
+  // 50 sites; site s holds s * 512 bytes from time s, and the even ones free theirs
+  // at time 100 + s. Top 3 drawn separately, the other 47 summed.
+  std::string text = Segment(1);
+  for (int s = 1; s <= 50; ++s) text += Alloc(s, 512 * s, s, s);
+  for (int s = 2; s <= 50; s += 2) text += Free(s, 100 + s);
+  TimelineOptions options;
+  options.max_points = 200;
+  options.top_sites = 3;
+  absl::StatusOr<Timeline> t = BuildTimeline(text, "t.jsonl", options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->site_names.size(), 4u);
+  EXPECT_EQ(t->site_names[0], "site 50");
+  EXPECT_EQ(t->site_names[1], "site 49");
+  EXPECT_EQ(t->site_names[2], "site 48");
+  EXPECT_EQ(t->site_names[3], "other sites");
+  EXPECT_EQ(t->site_peak_bytes[0], 50u * 512);
+  uint64_t all_sites = 0;
+  for (int s = 1; s <= 47; ++s) all_sites += 512 * s;
+  EXPECT_EQ(t->site_peak_bytes[3], all_sites);
+  // The per-site series hold each interval's end; allocated holds its maximum, which
+  // is the end too wherever the interval only allocates or only frees.
+  const size_t last = t->x.size() - 1;
+  uint64_t end_sum = 0;
+  for (const auto& series : t->by_site) end_sum += series[last];
+  uint64_t odd = 0;
+  for (int s = 1; s <= 50; s += 2) odd += 512 * s;
+  EXPECT_EQ(end_sum, odd);
+  EXPECT_EQ(t->by_site[0][last], 0u);       // site 50 freed
+  EXPECT_EQ(t->by_site[1][last], 49u * 512);
+}
+
+}  // namespace
+}  // namespace devmem

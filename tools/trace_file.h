@@ -1,0 +1,25 @@
+// tools/trace_file.h: loads a trace file for the readers that parse it in place
+// (tools/trace_replay.cc, tools/timeline.cc), gzip-compressed or not.
+//
+// A file that starts with the gzip magic bytes (1f 8b) is decompressed (zlib; the
+// repository's real traces are stored so: tests/data/traces/real/); any other file is
+// read as it is. Either way the result is one padded buffer simdjson can parse in
+// place. A compressed file costs its decompressed size twice while it is read (zlib
+// writes into a growing buffer that is then copied once into the padded one).
+//
+// Errors name the file: unreadable, corrupt or truncated gzip data, or more than the
+// memory available (std::bad_alloc is caught here, so a trace too large for a memory
+// cap is an error with exit status 2, not an abort).
+#pragma once
+
+#include <simdjson.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace devmem {
+
+absl::StatusOr<simdjson::padded_string> LoadTraceFile(const std::string& path);
+
+}  // namespace devmem
