@@ -205,6 +205,8 @@ const std::set<std::string_view> kRuntimeKeys = {
     "http",                 // runtime_http_test.cc
     "http_token_file",      // runtime_http_test.cc
     "http_allow_remote",    // runtime_http_test.cc
+    "http_allowed_hosts",   // runtime_http_test.cc (HttpAllowedHostsWidensTheHostCheck)
+    "http_metrics_token",   // runtime_http_test.cc (HttpMetricsTokenGuardsMetricsToo)
     "oom_dump_dir",         // runtime_oom_test.cc
     "site_top_k",           // runtime_metrics_test.cc
 };

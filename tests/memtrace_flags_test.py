@@ -336,6 +336,51 @@ def watch_json():
     expect(len(out) == 2 and all(json.loads(l) for l in out), "watch --json: two JSON lines")
 
 
+def export_to():
+    mt("export", "--to", "rmm-csv", A, "--device", "sim:0", "-o", os.path.join(tmp, "e0"), rc=2)
+    expect(not os.path.exists(os.path.join(tmp, "e0")), "export --to rmm-csv left a file")
+
+
+def export_output():
+    import pickle
+    out = os.path.join(tmp, "e1.pickle")
+    mt("export", "--to", "pytorch-snapshot", A, "--device", "sim:0", "-o", out)
+    with open(out, "rb") as f:
+        d = pickle.load(f)  # devmem wrote it: plain dicts, lists, str and int
+    expect(len(d.get("segments", [])) == 2, "export -o: %r" % d.keys())
+    r = subprocess.run([memtrace, "export", "--to", "pytorch-snapshot", A, "--device",
+                        "sim:0", "-o", "-"], capture_output=True, stdin=subprocess.DEVNULL)
+    expect(r.returncode == 0 and r.stdout == open(out, "rb").read(), "export -o -: stdout")
+
+
+def export_device():
+    # a.json holds sim:0 and cpu, both index 0 in PyTorch's numbering: refused without
+    # --device, and each device alone gives its own segments.
+    mt("export", "--to", "pytorch-snapshot", A, "-o", os.path.join(tmp, "e2"), rc=2)
+    sim = js("export", "--to", "pytorch-snapshot", A, "--device", "sim:0", "--json",
+             "-o", os.path.join(tmp, "e3"))
+    cpu = js("export", "--to", "pytorch-snapshot", A, "--device", "cpu", "--json",
+             "-o", os.path.join(tmp, "e4"))
+    expect(sim.get("devices") == ["sim:0"] and cpu.get("devices") == ["cpu"] and
+           sim.get("segments") == 2 and cpu.get("segments") == 1,
+           "export --device: %r / %r" % (sim, cpu))
+
+
+def export_token_file():
+    out = os.path.join(tmp, "e5.pickle")
+    mt("export", "--to", "pytorch-snapshot", URL, "--device", "sim:0", "-o", out, rc=3)
+    expect(not os.path.exists(out), "export: a refused URL left a file")
+    expect(js("export", "--to", "pytorch-snapshot", URL, "--device", "sim:0", "--json",
+              "--token-file", TOKEN, "-o", out).get("segments") == 2, "export --token-file")
+
+
+def export_json():
+    out = os.path.join(tmp, "e6.pickle")
+    args = ("export", "--to", "pytorch-snapshot", A, "--device", "sim:0", "-o", out)
+    expect(not mt(*args).stdout.startswith("{"), "export: text")
+    expect(js(*args, "--json").get("blocks") == 7, "export --json")
+
+
 CHECKS = {
     ("replay", "--conf"): replay_conf, ("replay", "--capacity"): replay_capacity,
     ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
@@ -356,6 +401,9 @@ CHECKS = {
     ("watch", "--iterations"): watch_iterations, ("watch", "--interval"): watch_interval,
     ("watch", "--top"): watch_top, ("watch", "--token-file"): watch_token_file,
     ("watch", "--json"): watch_json,
+    ("export", "--to"): export_to, ("export", "--output"): export_output,
+    ("export", "--device"): export_device, ("export", "--token-file"): export_token_file,
+    ("export", "--json"): export_json,
 }
 # Options that do not change what a command computes.
 EXEMPT = {"--help", "--version"}
