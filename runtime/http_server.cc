@@ -33,6 +33,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -44,6 +46,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -73,9 +76,11 @@ constexpr const char* kRequestTimeoutMs = "3000";
 constexpr const char* kWorkerThreads = "16";
 
 // /debug/trace: events per response when the request gives no `limit`, and the most
-// it may ask for. A response is built in memory (about 200 bytes an event), so these
-// bound what one request, or a few at once, can cost; a client reads a larger ring in
-// pages, following X-Devmem-Next-Since while X-Devmem-More is 1.
+// it may ask for; a client reads a larger ring in pages, following X-Devmem-Next-Since
+// while X-Devmem-More is 1. A page is copied out of the ring (64 bytes an event) and
+// its JSON (about 200 bytes an event) is streamed in pieces of kStreamPieceBytes, so a
+// request at the maximum costs about 6.4 MB, not the 20 MB its body would.
+constexpr size_t kStreamPieceBytes = 64 * 1024;
 constexpr size_t kTraceDefaultLimit = 10'000;
 constexpr size_t kTraceMaxLimit = 100'000;
 
@@ -84,6 +89,12 @@ struct Response {
   std::string content_type = "text/plain; charset=utf-8";
   std::vector<std::pair<std::string, std::string>> headers;
   std::string body;
+  // A streamed body instead of `body`: `stream_bytes` long, produced by `stream`, which
+  // hands its pieces to `sink` in order and stops when the sink returns false (the
+  // client is gone). The pieces must add up to stream_bytes exactly (Content-Length).
+  using Sink = std::function<bool(std::string_view)>;
+  std::function<void(const Sink& sink)> stream;
+  size_t stream_bytes = 0;
 };
 
 const char* Reason(int status) {
@@ -380,7 +391,13 @@ struct HttpServer::Impl {
     // fine: a browser always sends one.
     if (const char* host = mg_get_header(conn, "Host"); host != nullptr) {
       std::optional<HostHeader> h = ParseHostHeader(host);
-      if (!h.has_value()) return Error(400, "malformed Host header");
+      if (!h.has_value()) {
+        // Quoted escaped and cut: the value is the client's, and may be anything.
+        const std::string_view value(host);
+        return Error(400, absl::StrCat("malformed Host header \"",
+                                       absl::CHexEscape(Av(value.substr(0, 64))), "\"",
+                                       value.size() > 64 ? " (cut at 64 bytes)" : ""));
+      }
       if (!hosts.Allows(*h)) {
         return Error(403, absl::StrCat(
                               "Host \"", h->host.substr(0, 253),
@@ -516,18 +533,31 @@ struct HttpServer::Impl {
                         "\"trace_entries:100000\") to record events");
     }
     uint64_t missed = 0;
-    const std::vector<TraceEvent> events = ring->since(since, limit, &missed);
+    auto events =
+        std::make_shared<const std::vector<TraceEvent>>(ring->since(since, limit, &missed));
     Response r;
     r.content_type = "application/x-ndjson";
-    for (const TraceEvent& e : events) {
-      r.body += TraceEventToJson(e);
-      r.body.push_back('\n');
-    }
+    // Two passes over the copied events (the ring may have moved on): one for the
+    // length the header needs, one that writes. Serializing twice costs CPU on a debug
+    // endpoint; holding the whole body would cost 3x the memory.
+    for (const TraceEvent& e : *events) r.stream_bytes += TraceEventToJson(e).size() + 1;
+    r.stream = [events](const Response::Sink& sink) {
+      std::string piece;
+      for (const TraceEvent& e : *events) {
+        piece += TraceEventToJson(e);
+        piece.push_back('\n');
+        if (piece.size() >= kStreamPieceBytes) {
+          if (!sink(piece)) return;
+          piece.clear();
+        }
+      }
+      if (!piece.empty()) sink(piece);
+    };
     // Where to continue from (a `since` past the newest event comes back as the
     // newest, so a client that is ahead resynchronises), whether more events were
     // already there, and how many were overwritten before this read.
     const uint64_t newest = ring->next_seq() - 1;
-    const uint64_t next_since = events.empty() ? std::min(since, newest) : events.back().seq;
+    const uint64_t next_since = events->empty() ? std::min(since, newest) : events->back().seq;
     r.headers.emplace_back("X-Devmem-Next-Since", std::to_string(next_since));
     r.headers.emplace_back("X-Devmem-More", next_since < newest ? "1" : "0");
     r.headers.emplace_back("X-Devmem-Missed", std::to_string(missed));
@@ -536,14 +566,21 @@ struct HttpServer::Impl {
 
   // Writes a computed response. Holds no lock: only this worker waits on the client.
   static void Write(mg_connection* conn, const Response& r) {
+    const size_t length = r.stream ? r.stream_bytes : r.body.size();
     std::string head = absl::StrCat("HTTP/1.1 ", r.status, " ", Reason(r.status),
                                     "\r\nContent-Type: ", r.content_type,
-                                    "\r\nContent-Length: ", r.body.size(),
+                                    "\r\nContent-Length: ", length,
                                     "\r\nCache-Control: no-store\r\nConnection: close\r\n");
     for (const auto& [name, value] : r.headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
     head += "\r\n";
     if (mg_write(conn, head.data(), head.size()) <= 0) return;  // client gone
-    if (!r.body.empty()) mg_write(conn, r.body.data(), r.body.size());
+    if (r.stream) {
+      r.stream([conn](std::string_view piece) {
+        return mg_write(conn, piece.data(), piece.size()) > 0;
+      });
+    } else if (!r.body.empty()) {
+      mg_write(conn, r.body.data(), r.body.size());
+    }
   }
 
   // Opens and closes one connection to the listener (see ~HttpServer).
