@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -209,6 +210,31 @@ TEST(TraceFileTest, GzipMembersTruncationAndCorruption) {
   EXPECT_NE(t.status().message().find(corrupt + ": corrupt gzip data"), std::string::npos)
       << t.status();
   std::filesystem::remove_all(dir);
+}
+
+// A file that decompresses far beyond any trace's ratio (a gzip bomb: 96 MiB of one
+// byte is about 95 KiB) is refused with a message naming it, before it takes the
+// memory it asks for.
+TEST(TraceFileTest, GzipBombIsRefused) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("devmem_gzip_bomb_" + std::to_string(::getpid()) + ".jsonl.gz"))
+                               .string();
+  gzFile g = gzopen(path.c_str(), "wb9");
+  ASSERT_NE(g, nullptr);
+  const std::string spaces(1 << 20, ' ');
+  for (int i = 0; i < 96; ++i) {
+    ASSERT_EQ(gzwrite(g, spaces.data(), static_cast<unsigned>(spaces.size())),
+              static_cast<int>(spaces.size()));
+  }
+  ASSERT_EQ(gzclose(g), Z_OK);
+  absl::StatusOr<Trace> t = ReadTrace(path);
+  std::filesystem::remove(path);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kResourceExhausted) << t.status();
+  EXPECT_NE(t.status().message().find(path + ": decompresses to more than"),
+            std::string::npos)
+      << t.status();
+  EXPECT_NE(t.status().message().find("gunzip"), std::string::npos) << t.status();
 }
 
 TEST(RealTraceTest, MobileNetV2FiguresMatchTheTraceReadme) {

@@ -2,6 +2,7 @@
 // (tools/trace_file.h).
 #include "tools/trace_file.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -24,7 +25,32 @@ absl::Status CannotRead(const std::string& path, const char* why) {
   return absl::NotFoundError(absl::StrFormat("%s: cannot read (%s)", path, why));
 }
 
+// Decompressed bytes a trace may have per compressed byte, beyond kInflateSlackBytes.
+// JSON Lines traces compress 5-20x (the real ones in tests/data/traces/real/ about
+// 9.5x); deflate's ceiling is about 1032x, which only input made to expand reaches (a
+// "gzip bomb"), and it would take all memory before std::bad_alloc could say so.
+constexpr size_t kMaxInflateRatio = 200;
+constexpr size_t kInflateSlackBytes = size_t{64} << 20;
+
+// The ISIZE field of the last gzip member: the decompressed size mod 2^32 of a file
+// with one member, which is what gzip writes. Only a hint (a file may hold several
+// members, or lie): it sizes the first buffer, never the bound.
+size_t GzipSizeHint(std::FILE* f) {
+  unsigned char b[4];
+  if (std::fseek(f, -4, SEEK_END) != 0 || std::fread(b, 1, 4, f) != 4) return 0;
+  std::rewind(f);
+  return size_t{b[0]} | size_t{b[1]} << 8 | size_t{b[2]} << 16 | size_t{b[3]} << 24;
+}
+
+// Inflates straight into the padded buffer the parser needs, sized from the ISIZE
+// hint, so a file gzip wrote costs its decompressed size once; a buffer that fills
+// before the data ends grows by doubling (one copy each time), one too large is cut to
+// size at the end (one copy).
 absl::StatusOr<simdjson::padded_string> Inflate(const std::string& path, std::FILE* f) {
+  struct stat st {};
+  const size_t compressed =
+      fstat(fileno(f), &st) == 0 && st.st_size > 0 ? static_cast<size_t>(st.st_size) : 0;
+  const size_t limit = compressed * kMaxInflateRatio + kInflateSlackBytes;
   z_stream z{};
   // 16 + MAX_WBITS: gzip framing. Members that follow one another are read in turn
   // (what `cat a.gz b.gz` makes).
@@ -33,7 +59,8 @@ absl::StatusOr<simdjson::padded_string> Inflate(const std::string& path, std::FI
   }
   std::unique_ptr<z_stream, int (*)(z_stream*)> end(&z, &inflateEnd);
   std::vector<unsigned char> in(size_t{1} << 16);
-  std::vector<char> out;
+  simdjson::padded_string out(std::clamp<size_t>(GzipSizeHint(f), size_t{1} << 16, limit));
+  if (out.data() == nullptr) throw std::bad_alloc();
   size_t used = 0;
   int rc = Z_OK;
   bool eof = false;
@@ -49,8 +76,18 @@ absl::StatusOr<simdjson::padded_string> Inflate(const std::string& path, std::FI
     }
     if (z.avail_in == 0 && eof) break;
     if (rc == Z_STREAM_END) inflateReset(&z);  // input follows the end of a member
-    if (out.size() - used < (size_t{1} << 16)) {
-      out.resize(std::max<size_t>(out.size() * 2, size_t{1} << 20));
+    if (used > limit) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "%s: decompresses to more than %d bytes (%dx its %d compressed bytes, plus "
+          "64 MiB): refused as a likely gzip bomb; if it is a real trace, decompress it "
+          "first (gunzip)",
+          path, limit, kMaxInflateRatio, compressed));
+    }
+    if (used == out.size()) {
+      simdjson::padded_string bigger(std::min(out.size() * 2, limit + (size_t{1} << 16)));
+      if (bigger.data() == nullptr) throw std::bad_alloc();
+      std::memcpy(bigger.data(), out.data(), used);
+      out = std::move(bigger);
     }
     z.next_out = reinterpret_cast<Bytef*>(out.data() + used);
     z.avail_out = static_cast<uInt>(std::min<size_t>(out.size() - used, UINT_MAX));
@@ -66,6 +103,7 @@ absl::StatusOr<simdjson::padded_string> Inflate(const std::string& path, std::FI
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: truncated gzip data (the compressed stream does not end)", path));
   }
+  if (used == out.size()) return out;
   simdjson::padded_string text(used);
   if (text.data() == nullptr) throw std::bad_alloc();
   std::memcpy(text.data(), out.data(), used);
