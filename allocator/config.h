@@ -42,7 +42,7 @@ struct Config {
   size_t sim_capacity = size_t{16} << 30;  // key sim_capacity (size, 1 MiB .. 1 PiB)
   uint64_t sim_alloc_latency_ns = 0;       // key sim_alloc_latency_us (0 .. 10^6 us)
   uint64_t sim_free_latency_ns = 0;        // key sim_free_latency_us (0 .. 10^6 us)
-  uint64_t sim_fail_nth = 0;        // key sim_fail_nth: fail the Nth segment alloc (0 = off)
+  uint64_t sim_fail_nth = 0;        // key sim_fail_nth: fail the Nth segment alloc or map (0 = off)
   double sim_fail_probability = 0;  // key sim_fail_probability (0 .. 1)
   uint64_t sim_seed = 0;            // key sim_seed: seeds the failure injection
   int sim_devices = 64;             // key sim_devices: sim:0 .. sim:N-1 exist (1 .. 1024)

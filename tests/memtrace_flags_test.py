@@ -412,12 +412,20 @@ EXEMPT = {"--help", "--version"}
 top = mt("--help").stdout
 subcommands = re.findall(r"^  ([a-z][a-z-]*) {2,}\S", top.split("Subcommands:")[1], re.M)
 expect(subcommands, "no subcommands found in memtrace --help")
+found = set()
 for sub in subcommands:
     text = mt(sub, "--help").stdout
     options = text.split("Options:")[1] if "Options:" in text else ""
     for m in re.finditer(r"^  (?:-\w,)?(--[a-z][a-z-]*)", options, re.M):
+        found.add((sub, m.group(1)))
         if m.group(1) not in EXEMPT and (sub, m.group(1)) not in CHECKS:
             fail("memtrace %s %s has no check in tests/memtrace_flags_test.py" % (sub, m.group(1)))
+
+# The guard above is only as good as the --help parsing: every checked option must have
+# been found there (a changed help format would otherwise pass silently), and a check
+# for an option that no longer exists is stale.
+for key in CHECKS:
+    expect(key in found, "memtrace %s %s is checked here but not in its --help" % key)
 
 done = set()
 for (sub, opt), check in CHECKS.items():

@@ -329,11 +329,15 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
   for (const Sample& s : live) {
     live_bytes += s.value;
     if (s.labels.at("site") == "other") continue;
+    int matched = 0;  // a labelled series must name exactly one live site
     for (size_t id = 1; id < sites.size(); ++id) {
       if (GetSite(static_cast<SiteId>(id)).ToString() == s.labels.at("site")) {
         EXPECT_EQ(s.value, sites[id].live_bytes) << s.labels.at("site");
+        ++matched;
       }
     }
+    EXPECT_EQ(matched, 1) << "site label \"" << s.labels.at("site")
+                          << "\" names no site (or several)";
   }
   for (const Sample& s : SamplesOf(samples, "devmem_site_live_buffers")) live_buffers += s.value;
   for (const Sample& s : SamplesOf(samples, "devmem_clones_total")) copies += s.value;
