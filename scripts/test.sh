@@ -43,7 +43,7 @@ if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
     -DDEVMEM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DDEVMEM_TEST_FILES=${tsan_files}"
   echo "== tests (build-tsan/)"
-  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$(nproc)" \
     -R 'TwoThreads|Concurrent|Racing|AcrossThreads|PerThread|EachStreamHasItsOwnWorker|HttpServerTest|ExpandableRecycleTest'
 fi
