@@ -25,6 +25,11 @@ std::string DeviceId::ToString() const {
 
 absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
   if (text == "cpu") return DeviceId{DeviceType::kCpu, 0};
+  // Messages quote the text cut to 64 bytes: it may come from a file or a client.
+  const std::string quoted =
+      text.size() <= 64 ? absl::StrCat("\"", Av(text), "\"")
+                        : absl::StrCat("\"", Av(text.substr(0, 64)), "\"... (", text.size(),
+                                       " bytes)");
   std::string_view kind = text;
   std::string_view index_text;
   if (size_t colon = text.find(':'); colon != std::string_view::npos) {
@@ -38,9 +43,11 @@ absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
     type = DeviceType::kCuda;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device \"", Av(text), "\": expected cpu, sim:N or cuda:N"));
+        "device ", quoted, ": expected cpu, sim:N or cuda:N"));
   }
-  // Digits only: "cuda:", "sim:+1" and "sim: 1" are errors, not index 0 or 1.
+  // Digits only: "cuda:", "sim:+1" and "sim: 1" are errors, not index 0 or 1. The
+  // canonical spelling only: "sim:007" is an error (a name is a key in snapshots,
+  // metrics labels and filters, so two spellings of one device would not match).
   int index = 0;
   const bool has_colon = kind.size() != text.size();
   if (has_colon) {
@@ -49,9 +56,13 @@ absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
     // from_chars takes a '-' for a signed type: "sim:-0" must not pass as index 0.
     if (index_text.empty() || index_text.front() < '0' || index_text.front() > '9' ||
         ec != std::errc() || ptr != end || index < 0 || index > 1023) {
-      return absl::InvalidArgumentError(absl::StrCat("device \"", Av(text), "\": index \"",
-                                                     Av(index_text),
-                                                     "\" is not in 0..1023"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device ", quoted, ": the index is not in 0..1023"));
+    }
+    if (index_text.size() > 1 && index_text.front() == '0') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device ", quoted, ": the index has leading zeros (write ",
+          Av(DeviceTypeName(type)), ":", index, ")"));
     }
   }
   return DeviceId{type, index};

@@ -40,12 +40,24 @@ TEST(ParseDeviceIdTest, GoodIds) {
 TEST(ParseDeviceIdTest, BadIdsNameTheText) {
   for (std::string text : {"", "gpu", "gpu:0", "CUDA:0", "cpu:0", "sim:-1", "sim:1024",
                            "sim:x", "sim:1x", "cuda:", "sim:+1", "sim: 1", "sim:-0", "cuda:-00", "sim:99999999999",
-                           " cuda:0"}) {
+                           " cuda:0", "sim:007", "cuda:00"}) {
     absl::StatusOr<DeviceId> id = ParseDeviceId(text);
     ASSERT_FALSE(id.ok()) << "\"" << text << "\" parsed as " << id->ToString();
     EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_CONTAINS(id.status().message(), "device \"" + text + "\"");
   }
+}
+
+// Found by fuzz_device_id: 72 zeros then "20" was accepted as sim:20, and the message
+// of a long bad name quoted all of it.
+TEST(ParseDeviceIdTest, LeadingZerosAndLongTextAreRefusedBriefly) {
+  absl::StatusOr<DeviceId> id = ParseDeviceId("sim:" + std::string(72, '0') + "20");
+  ASSERT_FALSE(id.ok());
+  EXPECT_CONTAINS(id.status().message(), "leading zeros (write sim:20)");
+  id = ParseDeviceId("sim:" + std::string(10000, '1'));
+  ASSERT_FALSE(id.ok());
+  EXPECT_LT(id.status().message().size(), 200u) << id.status();
+  EXPECT_CONTAINS(id.status().message(), "(10004 bytes)");
 }
 
 TEST(DeviceIdTest, ToStringRoundTrips) {
