@@ -144,9 +144,30 @@ def import_checks():
     out = os.path.join(tmp, "imported.jsonl")
     mt("import", "--from", "rmm-csv", csv, "-o", out)
     expect(os.path.exists(out) and '"alloc"' in open(out).read(), "import -o: no trace")
+    # -o -: the same trace on stdout, the summary on stderr; nothing written elsewhere.
+    r = mt("import", "--from", "rmm-csv", csv, "-o", "-")
+    expect(r.stdout == open(out).read() and "-> -" in r.stderr, "import -o -: not on stdout")
     r = mt("import", "--from", "umpire", csv, "-o", os.path.join(tmp, "u.jsonl"), rc=2)
     expect("umpire" in (r.stderr + r.stdout).lower() or csv in r.stderr,
            "import --from umpire on a CSV: not refused as Umpire")
+
+
+def import_json():
+    csv = os.path.join(tmp, "rj.csv")
+    with open(csv, "w") as f:
+        f.write("Thread,Time,Action,Pointer,Size,Stream\n"
+                "1,10:00:00.000001,allocate,0x7f0000000000,1048576,0x0\n"
+                "1,10:00:00.000002,free,0x7f0000000000,1048576,0x0\n"
+                "1,10:00:00.000003,free,0x7f0000100000,4096,0x0\n")
+    out = os.path.join(tmp, "rj.jsonl")
+    expect(not mt("import", "--from", "rmm-csv", csv, "-o", out).stdout.startswith("{"),
+           "import: a line by default")
+    r = js("import", "--from", "rmm-csv", csv, "-o", out, "--json")
+    expect((r.get("allocs"), r.get("frees"), r.get("unmatched_frees"), r.get("output"))
+           == (1, 2, 1, out), "import --json: %r" % r)
+    r = mt("import", "--from", "rmm-csv", csv, "-o", "-", "--json")
+    expect(json.loads(r.stderr or "{}").get("allocs") == 1 and '"alloc"' in r.stdout,
+           "import -o - --json: summary on stderr, trace on stdout")
 
 
 def timeline_output():
@@ -239,6 +260,10 @@ def snapshot_output():
     out = os.path.join(tmp, "saved.json")
     mt("snapshot", URL, "--token-file", TOKEN, "-o", out)
     expect(open(out, "rb").read() == SNAPSHOT, "snapshot -o: not the served snapshot")
+    r = subprocess.run([memtrace, "snapshot", URL, "--token-file", TOKEN, "-o", "-", "--json"],
+                       capture_output=True, stdin=subprocess.DEVNULL)
+    expect(r.returncode == 0 and r.stdout.rstrip(b"\n") == SNAPSHOT.rstrip(b"\n")
+           and b'"live_buffers"' in r.stderr, "snapshot -o -: stdout, summary on stderr")
 
 
 def snapshot_token_file():
@@ -385,6 +410,7 @@ CHECKS = {
     ("replay", "--conf"): replay_conf, ("replay", "--capacity"): replay_capacity,
     ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
     ("import", "--from"): import_checks, ("import", "--output"): import_checks,
+    ("import", "--json"): import_json,
     ("timeline", "--output"): timeline_output, ("timeline", "--points"): timeline_points,
     ("timeline", "--top"): timeline_top, ("timeline", "--conf"): timeline_conf,
     ("timeline", "--token-file"): timeline_token_file, ("timeline", "--json"): timeline_json,
