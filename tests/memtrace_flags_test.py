@@ -117,10 +117,15 @@ def replay_conf():
 
 
 def replay_capacity():
-    r = js("replay", FRAG, "--json", "--capacity", "200MiB")
-    expect(r.get("capacity_bytes") == 200 * MIB and r.get("ooms", 0) > 0,
+    # OOMs at that capacity: the answer is "no", exit status 1 (README), fits false.
+    r = js("replay", FRAG, "--json", "--capacity", "200MiB", rc=1)
+    expect(r.get("capacity_bytes") == 200 * MIB and r.get("ooms", 0) > 0
+           and r.get("fits") is False,
            "replay --capacity 200MiB: expected that capacity and OOMs, got %r" % r)
-    expect(js("replay", FRAG, "--json").get("ooms") == 0, "replay unbounded: OOMs")
+    expect("does not fit" in mt("replay", FRAG, "--capacity", "200MiB", rc=1).stdout,
+           "replay --capacity: the table does not say it does not fit")
+    r = js("replay", FRAG, "--json")
+    expect(r.get("ooms") == 0 and r.get("fits") is True, "replay unbounded: OOMs")
 
 
 def replay_min_capacity():
@@ -132,7 +137,22 @@ def replay_min_capacity():
 
 def replay_json():
     expect(mt("replay", FRAG).stdout.startswith("trace "), "replay: the table")
-    js("replay", FRAG, "--json")
+    r = js("replay", FRAG, "--json")
+    expect(r.get("devices") == ["sim:0"] and r.get("devices_merged") is False
+           and r.get("unknown_actions") == 0, "replay --json: devices %r" % r)
+    # Two devices merged on the one sim device, and an unknown action: both said.
+    two = os.path.join(tmp, "two_devices.jsonl")
+    with open(two, "w") as f:
+        for dev in ("cuda:0", "cuda:1"):
+            f.write('{"action":"alloc","device":"%s","addr":4096,"size":1048576}\n' % dev)
+        f.write('{"action":"prefetch","device":"cuda:0","addr":4096}\n')
+    r = js("replay", two, "--json")
+    expect(r.get("devices") == ["cuda:0", "cuda:1"] and r.get("devices_merged") is True
+           and r.get("unknown_actions") == 1 and r.get("peak_requested_bytes") == 2 * MIB,
+           "replay --json: two devices, one unknown action: %r" % r)
+    r = mt("replay", two)
+    expect("merged from cuda:0, cuda:1" in r.stdout and "merged on one sim device" in r.stderr
+           and '"prefetch" at line 3' in r.stderr, "replay: merge or unknown action unsaid")
 
 
 def import_checks():
