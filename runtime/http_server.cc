@@ -446,6 +446,22 @@ struct HttpServer::Impl {
     return r;
   }
 
+  // "" when `device` has an allocator in `snap`, else the 400's message.
+  std::string UnknownDevice(DeviceId device, const RuntimeSnapshot& snap) const {
+    std::string have;
+    for (const AllocatorSnapshot& d : snap.devices) {
+      if (d.device == device) return "";
+      absl::StrAppend(&have, have.empty() ? "" : ", ", d.device.ToString());
+    }
+    const int sim_devices = runtime->config().sim_devices;
+    if (device.type == DeviceType::kSim && device.index >= sim_devices) {
+      return absl::StrCat("device: ", device.ToString(), " does not exist (sim_devices is ",
+                          sim_devices, ": sim:0 .. sim:", sim_devices - 1, ")");
+    }
+    return absl::StrCat("device: ", device.ToString(), ": no allocator in this process (it has: ",
+                        have.empty() ? "none" : have, ")");
+  }
+
   Response Buffers(const mg_request_info* ri) const {
     absl::StatusOr<QueryParams> q =
         ParseQuery(QueryOf(ri), {"device", "site", "min_bytes", "limit"});
@@ -457,8 +473,8 @@ struct HttpServer::Impl {
       filter.device = *d;
     }
     if (auto it = q->find("site"); it != q->end()) {
-      if (it->second.empty()) return Error(400, "site: empty (give part of a site's "
-                                                "\"file:line\" or its tag)");
+      if (it->second.empty()) return Error(400, "site: empty (give part of a site's text, "
+                                                "\"file:line\" or function)");
       filter.site = it->second;
     }
     if (auto it = q->find("min_bytes"); it != q->end()) {
@@ -471,9 +487,18 @@ struct HttpServer::Impl {
       if (!n.ok()) return Error(400, std::string(n.status().message()));
       filter.limit = static_cast<size_t>(*n);
     }
+    RuntimeSnapshot snap = runtime->snapshot();
+    if (filter.device) {
+      // A device this process has no allocator for is a mistake in the query (as for
+      // memtrace buffers --device), not an empty answer; the message lists the devices
+      // it has, and says when the index is past the configured simulated devices.
+      if (std::string why = UnknownDevice(*filter.device, snap); !why.empty()) {
+        return Error(400, why);
+      }
+    }
     Response r;
     r.content_type = "application/json";
-    r.body = LiveBuffersToJson(runtime->snapshot(), filter);
+    r.body = LiveBuffersToJson(snap, filter);
     r.body.push_back('\n');
     return r;
   }
