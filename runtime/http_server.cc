@@ -600,6 +600,43 @@ struct HttpServer::Impl {
   static int Log(const mg_connection*, const char*) { return 1; }
 };
 
+namespace {
+
+// Why binding `address` fails, as "Address already in use (EADDRINUSE)"; "" when a bind
+// succeeds (civetweb failed for another reason). SO_REUSEADDR as civetweb sets it, so
+// that a port in TIME_WAIT is not reported as in use.
+std::string BindError(const ListenAddress& address) {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  if (address.ipv6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(address.port));
+    if (inet_pton(AF_INET6, address.numeric.c_str(), &in6->sin6_addr) != 1) return "";
+    len = sizeof(sockaddr_in6);
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(address.port));
+    if (inet_pton(AF_INET, address.numeric.c_str(), &in->sin_addr) != 1) return "";
+    len = sizeof(sockaddr_in);
+  }
+  const int fd = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  const int on = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  const int rc = bind(fd, reinterpret_cast<const sockaddr*>(&storage), len);
+  const int err = errno;
+  close(fd);
+  if (rc == 0) return "";
+  const char* name = strerrorname_np(err);
+  return absl::StrCat(std::strerror(err), " (", name != nullptr ? name : "errno", " ", err, ")");
+}
+
+}  // namespace
+
+bool HttpServer::Ipv6Supported() { return mg_check_feature(8) != 0; }
+
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& config,
                                                               Runtime* runtime) {
   if (runtime == nullptr) return absl::InvalidArgumentError("HttpServer: no runtime");
@@ -612,6 +649,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& conf
     return absl::InvalidArgumentError(absl::StrCat(
         "http: \"", config.http, "\" is not a loopback address; serving /debug/* to other "
         "hosts needs http_token_file (or http_allow_remote:true to allow it without one)"));
+  }
+  if (address->ipv6 && !Ipv6Supported()) {
+    return absl::UnavailableError(absl::StrCat(
+        "http: \"", config.http, "\" is an IPv6 address, and the civetweb this devmem "
+        "links was built without IPv6 (USE_IPV6): listen on an IPv4 address instead, "
+        "e.g. http:127.0.0.1:", address->port));
   }
   if (absl::Status s = ValidateHttpConfig(config); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
@@ -668,8 +711,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& conf
   error.text_buffer_size = sizeof(error_text);
   impl->ctx = mg_start2(&init, &error);
   if (impl->ctx == nullptr) {
-    return absl::UnavailableError(absl::StrCat("http: cannot listen on \"", config.http,
-                                               "\": ", error_text[0] ? error_text : "civetweb failed to start"));
+    // civetweb's text does not say why the socket could not be bound; a bind of our
+    // own to the same address does (EADDRINUSE, EACCES, EADDRNOTAVAIL).
+    const std::string why = BindError(*address);
+    return absl::UnavailableError(absl::StrCat(
+        "http: cannot listen on \"", config.http, "\": ",
+        why.empty() ? (error_text[0] ? error_text : "civetweb failed to start") : why));
   }
   mg_server_port bound[4] = {};
   const int n = mg_get_server_ports(impl->ctx, 4, bound);

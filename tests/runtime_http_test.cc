@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -635,6 +636,23 @@ TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
   s = HttpServer::Start(config, &rt);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find(config.http), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("Address already in use (EADDRINUSE " +
+                                      std::to_string(EADDRINUSE) + ")"),
+            std::string::npos)
+      << s.status();
+
+  // IPv6: served where civetweb has it, else refused with the reason (Debian's civetweb
+  // is built without USE_IPV6, and failed with only "cannot bind").
+  config = HttpConfig("http:[::1]:0");
+  s = HttpServer::Start(config, &rt);
+  if (HttpServer::Ipv6Supported()) {
+    EXPECT_TRUE(s.ok()) << s.status();
+  } else {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("built without IPv6"), std::string::npos)
+        << s.status();
+    EXPECT_NE(s.status().message().find("http:127.0.0.1:0"), std::string::npos) << s.status();
+  }
 }
 
 // Each file that is not a small one-line regular file is refused with the reason,
