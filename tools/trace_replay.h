@@ -3,7 +3,7 @@
 // configuration?" and "what is the smallest device it fits on?" without a GPU.
 //
 // Example:
-//   absl::StatusOr<Trace> trace = ReadTrace("resnet18_train.jsonl");
+//   absl::StatusOr<Trace> trace = ReadTrace("tests/data/traces/real/resnet18_train.jsonl.gz");
 //   Config config = *ParseConfig("expandable_segments:true");
 //   ReplayResult r = Replay(*trace, config, /*capacity=*/8 * kGiB);
 //   MinCapacity m = FindMinCapacity(*trace, config);
