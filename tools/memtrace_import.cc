@@ -227,8 +227,9 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
                   "RMM logging_resource_adaptor CSV, Umpire replay log (JSON lines) or "
                   "torch.cuda.memory._dump_snapshot pickle")
       ->required();
-  cmd->add_option("-o,--output", opts->output, "the devmem trace to write (JSON Lines; - for stdout, the summary "
-                  "then going to stderr)")
+  cmd->add_option("-o,--output", opts->output,
+                  "the devmem trace to write (JSON Lines; - for stdout, the summary then "
+                  "going to stderr)")
       ->required();
   cmd->add_flag("--json", opts->json, "print the summary as one JSON object");
   cmd->callback([opts, exit_code] {

@@ -58,7 +58,8 @@ def main():
             d = replay(args.memtrace, path, conf)
             res = d["reserved_over_requested"]
             fit = d["min_capacity_over_peak_requested"]
-            first = "%s (`%s`, %.1f MiB)" % (name, os.path.relpath(path, os.path.join(ROOT, "tests", "data", "traces")),
+            shown = os.path.relpath(path, os.path.join(ROOT, "tests", "data", "traces"))
+            first = "%s (`%s`, %.1f MiB)" % (name, shown,
                                               d["peak_requested_bytes"] / MIB)
             mark = "" if d["min_capacity_monotonic"] else " ¹"
             print("| %s | %s | %.1f MiB (%.3f) | %d / %d | %.1f MiB (%.3f)%s | %s / %s |" % (
