@@ -71,6 +71,14 @@ std::string SiteInfo::ToString() const {
   return out;
 }
 
+bool SiteTextMatches(std::string_view where, std::string_view file, uint32_t line,
+                     std::string_view function, std::string_view needle) {
+  if (needle.empty()) return true;
+  return where.find(needle) != std::string_view::npos ||
+         (std::string(file) + ":" + std::to_string(line)).find(needle) != std::string::npos ||
+         function.find(needle) != std::string_view::npos;
+}
+
 namespace {
 
 // A site's identity. In the map the views point into the SiteInfo the key names; for

@@ -64,6 +64,14 @@ struct SiteInfo {
   std::string ToString() const;
 };
 
+// The one rule of a site filter (/debug/buffers?site=, memtrace buffers/diff --site):
+// `needle` is a substring of the site's text (`where`: SiteInfo::ToString's
+// "tag @ file:line (kind)"), of "file:line", or of the function name. An empty needle
+// matches every site. Taking the parts lets the runtime (SiteInfo) and memtrace (a
+// site read from a snapshot) share it.
+bool SiteTextMatches(std::string_view where, std::string_view file, uint32_t line,
+                     std::string_view function, std::string_view needle);
+
 // Interns (loc, kind, tag). The same arguments always give the same id.
 SiteId InternSite(const std::source_location& loc, SiteKind kind,
                   std::string_view tag = {});

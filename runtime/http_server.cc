@@ -463,6 +463,22 @@ struct HttpServer::Impl {
     return r;
   }
 
+  // "" when `device` has an allocator in `snap`, else the 400's message.
+  std::string UnknownDevice(DeviceId device, const RuntimeSnapshot& snap) const {
+    std::string have;
+    for (const AllocatorSnapshot& d : snap.devices) {
+      if (d.device == device) return "";
+      absl::StrAppend(&have, have.empty() ? "" : ", ", d.device.ToString());
+    }
+    const int sim_devices = runtime->config().sim_devices;
+    if (device.type == DeviceType::kSim && device.index >= sim_devices) {
+      return absl::StrCat("device: ", device.ToString(), " does not exist (sim_devices is ",
+                          sim_devices, ": sim:0 .. sim:", sim_devices - 1, ")");
+    }
+    return absl::StrCat("device: ", device.ToString(), ": no allocator in this process (it has: ",
+                        have.empty() ? "none" : have, ")");
+  }
+
   Response Buffers(const mg_request_info* ri) const {
     absl::StatusOr<QueryParams> q =
         ParseQuery(QueryOf(ri), {"device", "site", "min_bytes", "limit"});
@@ -474,8 +490,8 @@ struct HttpServer::Impl {
       filter.device = *d;
     }
     if (auto it = q->find("site"); it != q->end()) {
-      if (it->second.empty()) return Error(400, "site: empty (give part of a site's "
-                                                "\"file:line\" or its tag)");
+      if (it->second.empty()) return Error(400, "site: empty (give part of a site's text, "
+                                                "\"file:line\" or function)");
       filter.site = it->second;
     }
     if (auto it = q->find("min_bytes"); it != q->end()) {
@@ -488,9 +504,18 @@ struct HttpServer::Impl {
       if (!n.ok()) return Error(400, std::string(n.status().message()));
       filter.limit = static_cast<size_t>(*n);
     }
+    RuntimeSnapshot snap = runtime->snapshot();
+    if (filter.device) {
+      // A device this process has no allocator for is a mistake in the query (as for
+      // memtrace buffers --device), not an empty answer; the message lists the devices
+      // it has, and says when the index is past the configured simulated devices.
+      if (std::string why = UnknownDevice(*filter.device, snap); !why.empty()) {
+        return Error(400, why);
+      }
+    }
     Response r;
     r.content_type = "application/json";
-    r.body = LiveBuffersToJson(runtime->snapshot(), filter);
+    r.body = LiveBuffersToJson(snap, filter);
     r.body.push_back('\n');
     return r;
   }
@@ -612,6 +637,43 @@ struct HttpServer::Impl {
   static int Log(const mg_connection*, const char*) { return 1; }
 };
 
+namespace {
+
+// Why binding `address` fails, as "Address already in use (EADDRINUSE)"; "" when a bind
+// succeeds (civetweb failed for another reason). SO_REUSEADDR as civetweb sets it, so
+// that a port in TIME_WAIT is not reported as in use.
+std::string BindError(const ListenAddress& address) {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  if (address.ipv6) {
+    auto* in6 = reinterpret_cast<sockaddr_in6*>(&storage);
+    in6->sin6_family = AF_INET6;
+    in6->sin6_port = htons(static_cast<uint16_t>(address.port));
+    if (inet_pton(AF_INET6, address.numeric.c_str(), &in6->sin6_addr) != 1) return "";
+    len = sizeof(sockaddr_in6);
+  } else {
+    auto* in = reinterpret_cast<sockaddr_in*>(&storage);
+    in->sin_family = AF_INET;
+    in->sin_port = htons(static_cast<uint16_t>(address.port));
+    if (inet_pton(AF_INET, address.numeric.c_str(), &in->sin_addr) != 1) return "";
+    len = sizeof(sockaddr_in);
+  }
+  const int fd = socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  const int on = 1;
+  (void)setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+  const int rc = bind(fd, reinterpret_cast<const sockaddr*>(&storage), len);
+  const int err = errno;
+  close(fd);
+  if (rc == 0) return "";
+  const char* name = strerrorname_np(err);
+  return absl::StrCat(std::strerror(err), " (", name != nullptr ? name : "errno", " ", err, ")");
+}
+
+}  // namespace
+
+bool HttpServer::Ipv6Supported() { return mg_check_feature(8) != 0; }
+
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& config,
                                                               Runtime* runtime) {
   if (runtime == nullptr) return absl::InvalidArgumentError("HttpServer: no runtime");
@@ -624,6 +686,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& conf
     return absl::InvalidArgumentError(absl::StrCat(
         "http: \"", config.http, "\" is not a loopback address; serving /debug/* to other "
         "hosts needs http_token_file (or http_allow_remote:true to allow it without one)"));
+  }
+  if (address->ipv6 && !Ipv6Supported()) {
+    return absl::UnavailableError(absl::StrCat(
+        "http: \"", config.http, "\" is an IPv6 address, and the civetweb this devmem "
+        "links was built without IPv6 (USE_IPV6): listen on an IPv4 address instead, "
+        "e.g. http:127.0.0.1:", address->port));
   }
   if (absl::Status s = ValidateHttpConfig(config); !s.ok()) return s;
   auto impl = std::make_unique<Impl>();
@@ -680,8 +748,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const Config& conf
   error.text_buffer_size = sizeof(error_text);
   impl->ctx = mg_start2(&init, &error);
   if (impl->ctx == nullptr) {
-    return absl::UnavailableError(absl::StrCat("http: cannot listen on \"", config.http,
-                                               "\": ", error_text[0] ? error_text : "civetweb failed to start"));
+    // civetweb's text does not say why the socket could not be bound; a bind of our
+    // own to the same address does (EADDRINUSE, EACCES, EADDRNOTAVAIL).
+    const std::string why = BindError(*address);
+    return absl::UnavailableError(absl::StrCat(
+        "http: cannot listen on \"", config.http, "\": ",
+        why.empty() ? (error_text[0] ? error_text : "civetweb failed to start") : why));
   }
   mg_server_port bound[4] = {};
   const int n = mg_get_server_ports(impl->ctx, 4, bound);

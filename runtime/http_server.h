@@ -58,12 +58,17 @@ absl::Status ValidateHttpConfig(const Config& config);
 class HttpServer {
  public:
   // Starts listening on config.http. The error names the address (bad syntax, port in
-  // use, remote address without a token or http_allow_remote, unreadable token file).
+  // use with the errno's name, remote address without a token or http_allow_remote,
+  // unreadable token file, an IPv6 address when civetweb was built without IPv6).
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const Config& config,
                                                            Runtime* runtime);
   ~HttpServer();  // stops the listener and joins its threads
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
+
+  // Whether the civetweb linked in listens on IPv6 (Debian's is built without it: then
+  // an IPv6 `http` address is refused at Start with that reason).
+  static bool Ipv6Supported();
 
   // The port actually bound (useful with port 0).
   int port() const;

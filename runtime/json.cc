@@ -706,12 +706,18 @@ std::string LiveBuffersToJson(const RuntimeSnapshot& snap, const BufferFilter& f
     if (it == infos.end()) it = infos.emplace(id, GetSite(id)).first;
     return it->second;
   };
+  std::map<SiteId, bool> site_passes;  // decided once per site
   auto site_matches = [&](SiteId id) {
     if (!filter.site) return true;
-    const SiteInfo& info = info_of(id);
-    const std::string file_line = absl::StrCat(info.file, ":", info.line);
-    return file_line.find(*filter.site) != std::string::npos ||
-           (!info.tag.empty() && info.tag.find(*filter.site) != std::string::npos);
+    auto it = site_passes.find(id);
+    if (it == site_passes.end()) {
+      const SiteInfo& info = info_of(id);
+      it = site_passes
+               .emplace(id, SiteTextMatches(info.ToString(), info.file, info.line,
+                                            info.function, *filter.site))
+               .first;
+    }
+    return it->second;
   };
   std::vector<Buffer> matched;
   uint64_t matched_bytes = 0;

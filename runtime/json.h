@@ -89,7 +89,9 @@ std::string DeviceStatsToJson(DeviceId device, const DeviceStats& stats,
 // Live buffers of a snapshot, filtered as /debug/buffers and memtrace do.
 struct BufferFilter {
   std::optional<DeviceId> device;
-  std::optional<std::string> site;  // substring of the site's "file:line" or tag
+  // A substring of the site's text ("where"), "file:line" or function
+  // (allocator/site.h's SiteTextMatches: the rule of memtrace buffers --site).
+  std::optional<std::string> site;
   size_t min_bytes = 0;
   size_t limit = SIZE_MAX;
 };

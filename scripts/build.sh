@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # scripts/build.sh [BUILD_DIR] [cmake args...]: configures (once) and builds devmem.
 # The default build directory is build/; executables land in BUILD_DIR/bin/.
+# DEVMEM_BUILD_TARGETS="a b" builds only those targets (scripts/demo.sh builds the demo
+# first that way).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=${1:-build}
@@ -18,4 +20,6 @@ fi
 if [[ ! -f "$dir/build.ninja" ]]; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@"
 fi
-cmake --build "$dir" -j "$jobs"
+targets=()
+for t in ${DEVMEM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$dir" -j "$jobs" "${targets[@]}"

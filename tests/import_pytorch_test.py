@@ -74,6 +74,16 @@ with tempfile.TemporaryDirectory() as d:
     res = json.loads(r.stdout)
     check(res["peak_requested_bytes"] == 12 * MiB and res["ooms"] == 0, "replayed figures")
 
+    # -o - writes the same trace to stdout (the summary to stderr); --json is the summary
+    # as one object, counted from the snapshot.
+    r = run("import", "--from", "pytorch-snapshot", path, "-o", "-", "--json")
+    check(r.returncode == 0 and r.stdout == open(out).read(), "import -o -: the trace on stdout")
+    summary = json.loads(r.stderr)
+    check((summary["allocs"], summary["frees"], summary["ooms"], summary["output"])
+          == (2, 2, 1, "-"), f"import --json with -o -: {summary}")
+    r = run("import", "--from", "pytorch-snapshot", path, "-o", out, "--json")
+    check(r.returncode == 0 and json.loads(r.stdout)["events"] == 8, "import --json on stdout")
+
     # Malformed: an entry without 'addr' -> the file and the entry are named.
     bad = {"device_traces": [[{"action": "alloc", "size": 5}]]}
     with open(path, "wb") as f:

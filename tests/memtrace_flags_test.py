@@ -117,10 +117,15 @@ def replay_conf():
 
 
 def replay_capacity():
-    r = js("replay", FRAG, "--json", "--capacity", "200MiB")
-    expect(r.get("capacity_bytes") == 200 * MIB and r.get("ooms", 0) > 0,
+    # OOMs at that capacity: the answer is "no", exit status 1 (README), fits false.
+    r = js("replay", FRAG, "--json", "--capacity", "200MiB", rc=1)
+    expect(r.get("capacity_bytes") == 200 * MIB and r.get("ooms", 0) > 0
+           and r.get("fits") is False,
            "replay --capacity 200MiB: expected that capacity and OOMs, got %r" % r)
-    expect(js("replay", FRAG, "--json").get("ooms") == 0, "replay unbounded: OOMs")
+    expect("does not fit" in mt("replay", FRAG, "--capacity", "200MiB", rc=1).stdout,
+           "replay --capacity: the table does not say it does not fit")
+    r = js("replay", FRAG, "--json")
+    expect(r.get("ooms") == 0 and r.get("fits") is True, "replay unbounded: OOMs")
 
 
 def replay_min_capacity():
@@ -132,7 +137,22 @@ def replay_min_capacity():
 
 def replay_json():
     expect(mt("replay", FRAG).stdout.startswith("trace "), "replay: the table")
-    js("replay", FRAG, "--json")
+    r = js("replay", FRAG, "--json")
+    expect(r.get("devices") == ["sim:0"] and r.get("devices_merged") is False
+           and r.get("unknown_actions") == 0, "replay --json: devices %r" % r)
+    # Two devices merged on the one sim device, and an unknown action: both said.
+    two = os.path.join(tmp, "two_devices.jsonl")
+    with open(two, "w") as f:
+        for dev in ("cuda:0", "cuda:1"):
+            f.write('{"action":"alloc","device":"%s","addr":4096,"size":1048576}\n' % dev)
+        f.write('{"action":"prefetch","device":"cuda:0","addr":4096}\n')
+    r = js("replay", two, "--json")
+    expect(r.get("devices") == ["cuda:0", "cuda:1"] and r.get("devices_merged") is True
+           and r.get("unknown_actions") == 1 and r.get("peak_requested_bytes") == 2 * MIB,
+           "replay --json: two devices, one unknown action: %r" % r)
+    r = mt("replay", two)
+    expect("merged from cuda:0, cuda:1" in r.stdout and "merged on one sim device" in r.stderr
+           and '"prefetch" at line 3' in r.stderr, "replay: merge or unknown action unsaid")
 
 
 def import_checks():
@@ -144,9 +164,30 @@ def import_checks():
     out = os.path.join(tmp, "imported.jsonl")
     mt("import", "--from", "rmm-csv", csv, "-o", out)
     expect(os.path.exists(out) and '"alloc"' in open(out).read(), "import -o: no trace")
+    # -o -: the same trace on stdout, the summary on stderr; nothing written elsewhere.
+    r = mt("import", "--from", "rmm-csv", csv, "-o", "-")
+    expect(r.stdout == open(out).read() and "-> -" in r.stderr, "import -o -: not on stdout")
     r = mt("import", "--from", "umpire", csv, "-o", os.path.join(tmp, "u.jsonl"), rc=2)
     expect("umpire" in (r.stderr + r.stdout).lower() or csv in r.stderr,
            "import --from umpire on a CSV: not refused as Umpire")
+
+
+def import_json():
+    csv = os.path.join(tmp, "rj.csv")
+    with open(csv, "w") as f:
+        f.write("Thread,Time,Action,Pointer,Size,Stream\n"
+                "1,10:00:00.000001,allocate,0x7f0000000000,1048576,0x0\n"
+                "1,10:00:00.000002,free,0x7f0000000000,1048576,0x0\n"
+                "1,10:00:00.000003,free,0x7f0000100000,4096,0x0\n")
+    out = os.path.join(tmp, "rj.jsonl")
+    expect(not mt("import", "--from", "rmm-csv", csv, "-o", out).stdout.startswith("{"),
+           "import: a line by default")
+    r = js("import", "--from", "rmm-csv", csv, "-o", out, "--json")
+    expect((r.get("allocs"), r.get("frees"), r.get("unmatched_frees"), r.get("output"))
+           == (1, 2, 1, out), "import --json: %r" % r)
+    r = mt("import", "--from", "rmm-csv", csv, "-o", "-", "--json")
+    expect(json.loads(r.stderr or "{}").get("allocs") == 1 and '"alloc"' in r.stdout,
+           "import -o - --json: summary on stderr, trace on stdout")
 
 
 def timeline_output():
@@ -239,6 +280,10 @@ def snapshot_output():
     out = os.path.join(tmp, "saved.json")
     mt("snapshot", URL, "--token-file", TOKEN, "-o", out)
     expect(open(out, "rb").read() == SNAPSHOT, "snapshot -o: not the served snapshot")
+    r = subprocess.run([memtrace, "snapshot", URL, "--token-file", TOKEN, "-o", "-", "--json"],
+                       capture_output=True, stdin=subprocess.DEVNULL)
+    expect(r.returncode == 0 and r.stdout.rstrip(b"\n") == SNAPSHOT.rstrip(b"\n")
+           and b'"live_buffers"' in r.stderr, "snapshot -o -: stdout, summary on stderr")
 
 
 def snapshot_token_file():
@@ -385,6 +430,7 @@ CHECKS = {
     ("replay", "--conf"): replay_conf, ("replay", "--capacity"): replay_capacity,
     ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
     ("import", "--from"): import_checks, ("import", "--output"): import_checks,
+    ("import", "--json"): import_json,
     ("timeline", "--output"): timeline_output, ("timeline", "--points"): timeline_points,
     ("timeline", "--top"): timeline_top, ("timeline", "--conf"): timeline_conf,
     ("timeline", "--token-file"): timeline_token_file, ("timeline", "--json"): timeline_json,

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 5's replay targets, as a regression test: with the default configuration,
+"""The replay targets, as a regression test: with the default configuration,
 every workload trace replays with peak reserved / peak requested <= 1.3 and a smallest
 safe capacity / peak requested <= 1.15.
 

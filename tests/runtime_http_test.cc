@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -41,6 +42,8 @@
 #include "runtime/trace.h"
 #include "tests/metrics_test_util.h"
 #include "tests/test_util.h"
+#include "tools/site_usage.h"
+#include "tools/snapshot_reader.h"
 
 namespace devmem {
 namespace {
@@ -270,9 +273,17 @@ TEST(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
   EXPECT_EQ(j["buffers"][0]["size"], 3 * kMiB);
   r = Get(port, "/debug/buffers?limit=1");
   EXPECT_EQ(nlohmann::json::parse(r.body)["buffers"].size(), 1u);
-  r = Get(port, "/debug/buffers?device=sim%3A1");  // encoded ':'; no such device yet
-  ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(nlohmann::json::parse(r.body)["buffers"].size(), 0u);
+  // A device without an allocator here is a 400 listing the devices there are (as
+  // memtrace buffers --device), and one past sim_devices says so.
+  r = Get(port, "/debug/buffers?device=sim%3A1");  // encoded ':'
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("sim:1: no allocator in this process (it has: sim:0)"),
+            std::string::npos)
+      << r.body;
+  r = Get(port, "/debug/buffers?device=sim:" + std::to_string(rt.config().sim_devices));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("does not exist (sim_devices is "), std::string::npos) << r.body;
+  EXPECT_EQ(rt.allocators().size(), 1u) << "a query must not create a device";
 
   struct Bad {
     const char* query;
@@ -288,6 +299,52 @@ TEST(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
   }
   a->free(small);
   a->free(big);
+}
+
+// /debug/buffers?site= picks the buffers memtrace buffers --site picks from the same
+// snapshot (one rule: allocator/site.h's SiteTextMatches): the site's text (kind and
+// tag included), its file:line, its function. The server matched only file:line and
+// the tag, so "(clone)" or a function name found nothing live but everything in memtrace.
+TEST(HttpServerTest, DebugBuffersSiteMatchesWhatMemtraceBuffersSiteMatches) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  void* plain = a->allocate(4096, {}, TestSite(2001));
+  void* copy = a->allocate(8192, {},
+                           InternNamedSite("tests/copies.cc", 77, "MakeTheCopyForSiteQueries",
+                                           SiteKind::kClone, "optimizer"));
+  const HttpResponse snap_text = Get(server->port(), "/debug/snapshot");
+  ASSERT_EQ(snap_text.status, 200);
+  absl::StatusOr<memtrace::Snapshot> snap = memtrace::ParseSnapshot(snap_text.body, "live");
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  for (const char* needle : {"(clone)", "MakeTheCopyForSiteQueries", "optimizer @ tests/copies",
+                             "copies.cc:77", "runtime_http_test.cc:2001", "(alloc)", "Test",
+                             "no such site"}) {
+    SCOPED_TRACE(needle);
+    memtrace::BufferQuery q;
+    q.site = needle;
+    memtrace::BufferTotals totals;
+    const std::vector<memtrace::BufferRef> listed = memtrace::ListBuffers(*snap, q, &totals);
+    std::string escaped;
+    for (const char* c = needle; *c != '\0'; ++c) {
+      escaped += *c == ' ' ? "%20" : *c == '@' ? "%40" : std::string(1, *c);
+    }
+    const HttpResponse r = Get(server->port(), "/debug/buffers?site=" + escaped);
+    ASSERT_EQ(r.status, 200) << r.body;
+    const nlohmann::json j = nlohmann::json::parse(r.body);
+    EXPECT_EQ(j["matched"], listed.size());
+    ASSERT_EQ(j["buffers"].size(), listed.size());
+    for (size_t i = 0; i < listed.size(); ++i) {
+      EXPECT_EQ(j["buffers"][i]["addr"], listed[i].block->addr);
+      EXPECT_EQ(j["buffers"][i]["where"], snap->Site(listed[i].block->site).where);
+    }
+  }
+  EXPECT_EQ(nlohmann::json::parse(Get(server->port(), "/debug/buffers?site=(clone)").body)
+                ["buffers"][0]["where"],
+            "optimizer @ tests/copies.cc:77 (clone)");
+  a->free(plain);
+  a->free(copy);
 }
 
 TEST(HttpServerTest, DebugSnapshotIsJson) {
@@ -585,6 +642,23 @@ TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
   s = HttpServer::Start(config, &rt);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find(config.http), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("Address already in use (EADDRINUSE " +
+                                      std::to_string(EADDRINUSE) + ")"),
+            std::string::npos)
+      << s.status();
+
+  // IPv6: served where civetweb has it, else refused with the reason (Debian's civetweb
+  // is built without USE_IPV6, and failed with only "cannot bind").
+  config = HttpConfig("http:[::1]:0");
+  s = HttpServer::Start(config, &rt);
+  if (HttpServer::Ipv6Supported()) {
+    EXPECT_TRUE(s.ok()) << s.status();
+  } else {
+    ASSERT_FALSE(s.ok());
+    EXPECT_NE(s.status().message().find("built without IPv6"), std::string::npos)
+        << s.status();
+    EXPECT_NE(s.status().message().find("http:127.0.0.1:0"), std::string::npos) << s.status();
+  }
 }
 
 // Each file that is not a small one-line regular file is refused with the reason,

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "allocator/config.h"
 #include "allocator/types.h"
@@ -65,6 +66,55 @@ TEST(TraceParseTest, ErrorsNameTheFileTheLineAndWhatWasExpected) {
     ASSERT_FALSE(t.ok()) << c.text;
     EXPECT_CONTAINS(std::string(t.status().message()), c.needle);
   }
+}
+
+TEST(TraceParseTest, UnknownActionsAreCountedWithTheFirstOneAndItsLine) {
+  // The format's other actions are not replayed and not counted; "alocate" (a typo) and
+  // "prefetch" (a newer writer) are outside it: counted, the first one named.
+  const std::string text = Alloc(1, 100) +
+                           "{\"action\":\"segment_alloc\",\"addr\":9,\"size\":4096}\n"
+                           "{\"action\":\"alocate\",\"addr\":2,\"size\":50}\n"
+                           "{\"action\":\"oom\",\"addr\":0,\"size\":50}\n"
+                           "{\"action\":\"prefetch\",\"addr\":1}\n" +
+                           Free(1);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->unknown_actions, 2u);
+  EXPECT_EQ(t->first_unknown_action, "alocate");
+  EXPECT_EQ(t->first_unknown_line, 3u);
+  EXPECT_EQ(t->ops.size(), 2u);
+  absl::StatusOr<Trace> clean = ParseTrace(Alloc(1, 100) + Free(1), "t.jsonl");
+  ASSERT_TRUE(clean.ok());
+  EXPECT_EQ(clean->unknown_actions, 0u);
+}
+
+TEST(TraceParseTest, AnAddressIsLiveOnOneDeviceAndTheDevicesAreListed) {
+  // Two devices hand out the same address: two allocations, not "already live"; a free
+  // frees the one of its own device.
+  auto on = [](const char* device, const char* action, uint64_t addr, uint64_t size) {
+    return std::string("{\"action\":\"") + action + "\",\"device\":\"" + device +
+           "\",\"addr\":" + std::to_string(addr) + ",\"size\":" + std::to_string(size) +
+           "}\n";
+  };
+  const std::string text = on("cuda:0", "alloc", 4096, 1000) + on("cuda:1", "alloc", 4096, 300) +
+                           on("cuda:1", "free", 4096, 0) + on("cuda:1", "free", 4096, 0) +
+                           on("cuda:0", "free", 4096, 0);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t.jsonl");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->allocations, 2u);
+  EXPECT_EQ(t->peak_requested, 1300u);
+  EXPECT_EQ(t->unmatched_frees, 1u);  // cuda:1's second free; cuda:0's still matches
+  EXPECT_EQ(t->devices, (std::vector<std::string>{"cuda:0", "cuda:1"}));
+  absl::StatusOr<Trace> twice = ParseTrace(text.substr(0, text.find('\n') + 1) +
+                                               text.substr(0, text.find('\n') + 1),
+                                           "t.jsonl");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_CONTAINS(std::string(twice.status().message()),
+                  "t.jsonl:2: alloc of addr 4096, which is already live on cuda:0");
+  // Events without a device: one unnamed device.
+  absl::StatusOr<Trace> plain = ParseTrace(Alloc(1, 10) + Free(1), "t.jsonl");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->devices, (std::vector<std::string>{""}));
 }
 
 TEST(TraceParseTest, ReadsDevmemTraceFilesWithTheirHeaderLine) {

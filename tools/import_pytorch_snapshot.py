@@ -207,6 +207,11 @@ def convert(snapshot, device_filter, budget):
 
 
 def write(path, source, sites, events):
+    """Writes the trace to `path`; "-" is stdout (memtrace import -o -)."""
+    if path == "-":
+        write_to(sys.stdout, source, sites, events)
+        sys.stdout.flush()
+        return
     with open(path, "w", encoding="utf-8", newline="\n") as out:
         write_to(out, source, sites, events)
 
@@ -238,6 +243,8 @@ def main():
     parser = argparse.ArgumentParser(description="PyTorch memory snapshot -> devmem trace")
     parser.add_argument("snapshot")
     parser.add_argument("-o", "--output", required=True)
+    parser.add_argument("--json", action="store_true",
+                        help="print the summary as one JSON object (memtrace import --json)")
     parser.add_argument("--device", type=int, default=None,
                         help="keep only this device's events (default: all)")
     args = parser.parse_args()
@@ -256,9 +263,27 @@ def main():
     except OSError as e:
         print(f"{args.output}: cannot write ({e.strerror})", file=sys.stderr)
         return 2
-    allocs = sum(1 for e in events if e[1] == "alloc")
-    print(f"{args.snapshot}: {len(events)} events ({allocs} allocations) -> {args.output}",
-          file=sys.stderr)
+    count = {a: sum(1 for e in events if e[1] == a) for a in ("alloc", "free", "oom")}
+    live, unmatched = set(), 0  # frees of addresses the snapshot never showed allocated
+    for e in events:
+        if e[1] == "alloc":
+            live.add(e[4])
+        elif e[1] == "free":
+            if e[4] in live:
+                live.discard(e[4])
+            else:
+                unmatched += 1
+    # The summary goes where memtrace's own importers put theirs: stdout, or stderr when
+    # the trace itself is on stdout.
+    report = sys.stderr if args.output == "-" else sys.stdout
+    if args.json:
+        print(json.dumps({"from": "pytorch-snapshot", "input": args.snapshot,
+                          "output": args.output, "allocs": count["alloc"],
+                          "frees": count["free"], "unmatched_frees": unmatched,
+                          "ooms": count["oom"], "events": len(events)}), file=report)
+    else:
+        print(f"{args.snapshot}: {len(events)} events ({count['alloc']} allocations) -> "
+              f"{args.output}", file=report)
     return 0
 
 

@@ -7,9 +7,9 @@
 // the options from --help and fails on one it has no check for).
 //
 // Exit statuses (every subcommand): 0 success; 1 the command ran and the answer is
-// "no" (e.g. diff --fail-on-growth found growth); 2 bad command line, configuration or
-// input (the message names the file, line or parameter); 3 a live process could not
-// be reached or answered with an error.
+// "no" (diff --fail-on-growth found growth, replay had OOMs at its capacity); 2 bad
+// command line, configuration or input (the message names the file, line or
+// parameter); 3 a live process could not be reached or answered with an error.
 //
 // DEVMEM_CONF: memtrace reads and validates it before any subcommand runs (a malformed
 // value: exit status 2, the message naming DEVMEM_CONF). The commands that build an

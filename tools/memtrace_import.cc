@@ -21,6 +21,7 @@
 #include <string_view>
 #include <vector>
 
+#include "nlohmann/json.hpp"
 #include "tools/memtrace_commands.h"
 #include "tools/trace_import.h"
 
@@ -47,11 +48,15 @@ std::string PytorchScript() {
   return std::string(DEVMEM_SOURCE_TOOLS_DIR) + "/" + kScript;
 }
 
-int RunPytorch(const std::string& input, const std::string& output) {
+int RunPytorch(const std::string& input, const std::string& output, bool json) {
   const std::string script = PytorchScript();
   // Options first, then "--": argparse would take an input named "--help" (or an output
-  // starting with '-') for an option.
-  std::vector<std::string> args = {"python3", script, "--output=" + output, "--", input};
+  // starting with '-') for an option. The script writes "-" to stdout and its --json
+  // summary as ours (below).
+  std::vector<std::string> args = {"python3", script, "--output=" + output};
+  if (json) args.push_back("--json");
+  args.push_back("--");
+  args.push_back(input);
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -119,13 +124,64 @@ class InputText {
   std::string copy_;
 };
 
-int RunImport(const std::string& from, const std::string& input, const std::string& output) {
-  if (from == "pytorch-snapshot") return RunPytorch(input, output);
+// The summary of a conversion: one JSON object (--json) or one line, on stdout, or on
+// stderr when the trace itself goes to stdout (-o -).
+void Report(const std::string& from, const std::string& input, const std::string& output,
+            const ImportStats& stats, bool json) {
+  std::FILE* report = output == "-" ? stderr : stdout;
+  if (json) {
+    nlohmann::ordered_json j{{"from", from},
+                             {"input", input},
+                             {"output", output},
+                             {"allocs", stats.allocs},
+                             {"frees", stats.frees + stats.unmatched_frees},
+                             {"unmatched_frees", stats.unmatched_frees},
+                             {"ooms", stats.ooms},
+                             {"skipped_lines", stats.skipped}};
+    std::fprintf(report, "%s\n", j.dump().c_str());
+    return;
+  }
+  std::fprintf(report,
+               "memtrace import: %s: %llu allocations, %llu frees (%llu of pointers not "
+               "allocated in the log), %llu OOMs, %llu other lines skipped -> %s\n",
+               input.c_str(), static_cast<unsigned long long>(stats.allocs),
+               static_cast<unsigned long long>(stats.frees + stats.unmatched_frees),
+               static_cast<unsigned long long>(stats.unmatched_frees),
+               static_cast<unsigned long long>(stats.ooms),
+               static_cast<unsigned long long>(stats.skipped), output.c_str());
+}
+
+int RunImport(const std::string& from, const std::string& input, const std::string& output,
+              bool json) {
+  if (from == "pytorch-snapshot") return RunPytorch(input, output, json);
   InputText in;
   if (!in.Open(input)) {
     std::fprintf(stderr, "memtrace import: %s: cannot read (%s)\n", input.c_str(),
                  std::strerror(errno));
     return kExitBadInput;
+  }
+  auto convert = [&](std::FILE* file) -> absl::StatusOr<ImportStats> {
+    std::string buffer;
+    try {
+      return from == "rmm-csv" ? ImportRmmCsv(in.text(), input, &buffer, file)
+                               : ImportUmpire(in.text(), input, &buffer, file);
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(input + ": not enough memory to convert it");
+    }
+  };
+  if (output == "-") {
+    // Streamed as it is made: a failed import has written part of a trace to stdout,
+    // which the exit status (2) and the message say.
+    absl::StatusOr<ImportStats> stats = convert(stdout);
+    if (stats.ok() && std::fflush(stdout) != 0) {
+      stats = absl::DataLossError("-o -: cannot write to stdout");
+    }
+    if (!stats.ok()) {
+      std::fprintf(stderr, "memtrace import: %s\n", std::string(stats.status().message()).c_str());
+      return kExitBadInput;
+    }
+    Report(from, input, output, *stats, json);
+    return kExitOk;
   }
   // Written as it is made into a temporary file beside the output, renamed at the end:
   // memory stays at the input's mapping plus ~1 MiB, and a failed import leaves no
@@ -137,14 +193,7 @@ int RunImport(const std::string& from, const std::string& input, const std::stri
                  std::strerror(errno));
     return kExitBadInput;
   }
-  std::string buffer;
-  absl::StatusOr<ImportStats> stats;
-  try {
-    stats = from == "rmm-csv" ? ImportRmmCsv(in.text(), input, &buffer, file)
-                              : ImportUmpire(in.text(), input, &buffer, file);
-  } catch (const std::bad_alloc&) {
-    stats = absl::ResourceExhaustedError(input + ": not enough memory to convert it");
-  }
+  absl::StatusOr<ImportStats> stats = convert(file);
   const bool closed = std::fclose(file) == 0;
   if (!stats.ok() || !closed || std::rename(tmp.c_str(), output.c_str()) != 0) {
     const int saved = errno;
@@ -157,14 +206,7 @@ int RunImport(const std::string& from, const std::string& input, const std::stri
     }
     return kExitBadInput;
   }
-  std::fprintf(stderr,
-               "memtrace import: %s: %llu allocations, %llu frees (%llu of pointers not "
-               "allocated in the log), %llu OOMs, %llu other lines skipped -> %s\n",
-               input.c_str(), static_cast<unsigned long long>(stats->allocs),
-               static_cast<unsigned long long>(stats->frees + stats->unmatched_frees),
-               static_cast<unsigned long long>(stats->unmatched_frees),
-               static_cast<unsigned long long>(stats->ooms),
-               static_cast<unsigned long long>(stats->skipped), output.c_str());
+  Report(from, input, output, *stats, json);
   return kExitOk;
 }
 
@@ -173,6 +215,7 @@ int RunImport(const std::string& from, const std::string& input, const std::stri
 void AddImportCommand(CLI::App& app, int* exit_code) {
   struct Options {
     std::string from, input, output;
+    bool json = false;
   };
   auto opts = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -184,10 +227,13 @@ void AddImportCommand(CLI::App& app, int* exit_code) {
                   "RMM logging_resource_adaptor CSV, Umpire replay log (JSON lines) or "
                   "torch.cuda.memory._dump_snapshot pickle")
       ->required();
-  cmd->add_option("-o,--output", opts->output, "the devmem trace to write (JSON Lines)")
+  cmd->add_option("-o,--output", opts->output,
+                  "the devmem trace to write (JSON Lines; - for stdout, the summary then "
+                  "going to stderr)")
       ->required();
+  cmd->add_flag("--json", opts->json, "print the summary as one JSON object");
   cmd->callback([opts, exit_code] {
-    *exit_code = RunImport(opts->from, opts->input, opts->output);
+    *exit_code = RunImport(opts->from, opts->input, opts->output, opts->json);
   });
 }
 

@@ -3,11 +3,18 @@
 // configuration and prints peak requested bytes, peak reserved bytes, their ratio,
 // device (segment) allocations, OOMs and ns per operation; --min-capacity adds the
 // smallest device the trace fits on (FindMinCapacity in tools/trace_replay.h says how,
-// and why the answer is verified). A replay with OOMs is a result: exit status 0.
+// and why the answer is verified).
+//
+// Exit status: 0 the trace replayed with no OOM at this capacity; 1 it did not fit (the
+// answer is "no": `ooms` > 0, `fits` false in --json), the figures printed all the same;
+// 2 bad input. A trace of several devices replays merged on the one sim device: said
+// on stderr, in the table and in --json (`devices`, `devices_merged`). Events whose
+// action is not one of the format's are skipped, counted (`unknown_actions`) and said.
 #include <cstdio>
 #include <string>
 
 #include "allocator/config.h"
+#include "nlohmann/json.hpp"
 #include "tools/memtrace_commands.h"
 #include "tools/trace_replay.h"
 
@@ -39,6 +46,25 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
     return kExitBadInput;
   }
   WarnUnmatchedFrees("replay", path, trace->unmatched_frees);
+  if (trace->unknown_actions > 0) {
+    std::fprintf(stderr,
+                 "memtrace replay: %s: warning: skipped %llu event%s of unknown actions (the "
+                 "first: \"%s\" at line %llu; docs/formats.md lists the actions)\n",
+                 path.c_str(), static_cast<unsigned long long>(trace->unknown_actions),
+                 trace->unknown_actions == 1 ? "" : "s", trace->first_unknown_action.c_str(),
+                 static_cast<unsigned long long>(trace->first_unknown_line));
+  }
+  const bool merged = trace->devices.size() > 1;
+  std::string device_list;
+  for (const std::string& d : trace->devices) {
+    device_list += (device_list.empty() ? "" : ", ") + (d.empty() ? "(none)" : d);
+  }
+  if (merged) {
+    std::fprintf(stderr,
+                 "memtrace replay: %s: warning: the trace has %zu devices (%s); they replay "
+                 "merged on one sim device, sharing its pool and capacity\n",
+                 path.c_str(), trace->devices.size(), device_list.c_str());
+  }
   const ReplayResult r = Replay(*trace, *config, capacity);
   MinCapacity m;
   if (min_capacity) m = FindMinCapacity(*trace, *config);
@@ -66,22 +92,30 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
                   m.monotonic ? "true" : "false", static_cast<unsigned long long>(m.step),
                   m.runs);
     }
+    std::printf(", \"fits\": %s, \"devices\": %s, \"devices_merged\": %s, "
+                "\"unknown_actions\": %llu",
+                r.ooms == 0 ? "true" : "false", nlohmann::json(trace->devices).dump().c_str(),
+                merged ? "true" : "false",
+                static_cast<unsigned long long>(trace->unknown_actions));
     std::printf("}\n");
-    return 0;
+    return r.ooms == 0 ? kExitOk : kExitNo;
   }
   std::printf("trace              %s (%llu events, %llu replayed, %llu unmatched frees)\n",
               path.c_str(), static_cast<unsigned long long>(trace->lines),
               static_cast<unsigned long long>(r.ops),
               static_cast<unsigned long long>(trace->unmatched_frees));
-  std::printf("device             sim, capacity %s\n",
-              capacity == kUnboundedCapacity ? "unbounded" : FormatBytes(capacity).c_str());
+  std::printf("device             sim, capacity %s%s%s%s\n",
+              capacity == kUnboundedCapacity ? "unbounded" : FormatBytes(capacity).c_str(),
+              merged ? " (merged from " : "", merged ? device_list.c_str() : "",
+              merged ? ")" : "");
   std::printf("peak requested     %s\n", FormatBytes(r.peak_requested_bytes).c_str());
   std::printf("peak reserved      %s (%.3fx requested)\n",
               FormatBytes(r.peak_reserved_bytes).c_str(), r.reserved_over_requested);
   std::printf("device allocs      %lld (frees %lld)\n", static_cast<long long>(r.device_allocs),
               static_cast<long long>(r.device_frees));
-  std::printf("OOMs               %lld (alloc retries %lld)\n", static_cast<long long>(r.ooms),
-              static_cast<long long>(r.alloc_retries));
+  std::printf("OOMs               %lld (alloc retries %lld)%s\n", static_cast<long long>(r.ooms),
+              static_cast<long long>(r.alloc_retries),
+              r.ooms == 0 ? "" : ": does not fit at this capacity (exit status 1)");
   std::printf("ns per op          %.1f\n", r.ns_per_op);
   if (min_capacity) {
     std::printf("min capacity       %s (%.3fx peak requested): fits at every capacity "
@@ -94,7 +128,7 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
                   FormatBytes(m.smallest_fitting_bytes).c_str());
     }
   }
-  return 0;
+  return r.ooms == 0 ? kExitOk : kExitNo;
 }
 
 }  // namespace
@@ -114,7 +148,8 @@ void AddReplayCommand(CLI::App& app, int* exit_code) {
                      "device capacity, e.g. 8GiB (default: unbounded)");
   replay->add_flag("--min-capacity", opts->min_capacity,
                    "also find the smallest capacity with zero OOMs");
-  replay->add_flag("--json", opts->json, "print one JSON object");
+  replay->add_flag("--json", opts->json,
+                   "print one JSON object (exit status 1 when the trace had OOMs: fits false)");
   replay->callback([opts, exit_code] {
     *exit_code = RunReplay(opts->path, opts->conf, opts->capacity, opts->min_capacity,
                            opts->json);

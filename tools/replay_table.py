@@ -6,7 +6,7 @@
 Runs `memtrace replay TRACE --min-capacity --json [--conf C]` for the four synthetic
 traces in tests/data/traces/ and the two real PyTorch traces in tests/data/traces/real/
 (gzip; a missing trace is an error), and prints one Markdown row per (trace, configuration) with
-issue 5's targets: peak reserved / peak requested <= 1.3 and the smallest safe
+the replay targets: peak reserved / peak requested <= 1.3 and the smallest safe
 capacity / peak requested <= 1.15. Replays are deterministic, so the table is too
 (only ns/op, which it leaves out, varies).
 """
@@ -58,7 +58,8 @@ def main():
             d = replay(args.memtrace, path, conf)
             res = d["reserved_over_requested"]
             fit = d["min_capacity_over_peak_requested"]
-            first = "%s (`%s`, %.1f MiB)" % (name, os.path.basename(path),
+            shown = os.path.relpath(path, os.path.join(ROOT, "tests", "data", "traces"))
+            first = "%s (`%s`, %.1f MiB)" % (name, shown,
                                               d["peak_requested_bytes"] / MIB)
             mark = "" if d["min_capacity_monotonic"] else " ¹"
             print("| %s | %s | %.1f MiB (%.3f) | %d / %d | %.1f MiB (%.3f)%s | %s / %s |" % (

@@ -9,6 +9,8 @@
 #include <tuple>
 #include <unordered_map>
 
+#include "allocator/site.h"
+
 namespace devmem::memtrace {
 namespace {
 
@@ -45,11 +47,9 @@ void ForEachLive(const Snapshot& snap, const BufferQuery& query, Fn fn) {
 }  // namespace
 
 bool SiteMatches(const SnapSite& site, const std::string& needle) {
-  if (needle.empty()) return true;
-  const std::string file_line = site.file + ":" + std::to_string(site.line);
-  return site.where.find(needle) != std::string::npos ||
-         file_line.find(needle) != std::string::npos ||
-         site.function.find(needle) != std::string::npos;
+  // The runtime's rule (allocator/site.h), so that --site and /debug/buffers?site= pick
+  // the same buffers.
+  return SiteTextMatches(site.where, site.file, site.line, site.function, needle);
 }
 
 std::vector<BufferRef> ListBuffers(const Snapshot& snap, const BufferQuery& query,

@@ -42,7 +42,8 @@ struct BufferTotals {
 };
 
 // True when the buffer's site matches `query.site` (substring of "where", of
-// "file:line", or of the function name).
+// "file:line", or of the function name): allocator/site.h's SiteTextMatches, the rule
+// of /debug/buffers?site= too.
 bool SiteMatches(const SnapSite& site, const std::string& needle);
 
 // Live buffers passing `query`, largest first (ties: device order, then address).

@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <chrono>
 #include <stdexcept>
+#include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -24,6 +26,7 @@ namespace {
 
 constexpr uint64_t kMaxSize = uint64_t{1} << 50;  // 1 PiB: beyond any device
 constexpr uint32_t kMaxStreams = 65535;
+constexpr size_t kMaxDevices = 4096;
 
 absl::Status LineError(const std::string& name, uint64_t line, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
@@ -76,7 +79,11 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
   const std::string_view text(buffer.data(), buffer.size());
   simdjson::dom::parser parser;
   Trace trace;
-  absl::flat_hash_map<uint64_t, uint32_t> live;    // addr -> dense id
+  // (device index, addr) -> dense id: an address is live on one device.
+  absl::flat_hash_map<std::pair<uint32_t, uint64_t>, uint32_t> live;
+  absl::flat_hash_map<std::string, uint32_t> device_index;  // device -> index in devices
+  std::string last_device;  // the device of the last alloc/free, and its index
+  uint32_t dev = 0;
   absl::flat_hash_map<uint64_t, uint16_t> streams; // trace stream -> dense index
   std::vector<uint64_t> sizes;                      // by id, while live
   uint64_t requested = 0;
@@ -108,7 +115,7 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
     if (doc.get_object().get(obj)) {
       return LineError(name, line_no, "expected a JSON object with \"action\" and \"addr\"");
     }
-    std::string_view action, schema;
+    std::string_view action, schema, device;
     uint64_t addr = 0, size = 0, stream = 0;
     bool has_addr = false, has_size = false;
     for (const auto [key, value] : obj) {
@@ -125,11 +132,15 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
         has_size = true;
       } else if (key == "stream") {
         err = value.get_uint64().get(stream);
+      } else if (key == "device") {
+        err = value.get_string().get(device);
       }
       if (err) {
         return LineError(name, line_no,
                          absl::StrFormat("field \"%s\": expected %s (%s)", std::string(key),
-                                         key == "action" ? "a string" : "an unsigned integer",
+                                         key == "action" || key == "device"
+                                             ? "a string"
+                                             : "an unsigned integer",
                                          simdjson::error_message(err)));
       }
     }
@@ -147,8 +158,33 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
     ++trace.lines;
     if (action.empty()) return LineError(name, line_no, "missing field \"action\"");
     const bool is_alloc = action == "alloc";
-    if (!is_alloc && action != "free") continue;  // other actions are not replayed
+    if (!is_alloc && action != "free") {
+      // The format's other actions are not replayed; an action outside it is counted
+      // (the caller says so): a typo or a newer writer, never silently dropped.
+      if (std::find(std::begin(kTraceActions), std::end(kTraceActions), action) ==
+          std::end(kTraceActions)) {
+        if (trace.unknown_actions++ == 0) {
+          trace.first_unknown_action = Printable(action);
+          trace.first_unknown_line = line_no;
+        }
+      }
+      continue;
+    }
     if (!has_addr) return LineError(name, line_no, "missing field \"addr\"");
+    // Consecutive events are nearly always of one device: the map is looked up (and a
+    // string made) only when the device changes.
+    if (trace.devices.empty() || device != last_device) {
+      auto [dit, new_device] = device_index.try_emplace(
+          std::string(device), static_cast<uint32_t>(trace.devices.size()));
+      if (new_device) {
+        if (trace.devices.size() >= kMaxDevices) {
+          return LineError(name, line_no, absl::StrFormat("more than %d devices", kMaxDevices));
+        }
+        trace.devices.push_back(Printable(device));
+      }
+      last_device.assign(device);
+      dev = dit->second;
+    }
     auto [sit, new_stream] = streams.try_emplace(stream, static_cast<uint16_t>(streams.size()));
     if (new_stream && streams.size() > kMaxStreams) {
       return LineError(name, line_no, absl::StrFormat("more than %d streams", kMaxStreams));
@@ -163,16 +199,17 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
         return LineError(name, line_no, "more than 2^32 allocations");
       }
       const uint32_t id = trace.allocations++;
-      if (!live.try_emplace(addr, id).second) {
+      if (!live.try_emplace(std::make_pair(dev, addr), id).second) {
         return LineError(name, line_no,
-                         absl::StrFormat("alloc of addr %d, which is already live", addr));
+                         absl::StrFormat("alloc of addr %d, which is already live%s", addr,
+                                         device.empty() ? "" : " on " + Printable(device)));
       }
       sizes.push_back(size);
       requested += size;
       trace.peak_requested = std::max(trace.peak_requested, requested);
       trace.ops.push_back(Trace::Op{size, id, sit->second, true});
     } else {
-      auto it = live.find(addr);
+      auto it = live.find(std::make_pair(dev, addr));
       if (it == live.end()) {
         ++trace.unmatched_frees;
         continue;

@@ -3,20 +3,26 @@
 // configuration?" and "what is the smallest device it fits on?" without a GPU.
 //
 // Example:
-//   absl::StatusOr<Trace> trace = ReadTrace("resnet18_train.jsonl");
+//   absl::StatusOr<Trace> trace = ReadTrace("tests/data/traces/real/resnet18_train.jsonl.gz");
 //   Config config = *ParseConfig("expandable_segments:true");
 //   ReplayResult r = Replay(*trace, config, /*capacity=*/8 * kGiB);
 //   MinCapacity m = FindMinCapacity(*trace, config);
 //
 // Input: JSON Lines, one event an object (the trace format of docs/formats.md):
 // {"action": "alloc", "addr": A, "size": S, "stream": T, "time_ns": N} and
-// {"action": "free", "addr": A, ...}. `addr` identifies an allocation while it lives
-// (addresses are reused after a free); `stream` is optional (default 0); other actions
-// (segment_alloc, oom, ...) and other fields are ignored. A free of an address that is
-// not live is counted (unmatched_frees) and skipped: traces often start after some
-// allocations were made (memtrace warns with the count); an alloc of a live address is
-// an error. memtrace timeline follows the same rule (docs/formats.md). The whole trace replays on one device (the `device` field is
-// not used).
+// {"action": "free", "addr": A, ...}. `device` and `addr` identify an allocation while
+// it lives (addresses are reused after a free, and two devices may hand out the same
+// address); `stream` and `device` are optional (default 0 and ""). The other actions of
+// the format (segment_alloc, oom, ...: kTraceActions) are not replayed; an action
+// outside the format is counted (unknown_actions, with the first one and its line) and
+// skipped, and memtrace warns about it. A free of an address that is not live is
+// counted (unmatched_frees) and skipped: traces often start after some allocations
+// were made (memtrace warns with the count); an alloc of a live address is an error.
+// memtrace timeline follows the same rule (docs/formats.md).
+//
+// Devices: the whole trace replays on ONE sim device. A trace of several devices is
+// merged (their allocations share the one device's pool, which is not what the
+// devices saw); `devices` lists them so that memtrace can say so.
 //
 // Determinism: the sim backend places segments deterministically and the allocator's
 // policy depends only on the sequence of calls, so the same trace, configuration and
@@ -29,6 +35,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -54,7 +61,19 @@ struct Trace {
   uint64_t lines = 0;             // events read (every action)
   uint64_t peak_requested = 0;    // max over time of the live requested bytes
   uint16_t streams = 0;
+  // The distinct `device` values of alloc/free events, in order of appearance ("" for
+  // events without one). More than one: the replay merged them.
+  std::vector<std::string> devices;
+  // Events whose action is not one of the format's (kTraceActions): skipped, counted.
+  uint64_t unknown_actions = 0;
+  std::string first_unknown_action;  // the first such action (printable, truncated)
+  uint64_t first_unknown_line = 0;   // and its line in the file
 };
+
+// Every action of the trace format (docs/formats.md); only alloc and free are replayed.
+inline constexpr std::string_view kTraceActions[] = {
+    "alloc",         "free",          "free_completed", "segment_alloc", "segment_free",
+    "segment_map",   "segment_unmap", "oom",            "arena_open",    "arena_close"};
 
 // Reads a JSON Lines trace. Errors name the file and the line (and what was expected):
 // unreadable file, malformed JSON, a missing or mistyped field, an alloc of an address
