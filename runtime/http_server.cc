@@ -491,7 +491,7 @@ struct HttpServer::Impl {
 
   Response Trace(const mg_request_info* ri) const {
     absl::StatusOr<QueryParams> q =
-        ParseQuery(QueryOf(ri), {"since", "limit"});
+        ParseQuery(QueryOf(ri), {"since", "limit", "header"});
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     uint64_t since = 0;
     size_t limit = kTraceDefaultLimit;
@@ -510,6 +510,15 @@ struct HttpServer::Impl {
       }
       limit = static_cast<size_t>(*n);
     }
+    // header=1: the page starts with a trace header line naming the sites its events
+    // name, so that a reader (memtrace timeline) can draw names, not ids.
+    bool header = false;
+    if (auto it = q->find("header"); it != q->end()) {
+      if (it->second != "0" && it->second != "1") {
+        return Error(400, absl::StrCat("header: expected 0 or 1, got \"", Av(it->second.substr(0, 40)), "\""));
+      }
+      header = it->second == "1";
+    }
     const TraceRing* ring = runtime->trace();
     if (ring == nullptr) {
       return Error(404, "tracing is off: set trace_entries (e.g. DEVMEM_CONF="
@@ -519,6 +528,10 @@ struct HttpServer::Impl {
     const std::vector<TraceEvent> events = ring->since(since, limit, &missed);
     Response r;
     r.content_type = "application/x-ndjson";
+    if (header) {
+      r.body = TraceHeaderToJson(events);
+      r.body.push_back('\n');
+    }
     for (const TraceEvent& e : events) {
       r.body += TraceEventToJson(e);
       r.body.push_back('\n');
