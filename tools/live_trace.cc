@@ -38,16 +38,19 @@ absl::StatusOr<LiveTrace> FetchLiveTrace(const std::string& base_url, const std:
                                          "&limit=", page, "&header=1");
     absl::StatusOr<HttpResponse> r = HttpGetOkResponse(url, token);
     if (!r.ok()) return r.status();
-    absl::StatusOr<uint64_t> next = CountHeader(*r, url, "x-devmem-next-since");
-    if (!next.ok()) return next.status();
-    absl::StatusOr<uint64_t> missed = CountHeader(*r, url, "x-devmem-missed");
-    if (!missed.ok()) return missed.status();
+    // A server without the paging headers (an older devmem) sent everything it had.
     const std::string* more = r->Header("x-devmem-more");
+    if (r->Header("x-devmem-missed") != nullptr) {
+      absl::StatusOr<uint64_t> missed = CountHeader(*r, url, "x-devmem-missed");
+      if (!missed.ok()) return missed.status();
+      out.missed += *missed;
+    }
     ++out.pages;
-    out.missed += *missed;
     out.text += r->body;
     if (!out.text.empty() && out.text.back() != '\n') out.text.push_back('\n');
     if (more == nullptr || *more != "1") break;
+    absl::StatusOr<uint64_t> next = CountHeader(*r, url, "x-devmem-next-since");
+    if (!next.ok()) return next.status();
     if (*next <= since) {
       return absl::UnavailableError(absl::StrCat("GET ", url, ": X-Devmem-More is 1 but "
                                                  "X-Devmem-Next-Since (", *next,

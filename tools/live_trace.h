@@ -2,7 +2,7 @@
 // /debug/trace endpoint (runtime/http_server.h, docs/formats.md): pages of up to
 // kLiveTracePage events, each asked with header=1 so that it starts with a header line
 // naming the sites its events name, following X-Devmem-Next-Since until X-Devmem-More
-// is 0. The result is trace text (JSON Lines) that the trace readers take as it is:
+// is 0 (or absent: a server that does not page sent all it had). The result is trace text (JSON Lines) that the trace readers take as it is:
 // each page's header line adds to the site table.
 #pragma once
 

@@ -75,7 +75,9 @@ absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string&
 absl::StatusOr<Timeline> ReadTimeline(const std::string& path, const TimelineOptions& options);
 
 // `title` is shown at the top (escaped). The SVG is one standalone document; the HTML
-// page embeds it and adds a legend with a per-point readout under the pointer.
+// page embeds it and adds a readout at the time under the pointer (every series, and
+// the site whose band is under it), zoom on a dragged time range and a per-site toggle
+// (tools/timeline_render.cc).
 std::string TimelineSvg(const Timeline& timeline, const std::string& title);
 std::string TimelineHtml(const Timeline& timeline, const std::string& title);
 
