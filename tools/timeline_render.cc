@@ -398,6 +398,14 @@ function fmt(b) {
   while (b >= 1024 && i < u.length - 1) { b /= 1024; ++i; }
   return b.toFixed(i ? 1 : 0) + " " + u[i];
 }
+// The x unit of the SVG's rule (XTicks), from the end of the range shown.
+function xUnit(b) {
+  if (!data.xIsTime) return [1, ""];
+  if (b >= 2e9) return [1e9, " s"];
+  if (b >= 2e6) return [1e6, " ms"];
+  if (b >= 2e3) return [1e3, " \u00b5s"];
+  return [1, " ns"];
+}
 // The x tick rule of the SVG (XTicks): 1, 2, 5 x 10^k, at most 8 steps, one unit.
 function xTicks(a, b) {
   const span = Math.max(b - a, 1);
@@ -406,13 +414,7 @@ function xTicks(a, b) {
     const m = [1, 2, 5].find((m) => m * p * 8 >= span);
     if (m !== undefined) { step = m * p; break; }
   }
-  let unit = 1, name = "";
-  if (data.xIsTime) {
-    if (b >= 2e9) { unit = 1e9; name = " s"; }
-    else if (b >= 2e6) { unit = 1e6; name = " ms"; }
-    else if (b >= 2e3) { unit = 1e3; name = " \u00b5s"; }
-    else { name = " ns"; }
-  }
+  const [unit, name] = xUnit(b);
   const dec = step / unit >= 1 ? 0 : Math.ceil(-Math.log10(step / unit) - 1e-9);
   const out = [];
   for (let v = Math.ceil(a / step) * step; v <= b; v += step) {
@@ -487,7 +489,9 @@ function show(x, py) {
   const i = pointAt(x);
   const at = (s) => (i < 0 ? 0 : s[i]);
   const next = Math.min(i + 1, data.x.length - 1);
-  const lines = [(data.xIsTime ? "t = " + (x / 1e6).toFixed(6) + " ms" : "event " + Math.round(x)),
+  const [unit, name] = xUnit(view[1]);  // the unit of the ticks shown
+  const lines = [(data.xIsTime ? "t = " + (x / unit).toFixed(unit > 1 ? 6 : 0) + name
+                               : "event " + Math.round(x)),
                  "allocated " + fmt(at(data.allocated)) +
                      (next >= 0 ? "   (highest in this interval " + fmt(data.allocatedMax[next]) + ")" : ""),
                  "reserved  " + fmt(at(data.reserved))];
