@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "tools/http_get.h"
@@ -29,14 +30,22 @@ absl::StatusOr<LiveTrace> FetchLiveTrace(const std::string& base_url, const std:
                                          uint64_t max_pages, uint64_t page) {
   LiveTrace out;
   uint64_t since = 0;
+  bool with_header = true;
   for (;;) {
     if (out.pages == max_pages) {
       return absl::UnavailableError(absl::StrCat(base_url, "/debug/trace: still more events after ",
                                                  max_pages, " pages of ", page));
     }
     const std::string url = absl::StrCat(base_url, "/debug/trace?since=", since,
-                                         "&limit=", page, "&header=1");
+                                         "&limit=", page, with_header ? "&header=1" : "");
     absl::StatusOr<HttpResponse> r = HttpGetOkResponse(url, token);
+    // A process older than header=1 refuses the parameter (400; since and limit are
+    // ours and valid): read its events without site names rather than nothing.
+    if (!r.ok() && with_header && out.pages == 0 &&
+        absl::StrContains(r.status().message(), ": HTTP 400 ")) {
+      with_header = false;
+      continue;
+    }
     if (!r.ok()) return r.status();
     // A server without the paging headers (an older devmem) sent everything it had.
     const std::string* more = r->Header("x-devmem-more");

@@ -3,7 +3,8 @@
 // kLiveTracePage events, each asked with header=1 so that it starts with a header line
 // naming the sites its events name, following X-Devmem-Next-Since until X-Devmem-More
 // is 0 (or absent: a server that does not page sent all it had). The result is trace text (JSON Lines) that the trace readers take as it is:
-// each page's header line adds to the site table.
+// each page's header line adds to the site table. A process that refuses header=1 (older
+// than it: HTTP 400 on the first page) is read without it, its sites then unnamed.
 #pragma once
 
 #include <cstdint>
