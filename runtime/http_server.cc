@@ -533,7 +533,7 @@ struct HttpServer::Impl {
 
   Response Trace(const mg_request_info* ri) const {
     absl::StatusOr<QueryParams> q =
-        ParseQuery(QueryOf(ri), {"since", "limit"});
+        ParseQuery(QueryOf(ri), {"since", "limit", "header"});
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     uint64_t since = 0;
     size_t limit = kTraceDefaultLimit;
@@ -552,6 +552,15 @@ struct HttpServer::Impl {
       }
       limit = static_cast<size_t>(*n);
     }
+    // header=1: the page starts with a trace header line naming the sites its events
+    // name, so that a reader (memtrace timeline) can draw names, not ids.
+    bool header = false;
+    if (auto it = q->find("header"); it != q->end()) {
+      if (it->second != "0" && it->second != "1") {
+        return Error(400, absl::StrCat("header: expected 0 or 1, got \"", Av(it->second.substr(0, 40)), "\""));
+      }
+      header = it->second == "1";
+    }
     const TraceRing* ring = runtime->trace();
     if (ring == nullptr) {
       return Error(404, "tracing is off: set trace_entries (e.g. DEVMEM_CONF="
@@ -565,12 +574,20 @@ struct HttpServer::Impl {
     // Two passes over the copied events (the ring may have moved on): one for the
     // length the header needs, one that writes. Serializing twice costs CPU on a debug
     // endpoint; holding the whole body would cost 3x the memory.
+    std::string first;  // the trace header line (header=1), sent before the events
+    if (header) {
+      first = TraceHeaderToJson(*events);
+      first.push_back('
+');
+    }
+    r.stream_bytes = first.size();
     for (const TraceEvent& e : *events) r.stream_bytes += TraceEventToJson(e).size() + 1;
-    r.stream = [events](const Response::Sink& sink) {
-      std::string piece;
+    r.stream = [events, first = std::move(first)](const Response::Sink& sink) {
+      std::string piece = first;
       for (const TraceEvent& e : *events) {
         piece += TraceEventToJson(e);
-        piece.push_back('\n');
+        piece.push_back('
+');
         if (piece.size() >= kStreamPieceBytes) {
           if (!sink(piece)) return;
           piece.clear();

@@ -78,8 +78,7 @@ TEST(TimelineTest, TopSitesAndOtherAddUpToAllocatedAtEveryPoint) {
   uint64_t all_sites = 0;
   for (int s = 1; s <= 47; ++s) all_sites += 512 * s;
   EXPECT_EQ(t->site_peak_bytes[3], all_sites);
-  // The per-site series hold each interval's end; allocated holds its maximum, which
-  // is the end too wherever the interval only allocates or only frees.
+  // Every series holds the state after its interval's last event.
   const size_t last = t->x.size() - 1;
   uint64_t end_sum = 0;
   for (const auto& series : t->by_site) end_sum += series[last];
@@ -88,6 +87,47 @@ TEST(TimelineTest, TopSitesAndOtherAddUpToAllocatedAtEveryPoint) {
   EXPECT_EQ(end_sum, odd);
   EXPECT_EQ(t->by_site[0][last], 0u);       // site 50 freed
   EXPECT_EQ(t->by_site[1][last], 49u * 512);
+  for (size_t i = 0; i < t->x.size(); ++i) {
+    uint64_t sum = 0;
+    for (const auto& series : t->by_site) sum += series[i];
+    EXPECT_EQ(sum, t->allocated[i]) << "point " << i;
+    EXPECT_LE(t->allocated[i], t->allocated_max[i]);
+  }
+}
+
+TEST(TimelineTest, PointsAreTheStateAfterTheLastEventOfTheirInterval) {
+  // Alloc 4096 at t=0, 1024 at t=10, free both at t=100: with 4 points over 0..100
+  // the intervals are [0,25), [25,50), [50,75), [75,101). The final frees must show
+  // (allocated 0 at the last point, at x = 100), while the first interval's point
+  // says what it ends with and its highest.
+  const std::string text = Segment(0) + Alloc(1, 4096, 1, 0) + Alloc(2, 1024, 1, 10) +
+                           Free(1, 100) + Free(2, 100);
+  TimelineOptions options;
+  options.max_points = 4;
+  absl::StatusOr<Timeline> t = BuildTimeline(text, "t.jsonl", options);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->x.size(), 2u);
+  EXPECT_EQ(t->x[0], 10);  // the interval's last event
+  EXPECT_EQ(t->allocated[0], 5120u);
+  EXPECT_EQ(t->x[1], 100);
+  EXPECT_EQ(t->allocated[1], 0u);
+  EXPECT_EQ(t->allocated_max[1], 5120u);
+  EXPECT_EQ(t->x_end, 100);
+}
+
+TEST(TimelineTest, SitesCarryTheirKindAndId) {
+  const std::string header =
+      "{\"schema\":\"devmem.trace/1\",\"sites\":[{\"id\":3,\"file\":\"m.py\","
+      "\"line\":4,\"function\":\"f\",\"tag\":\"\",\"kind\":\"clone\"}]}\n";
+  absl::StatusOr<Timeline> t =
+      BuildTimeline(header + Segment(0) + Alloc(1, 512, 3, 1) + Alloc(2, 256, 9, 2), "t", {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->site_names.size(), 2u);
+  EXPECT_EQ(t->site_names[0], "m.py:4 (f)");
+  EXPECT_EQ(t->site_kinds[0], "clone");
+  EXPECT_EQ(t->site_ids[0], 3u);
+  EXPECT_EQ(t->site_names[1], "site 9");  // not in the table
+  EXPECT_EQ(t->site_kinds[1], "");
 }
 
 }  // namespace

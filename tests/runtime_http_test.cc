@@ -35,6 +35,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_split.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
@@ -42,8 +43,10 @@
 #include "runtime/trace.h"
 #include "tests/metrics_test_util.h"
 #include "tests/test_util.h"
+#include "tools/live_trace.h"
 #include "tools/site_usage.h"
 #include "tools/snapshot_reader.h"
+#include "tools/timeline.h"
 
 namespace devmem {
 namespace {
@@ -875,6 +878,53 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
   EXPECT_EQ(SampleValue(ParsePrometheusText(m.body), "devmem_allocated_bytes",
                         {{"device", "sim:0"}, {"pool", "small"}}),
             0);
+}
+
+// memtrace's live path (tools/live_trace.h) reads the whole ring, page after page, with
+// the sites' names: it used to take one default page (the first 10,000 events) and no
+// site table, so a live timeline stopped early and named its sites "site 17".
+TEST(HttpServerTest, MemtraceReadsTheWholeTraceInPagesWithSiteNames) {
+  Runtime& rt = FreshRuntime();
+  ASSERT_TRUE(HasTheTestRing(rt));
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  for (int i = 0; i < 6500; ++i) a->free(a->allocate(4096, {}, TestSite(__LINE__)));
+  const uint64_t newest = rt.trace()->next_seq() - 1;
+  ASSERT_GT(newest, 10000u);
+  ASSERT_LE(newest, kRingEntries);  // nothing overwritten: every event must come back
+
+  const std::string base = "http://127.0.0.1:" + std::to_string(server->port());
+  absl::StatusOr<memtrace::LiveTrace> live =
+      memtrace::FetchLiveTrace(base, "", /*max_pages=*/100, /*page=*/4000);
+  ASSERT_TRUE(live.ok()) << live.status();
+  EXPECT_EQ(live->pages, (newest + 3999) / 4000);
+  EXPECT_EQ(live->missed, 0u);
+  std::vector<uint64_t> seqs;
+  size_t headers = 0;
+  for (absl::string_view line : absl::StrSplit(live->text, '\n', absl::SkipEmpty())) {
+    nlohmann::json j = nlohmann::json::parse(line.begin(), line.end());
+    if (j.contains("schema")) {
+      ++headers;
+    } else {
+      seqs.push_back(j["seq"].get<uint64_t>());
+    }
+  }
+  EXPECT_EQ(headers, live->pages);
+  ASSERT_EQ(seqs.size(), newest);
+  for (size_t i = 0; i < seqs.size(); ++i) ASSERT_EQ(seqs[i], i + 1);
+
+  absl::StatusOr<Timeline> t = BuildTimeline(live->text, base, TimelineOptions{});
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_FALSE(t->site_names.empty());
+  EXPECT_NE(t->site_names[0].find("tests/runtime_http_test.cc:"), std::string::npos)
+      << t->site_names[0];
+  EXPECT_EQ(t->site_kinds[0], "alloc");
+
+  // header= takes 0 or 1 only.
+  HttpResponse r = Get(server->port(), "/debug/trace?header=yes");
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("header: expected 0 or 1"), std::string::npos) << r.body;
 }
 
 }  // namespace

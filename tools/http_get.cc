@@ -266,6 +266,7 @@ absl::StatusOr<HttpResponse> ParseHttpResponse(std::string raw) {
     std::string_view value = line.substr(colon + 1);
     while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    r.headers.emplace_back(name, std::string(value));
     if (name == "transfer-encoding" && Lower(std::string(value)).find("chunked") != std::string::npos) {
       chunked = true;
     } else if (name == "content-length") {
@@ -316,6 +317,13 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& url, const std::string& 
 
 absl::StatusOr<std::string> HttpGetOk(const std::string& url, const std::string& token,
                                       int timeout_s, int deadline_s) {
+  absl::StatusOr<HttpResponse> r = HttpGetOkResponse(url, token, timeout_s, deadline_s);
+  if (!r.ok()) return r.status();
+  return std::move(r->body);
+}
+
+absl::StatusOr<HttpResponse> HttpGetOkResponse(const std::string& url, const std::string& token,
+                                               int timeout_s, int deadline_s) {
   absl::StatusOr<HttpResponse> r = HttpGet(url, token, timeout_s, deadline_s);
   if (!r.ok()) return r.status();
   if (r->status < 200 || r->status > 299) {
@@ -326,7 +334,7 @@ absl::StatusOr<std::string> HttpGetOk(const std::string& url, const std::string&
     if (r->status == 401 && token.empty()) msg += " (pass the token with --token-file)";
     return absl::UnavailableError(msg);
   }
-  return std::move(r->body);
+  return r;
 }
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {

@@ -4,6 +4,9 @@
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -13,6 +16,15 @@ struct HttpResponse {
   int status = 0;       // 200, 401, ...
   std::string reason;   // "OK"
   std::string body;     // de-chunked
+  // The header fields in the order received, names lower-cased, values trimmed.
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The first value of header `name` (lower case), or nullptr.
+  const std::string* Header(std::string_view name) const {
+    for (const auto& [n, v] : headers) {
+      if (n == name) return &v;
+    }
+    return nullptr;
+  }
 };
 
 // GET `url` ("http://HOST:PORT/path?query"), with "Authorization: Bearer <token>" when
@@ -33,6 +45,10 @@ absl::StatusOr<HttpResponse> HttpGet(const std::string& url, const std::string& 
 absl::StatusOr<std::string> HttpGetOk(const std::string& url, const std::string& token,
                                       int timeout_s = kHttpTimeoutS,
                                       int deadline_s = kHttpDeadlineS);
+// The same, keeping the whole response (for callers that read its headers).
+absl::StatusOr<HttpResponse> HttpGetOkResponse(const std::string& url, const std::string& token,
+                                               int timeout_s = kHttpTimeoutS,
+                                               int deadline_s = kHttpDeadlineS);
 
 // The response parser HttpGet uses, fed the bytes a server sent until it closed the
 // connection (a separate function so that it can be tested and fuzzed without

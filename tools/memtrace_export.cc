@@ -1,6 +1,6 @@
 // tools/memtrace_export.cc: `memtrace export --to pytorch-snapshot SOURCE -o FILE.pickle`:
 // a snapshot, an OOM dump, a trace or a running process (http://HOST:PORT: its
-// /debug/snapshot and /debug/trace?since=0) in PyTorch's memory snapshot format, for
+// /debug/snapshot and its whole /debug/trace: tools/live_trace.h) in PyTorch's memory snapshot format, for
 // pytorch.org/memory_viz and torch.cuda._memory_viz (tools/pytorch_snapshot.h says how;
 // docs/formats.md lists the fields).
 //
@@ -19,6 +19,7 @@
 #include "allocator/config.h"
 #include "runtime/json.h"
 #include "tools/http_get.h"
+#include "tools/live_trace.h"
 #include "tools/memtrace_commands.h"
 #include "tools/pytorch_snapshot.h"
 
@@ -110,16 +111,20 @@ int ReadUrlSource(const ExportArgs& a, PyTorchExportInput* in) {
   }
   in->state = std::move(*snap);
   if (in->trace.empty()) {
-    absl::StatusOr<std::string> lines = HttpGetOk(base + "/debug/trace?since=0", token);
+    // The whole ring, page after page, with the names of the sites its events name
+    // (sites of buffers freed before the snapshot are not in the snapshot's table).
+    absl::StatusOr<LiveTrace> lines = FetchLiveTrace(base, token);
     if (!lines.ok()) {
       std::fprintf(stderr, "memtrace export: no events (%s): the segments only\n",
                    std::string(lines.status().message()).c_str());
     } else {
-      absl::StatusOr<std::vector<TraceEvent>> trace = TraceFromJsonl(*lines);
+      SiteMap trace_sites;
+      absl::StatusOr<std::vector<TraceEvent>> trace = TraceFromJsonl(lines->text, &trace_sites);
       if (!trace.ok()) {
         return Fail(absl::StrCat(base, "/debug/trace:", trace.status().message()), kExitBadInput);
       }
       in->trace = std::move(*trace);
+      in->sites.merge(trace_sites);  // the snapshot's entries win (the same ids anyway)
     }
   }
   return kExitOk;

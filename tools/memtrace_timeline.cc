@@ -1,5 +1,6 @@
 // tools/memtrace_timeline.cc: `memtrace timeline SOURCE -o FILE.svg|FILE.html`: memory
-// over time from a trace file or a running process (its /debug/trace?since=0), stacked
+// over time from a trace file or a running process (its whole /debug/trace, page after
+// page with the sites' names: tools/live_trace.h), stacked
 // by the sites that hold the most, with allocated and reserved lines and OOM marks
 // (tools/timeline.h says how it is computed and downsampled). The format follows the
 // output's extension.
@@ -11,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "allocator/config.h"
 #include "tools/http_get.h"
+#include "tools/live_trace.h"
 #include "tools/memtrace_commands.h"
 #include "tools/timeline.h"
 
@@ -57,12 +59,18 @@ int RunTimeline(const TimelineArgs& a) {
     }
     std::string url = a.source;
     while (!url.empty() && url.back() == '/') url.pop_back();
-    absl::StatusOr<std::string> body = HttpGetOk(url + "/debug/trace?since=0", token);
-    if (!body.ok()) {
-      std::fprintf(stderr, "memtrace timeline: %s\n", std::string(body.status().message()).c_str());
+    absl::StatusOr<LiveTrace> live = FetchLiveTrace(url, token);
+    if (!live.ok()) {
+      std::fprintf(stderr, "memtrace timeline: %s\n", std::string(live.status().message()).c_str());
       return kExitUnreachable;
     }
-    t = BuildTimeline(*body, a.source, options);
+    if (live->missed > 0) {
+      std::fprintf(stderr,
+                   "memtrace timeline: %s: %llu events were overwritten in the ring before "
+                   "they were read (raise trace_entries): the picture starts later\n",
+                   a.source.c_str(), static_cast<unsigned long long>(live->missed));
+    }
+    t = BuildTimeline(live->text, a.source, options);
   } else {
     t = ReadTimeline(a.source, options);
   }

@@ -33,20 +33,23 @@ absl::Status LineError(const std::string& name, uint64_t line, const std::string
   return absl::InvalidArgumentError(absl::StrFormat("%s:%d: %s", name, line, what));
 }
 
-std::string SiteName(simdjson::dom::object site) {
-  std::string_view file, function, tag;
+// A site's name as drawn, and its kind ("alloc", "clone", ...: the field of the site
+// table entry, "" when absent).
+std::pair<std::string, std::string> SiteName(simdjson::dom::object site) {
+  std::string_view file, function, tag, kind;
   uint64_t line = 0;
   // Every field is optional here: a missing one leaves the name shorter.
   if (site["file"].get_string().get(file)) file = {};
   if (site["function"].get_string().get(function)) function = {};
   if (site["tag"].get_string().get(tag)) tag = {};
   if (site["line"].get_uint64().get(line)) line = 0;
+  if (site["kind"].get_string().get(kind)) kind = {};
   // std::string pieces: Debian's absl::StrCat does not take std::string_view.
   std::string where = file.empty() ? std::string(function)
                                    : std::string(file) + ":" + std::to_string(line);
-  if (!tag.empty()) return std::string(tag) + " @ " + where;
   if (!function.empty() && !file.empty()) where += " (" + std::string(function) + ")";
-  return where;
+  if (!tag.empty()) where = std::string(tag) + " @ " + where;
+  return {where, std::string(kind)};
 }
 
 absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
@@ -54,7 +57,8 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   const std::string_view text(buffer.data(), buffer.size());
   simdjson::dom::parser parser;
   std::vector<TimelineEvent> events;
-  absl::flat_hash_map<uint64_t, std::string> site_table;  // trace site id -> name
+  // trace site id -> name and kind
+  absl::flat_hash_map<uint64_t, std::pair<std::string, std::string>> site_table;
   absl::flat_hash_map<uint64_t, uint32_t> dense;           // trace site id -> index
   std::vector<uint64_t> dense_ids;                         // index -> trace site id
   bool has_segments = false, has_time = false;
@@ -267,6 +271,7 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint32_t>> live;  // addr -> size, site
   uint64_t allocated = 0, reserved = 0;
   int current_bucket = -1;
+  int64_t bucket_last_x = 0;  // x of the open interval's last event
   uint64_t bucket_alloc_max = 0, bucket_res_max = 0;
   auto touch = [&](uint32_t site) {
     if (!is_dirty[site]) {
@@ -274,11 +279,15 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
       dirty.push_back(site);
     }
   };
-  auto close_bucket = [&](int b) {
-    tl.x.push_back(x_max <= 0 ? 0 : static_cast<int64_t>((static_cast<__int128>(b) + 1) *
-                                                         (x_max + 1) / points));
-    tl.allocated.push_back(bucket_alloc_max);
-    tl.reserved.push_back(bucket_res_max);
+  // A point is the state after its interval's last event, at that event's x, so that
+  // drawn as a step (held until the next point) it is exact wherever the trace is
+  // quiet; the interval's highest values are kept beside it so that no peak is lost.
+  auto close_bucket = [&]() {
+    tl.x.push_back(bucket_last_x);
+    tl.allocated.push_back(allocated);
+    tl.reserved.push_back(reserved);
+    tl.allocated_max.push_back(bucket_alloc_max);
+    tl.reserved_max.push_back(bucket_res_max);
     const uint32_t point = static_cast<uint32_t>(tl.x.size() - 1);
     for (uint32_t s : dirty) {
       changes.push_back(SiteChange{point, s, site_live[s]});
@@ -292,11 +301,12 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     const TimelineEvent& e = events[i];
     const int b = bucket_of(x_of(i));
     if (b != current_bucket) {
-      if (current_bucket >= 0) close_bucket(current_bucket);
+      if (current_bucket >= 0) close_bucket();
       current_bucket = b;
       bucket_alloc_max = allocated;
       bucket_res_max = reserved;
     }
+    bucket_last_x = x_of(i);
     switch (e.kind) {
       case Kind::kAlloc:
         if (live.try_emplace(e.addr, e.size, e.site).second) {
@@ -331,7 +341,8 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     tl.peak_allocated = std::max(tl.peak_allocated, allocated);
     tl.peak_reserved = std::max(tl.peak_reserved, reserved);
   }
-  if (current_bucket >= 0) close_bucket(current_bucket);
+  if (current_bucket >= 0) close_bucket();
+  tl.x_end = x_max;
 
   live = {};
   site_live = {};
@@ -350,9 +361,11 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     const uint64_t id = dense_ids[order[k]];
     rank[order[k]] = static_cast<int32_t>(k);
     auto it = site_table.find(id);
-    tl.site_names.push_back(it != site_table.end() ? it->second
+    tl.site_names.push_back(it != site_table.end() ? it->second.first
                             : id == 0              ? std::string("unknown site")
                                                    : absl::StrCat("site ", id));
+    tl.site_kinds.push_back(it != site_table.end() ? it->second.second : std::string());
+    tl.site_ids.push_back(id);
     tl.site_peak_bytes.push_back(peak[order[k]]);
   }
   tl.by_site.assign(top, std::vector<uint64_t>(npoints, 0));
@@ -373,6 +386,9 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   }
   if (top < order.size() && other_peak > 0) {
     tl.site_names.push_back("other sites");
+    tl.site_kinds.push_back("");
+    tl.site_ids.push_back(0);
+    tl.has_other = true;
     tl.site_peak_bytes.push_back(other_peak);
     tl.by_site.push_back(std::move(other));
   }

@@ -19,9 +19,12 @@
 // (`reserved_from_replay`). The x axis is time_ns (relative to the first event); when
 // the trace has no times (all zero) it is the event number.
 //
-// Downsampling: the x range is cut into `max_points` equal intervals; each point has
-// the highest allocated and reserved bytes within its interval (so no peak is lost)
-// and the per-site bytes at the interval's end. Memory is O(events + sites): at most
+// Downsampling: the x range is cut into `max_points` equal intervals. Each point is the
+// state after its interval's last event, at that event's x (allocated, reserved and
+// per-site bytes alike, so the stacked sites add up to allocated at every point), plus
+// the highest allocated and reserved bytes within the interval (so no peak is lost).
+// Drawn as steps (a value holds until the next point), the picture is exact wherever
+// the trace is quiet; within a busy interval, the *_max series show how high it went. Memory is O(events + sites): at most
 // max_points intervals whatever the order of times, per-site samples stored sparsely.
 #pragma once
 
@@ -42,14 +45,22 @@ struct TimelineOptions {
 };
 
 struct Timeline {
-  std::vector<int64_t> x;                     // interval ends (ns or event numbers)
+  // Per point: the x of its interval's last event (ns since the first event, or the
+  // event number), strictly increasing.
+  std::vector<int64_t> x;
+  int64_t x_end = 0;                          // the last event's x
   bool x_is_time = true;
-  std::vector<uint64_t> allocated;            // max within each interval
-  std::vector<uint64_t> reserved;             // max within each interval
+  std::vector<uint64_t> allocated;            // after each interval's last event
+  std::vector<uint64_t> reserved;             // after each interval's last event
+  std::vector<uint64_t> allocated_max;        // the highest within each interval
+  std::vector<uint64_t> reserved_max;         // the highest within each interval
   bool reserved_from_replay = false;
   std::vector<std::string> site_names;        // top sites, largest first, then "other"
+  std::vector<std::string> site_kinds;        // "alloc", "clone", ... ("" when unknown)
+  std::vector<uint64_t> site_ids;             // the trace's site ids (0: unknown/other)
+  bool has_other = false;                     // the last series sums the other sites
   std::vector<uint64_t> site_peak_bytes;      // each series' highest sampled value
-  std::vector<std::vector<uint64_t>> by_site; // [series][point]
+  std::vector<std::vector<uint64_t>> by_site; // [series][point], after the last event
   std::vector<int64_t> ooms;                  // x of each OOM event
   uint64_t events = 0;
   uint64_t unmatched_frees = 0;               // frees of addresses not live (skipped)
@@ -64,7 +75,9 @@ absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string&
 absl::StatusOr<Timeline> ReadTimeline(const std::string& path, const TimelineOptions& options);
 
 // `title` is shown at the top (escaped). The SVG is one standalone document; the HTML
-// page embeds it and adds a legend with a per-point readout under the pointer.
+// page embeds it and adds a readout at the time under the pointer (every series, and
+// the site whose band is under it), zoom on a dragged time range and a per-site toggle
+// (tools/timeline_render.cc).
 std::string TimelineSvg(const Timeline& timeline, const std::string& title);
 std::string TimelineHtml(const Timeline& timeline, const std::string& title);
 

@@ -1,9 +1,19 @@
 // tools/timeline_render.cc: draws a Timeline (tools/timeline.h) as a standalone SVG,
-// or as an HTML page that embeds that SVG and adds a legend and a readout under the
-// pointer. Self-contained: no network, no external fonts or scripts.
+// or as an HTML page that embeds that SVG and adds, in a script: a readout under the
+// pointer (picked by time), the site under the pointer with its bytes, zoom on a time
+// range (drag; double-click or "whole trace" to undo) and a per-site toggle.
+// Self-contained: no network, no external fonts or scripts.
+//
+// Every series is drawn as steps: a point's value holds from its x until the next
+// point (tools/timeline.h: a point is the state after its interval's last event). The
+// plot is a nested <svg id="plot"> in its own coordinates (0..kPlotWidth, 0..kPlotHeight),
+// so that the page zooms by changing its viewBox; strokes do not scale
+// (vector-effect), and the x ticks and OOM labels, outside it, are placed again.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -14,7 +24,11 @@ namespace devmem {
 namespace {
 
 constexpr int kWidth = 1000, kPlotHeight = 440, kLeft = 90, kRight = 20, kTop = 40;
+constexpr int kPlotWidth = kWidth - kLeft - kRight;
 constexpr int kLegendRow = 18;
+// A legend line's text fits the width at 12px sans-serif (about 6.5 px a character);
+// longer names are cut in the middle, the whole name in the row's <title>.
+constexpr size_t kLegendChars = 130;
 // Colour-blind-safe palette (Okabe-Ito, then greys for "other").
 constexpr const char* kColors[] = {"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9",
                                    "#D55E00", "#F0E442", "#999999", "#7f3c8d", "#11a579"};
@@ -52,93 +66,239 @@ std::string JsString(std::string_view s) {
   return out + "\"";
 }
 
-std::string FormatX(int64_t x, bool is_time) {
-  if (!is_time) return absl::StrCat(x);
-  const double s = static_cast<double>(x) / 1e9;
-  if (s >= 1) return absl::StrFormat("%.2f s", s);
-  if (s >= 1e-3) return absl::StrFormat("%.2f ms", s * 1e3);
-  return absl::StrFormat("%.1f us", s * 1e6);
+// `s` cut to at most `n` characters (UTF-8 aware: never inside a character), the middle
+// replaced by "…", since a site's distinguishing part may be at either end.
+std::string Ellipsize(const std::string& s, size_t n) {
+  if (s.size() <= n) return s;
+  auto boundary = [&](size_t i) {  // back to the start of a UTF-8 character
+    while (i > 0 && i < s.size() && (static_cast<unsigned char>(s[i]) & 0xC0) == 0x80) --i;
+    return i;
+  };
+  const size_t head = boundary(n / 2 - 1);
+  size_t tail = s.size() - (n - n / 2 - 1);
+  while (tail < s.size() && (static_cast<unsigned char>(s[tail]) & 0xC0) == 0x80) ++tail;
+  return s.substr(0, head) + "\xE2\x80\xA6" + s.substr(tail);
+}
+
+// Round tick steps. Bytes: 1, 2, 5, 10, 20, 50, 100, 200, 500 of B, KiB, MiB, GiB, TiB,
+// the smallest giving at most 6 steps up to `top`; every label is a whole number of
+// the step's unit ("400 MiB", "1 GiB"). The page's script has the same rule (NiceBytes).
+struct Ticks {
+  uint64_t step = 1;
+  uint64_t end = 1;  // the axis end: a whole number of steps
+  uint64_t unit = 1;
+  const char* unit_name = "B";
+};
+Ticks ByteTicks(uint64_t top) {
+  static constexpr const char* kNames[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  static constexpr uint64_t kMantissa[] = {1, 2, 5, 10, 20, 50, 100, 200, 500};
+  top = std::max<uint64_t>(top, 1);
+  Ticks t;
+  for (int u = 0; u < 6; ++u) {
+    for (uint64_t m : kMantissa) {
+      const uint64_t unit = uint64_t{1} << (10 * u);
+      t.step = m * unit;
+      t.unit = unit;
+      t.unit_name = kNames[u];
+      if (t.step * 6 >= top) {
+        t.end = (top + t.step - 1) / t.step * t.step;
+        return t;
+      }
+    }
+  }
+  t.end = (top + t.step - 1) / t.step * t.step;
+  return t;
+}
+std::string ByteLabel(const Ticks& t, uint64_t v) {
+  return absl::StrCat(v / t.unit, " ", t.unit_name);
+}
+
+// Time (or event number) ticks: 1, 2, 5 times a power of ten, at most 8 steps up to
+// `top`, all labelled in one unit chosen from the axis end (ns, µs, ms or s).
+struct XTicks {
+  int64_t step = 1;
+  int64_t end = 1;
+  double unit = 1;
+  const char* unit_name = "";
+  int decimals = 0;
+};
+XTicks TimeTicks(int64_t top, bool is_time) {
+  top = std::max<int64_t>(top, 1);
+  XTicks t;
+  for (int64_t p = 1;; p *= 10) {
+    for (int64_t m : {1, 2, 5}) {
+      t.step = m * p;
+      if (t.step * 8 >= top || p > INT64_MAX / 100) {
+        t.end = (top + t.step - 1) / t.step * t.step;
+        if (is_time) {
+          if (t.end >= 2'000'000'000) {
+            t.unit = 1e9, t.unit_name = " s";
+          } else if (t.end >= 2'000'000) {
+            t.unit = 1e6, t.unit_name = " ms";
+          } else if (t.end >= 2'000) {
+            t.unit = 1e3, t.unit_name = " \xC2\xB5s";
+          } else {
+            t.unit = 1, t.unit_name = " ns";
+          }
+        }
+        // Enough decimals for the step in that unit (a step is 1, 2 or 5 x 10^k).
+        const double s = static_cast<double>(t.step) / t.unit;
+        t.decimals = s >= 1 ? 0 : static_cast<int>(std::ceil(-std::log10(s) - 1e-9));
+        return t;
+      }
+    }
+  }
+}
+std::string XLabel(const XTicks& t, int64_t v) {
+  return absl::StrFormat("%.*f%s", t.decimals, static_cast<double>(v) / t.unit, t.unit_name);
 }
 
 struct Scale {
-  int64_t x_max;
-  uint64_t y_max;
+  int64_t x_end;
+  uint64_t y_end;
+  // Plot coordinates (inside <svg id="plot">).
   double X(int64_t x) const {
-    return kLeft + (x_max <= 0 ? 0.0
-                               : static_cast<double>(x) / static_cast<double>(x_max) *
-                                     (kWidth - kLeft - kRight));
+    return x_end <= 0 ? 0.0 : static_cast<double>(x) / static_cast<double>(x_end) * kPlotWidth;
   }
   double Y(uint64_t y) const {
-    return kTop + kPlotHeight -
-           (y_max == 0 ? 0.0 : static_cast<double>(y) / static_cast<double>(y_max) * kPlotHeight);
+    return kPlotHeight - static_cast<double>(y) / static_cast<double>(y_end) * kPlotHeight;
   }
 };
+
+// The corners of `v` drawn as steps after each point (from x = 0 at zero).
+std::vector<std::pair<double, double>> StepAfter(const Scale& sc, const std::vector<int64_t>& x,
+                                                 const std::vector<uint64_t>& v) {
+  std::vector<std::pair<double, double>> p;
+  p.reserve(2 * x.size() + 1);
+  double prev = sc.Y(0);
+  p.emplace_back(0.0, prev);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double px = sc.X(x[i]), py = sc.Y(v[i]);
+    p.emplace_back(px, prev);
+    p.emplace_back(px, py);
+    prev = py;
+  }
+  return p;
+}
+// The same for an interval's highest value: it holds over the interval that ends at
+// its point (after the point before).
+std::vector<std::pair<double, double>> StepBefore(const Scale& sc, const std::vector<int64_t>& x,
+                                                  const std::vector<uint64_t>& v) {
+  std::vector<std::pair<double, double>> p;
+  double from = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double px = sc.X(x[i]), py = sc.Y(v[i]);
+    p.emplace_back(from, py);
+    p.emplace_back(px, py);
+    from = px;
+  }
+  return p;
+}
+std::string Points(const std::vector<std::pair<double, double>>& p) {
+  std::string s;
+  for (const auto& [x, y] : p) absl::StrAppendFormat(&s, "%.2f,%.2f ", x, y);
+  if (!s.empty()) s.pop_back();
+  return s;
+}
+
+// A series' legend text: its name, kind and site id, so that two sites in the same
+// function (a clone and an alloc, or two lines) are told apart.
+std::string SeriesLabel(const Timeline& t, size_t k) {
+  if (t.has_other && k + 1 == t.site_names.size()) return t.site_names[k];
+  std::string s = t.site_names[k];
+  if (!t.site_kinds[k].empty()) absl::StrAppend(&s, " \xC2\xB7 ", t.site_kinds[k]);
+  if (t.site_ids[k] != 0) absl::StrAppend(&s, " \xC2\xB7 site ", t.site_ids[k]);
+  return s;
+}
 
 }  // namespace
 
 std::string TimelineSvg(const Timeline& t, const std::string& title) {
   const size_t n = t.x.size();
-  const int legend_rows = static_cast<int>(t.site_names.size()) + 3;
+  const int legend_rows = static_cast<int>(t.site_names.size()) + 4;
   const int height = kTop + kPlotHeight + 40 + legend_rows * kLegendRow;
-  Scale sc{n == 0 ? 0 : t.x.back(),
-           std::max<uint64_t>(1, std::max(t.peak_allocated, t.peak_reserved) / 20 * 21)};
+  const Ticks yt = ByteTicks(std::max(t.peak_allocated, t.peak_reserved));
+  const XTicks xt = TimeTicks(t.x_end, t.x_is_time);
+  const Scale sc{xt.end, yt.end};
   std::string s = absl::StrFormat(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline\" width=\"%d\" height=\"%d\" "
-      "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\">\n",
-      kWidth, height, kWidth, height);
+      "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\" font-size=\"12\" "
+      "data-x-end=\"%d\" data-y-end=\"%d\">\n",
+      kWidth, height, kWidth, height, xt.end, yt.end);
   absl::StrAppend(&s, "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
   absl::StrAppendFormat(&s, "<text x=\"%d\" y=\"22\" font-size=\"15\">%s</text>\n", kLeft,
                         Xml(title));
-  // Axes and horizontal grid lines at fifths of the range.
-  for (int i = 0; i <= 5; ++i) {
-    const uint64_t v = sc.y_max / 5 * static_cast<uint64_t>(i);
+  // Horizontal grid lines and y labels at round byte counts.
+  for (uint64_t v = 0; v <= yt.end; v += yt.step) {
+    const double y = kTop + sc.Y(v);
     absl::StrAppendFormat(&s,
-                          "<line x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>"
-                          "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n",
-                          kLeft, kWidth - kRight, sc.Y(v), sc.Y(v), kLeft - 6, sc.Y(v) + 4,
-                          Xml(FormatBytes(v)));
-    const int64_t xv = sc.x_max / 5 * i;
-    absl::StrAppendFormat(&s, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"%s\">%s</text>\n",
-                          sc.X(xv), kTop + kPlotHeight + 16, i == 5 ? "end" : "middle",
-                          Xml(FormatX(xv, t.x_is_time)));
+                          "<line class=\"ygrid\" x1=\"%d\" x2=\"%d\" y1=\"%.1f\" y2=\"%.1f\" "
+                          "stroke=\"#ddd\"/><text class=\"ytick\" x=\"%d\" y=\"%.1f\" "
+                          "text-anchor=\"end\">%s</text>\n",
+                          kLeft, kWidth - kRight, y, y, kLeft - 6, y + 4, ByteLabel(yt, v));
   }
+  // X labels, one unit for all; the page's script redraws them when zoomed.
+  absl::StrAppend(&s, "<g id=\"xticks\">");
+  for (int64_t v = 0; v <= xt.end; v += xt.step) {
+    const double x = kLeft + sc.X(v);
+    absl::StrAppendFormat(&s,
+                          "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" stroke=\"#999\"/>"
+                          "<text class=\"xtick\" x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%s"
+                          "</text>",
+                          x, x, kTop + kPlotHeight, kTop + kPlotHeight + 4, x,
+                          kTop + kPlotHeight + 16, Xml(XLabel(xt, v)));
+    if (v > INT64_MAX - xt.step) break;
+  }
+  absl::StrAppend(&s, "</g>\n");
   absl::StrAppendFormat(&s, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">%s</text>\n",
-                        (kWidth + kLeft) / 2, kTop + kPlotHeight + 32,
+                        kLeft + kPlotWidth / 2, kTop + kPlotHeight + 32,
                         t.x_is_time ? "time since the first event" : "event number");
-  // Stacked site areas, bottom up: each polygon runs along its top edge and back along
-  // the edge below it.
-  std::vector<uint64_t> below(n, 0);
+  // The plot, in its own coordinates.
+  absl::StrAppendFormat(&s,
+                        "<svg id=\"plot\" x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" "
+                        "viewBox=\"0 0 %d %d\" preserveAspectRatio=\"none\" "
+                        "overflow=\"hidden\">\n",
+                        kLeft, kTop, kPlotWidth, kPlotHeight, kPlotWidth, kPlotHeight);
+  // Stacked site areas, bottom up: each polygon runs along its top edge's steps and
+  // back along the edge below it.
+  std::vector<uint64_t> below(n, 0), top(n, 0);
   for (size_t k = 0; k < t.by_site.size(); ++k) {
-    std::string pts;
-    for (size_t i = 0; i < n; ++i) {
-      absl::StrAppendFormat(&pts, "%.1f,%.1f ", sc.X(t.x[i]), sc.Y(below[i] + t.by_site[k][i]));
-    }
-    for (size_t i = n; i-- > 0;) {
-      absl::StrAppendFormat(&pts, "%.1f,%.1f ", sc.X(t.x[i]), sc.Y(below[i]));
-    }
-    for (size_t i = 0; i < n; ++i) below[i] += t.by_site[k][i];
+    for (size_t i = 0; i < n; ++i) top[i] = below[i] + t.by_site[k][i];
+    std::vector<std::pair<double, double>> pts = StepAfter(sc, t.x, top);
+    std::vector<std::pair<double, double>> back = StepAfter(sc, t.x, below);
+    pts.insert(pts.end(), back.rbegin(), back.rend());
     absl::StrAppendFormat(&s,
-                          "<polygon class=\"site\" fill=\"%s\" fill-opacity=\"0.75\" "
-                          "points=\"%s\"><title>%s</title></polygon>\n",
-                          kColors[k % 10], pts, Xml(t.site_names[k]));
+                          "<polygon class=\"site\" data-series=\"%d\" fill=\"%s\" "
+                          "fill-opacity=\"0.75\" points=\"%s\"><title>%s</title></polygon>\n",
+                          k, kColors[k % 10], Points(pts), Xml(SeriesLabel(t, k)));
+    below = top;
   }
-  auto polyline = [&](const std::vector<uint64_t>& v, const char* color, const char* extra,
-                      const char* id) {
-    std::string pts;
-    for (size_t i = 0; i < n; ++i) absl::StrAppendFormat(&pts, "%.1f,%.1f ", sc.X(t.x[i]), sc.Y(v[i]));
+  auto polyline = [&](const std::vector<std::pair<double, double>>& pts, const char* color,
+                      const char* extra, const char* id) {
     absl::StrAppendFormat(&s,
                           "<polyline id=\"%s\" fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" "
-                          "%s points=\"%s\"/>\n",
-                          id, color, extra, pts);
+                          "vector-effect=\"non-scaling-stroke\" %s points=\"%s\"/>\n",
+                          id, color, extra, Points(pts));
   };
-  polyline(t.reserved, "#c00000", "stroke-dasharray=\"6 3\"", "reserved");
-  polyline(t.allocated, "#000000", "", "allocated");
+  polyline(StepBefore(sc, t.x, t.allocated_max), "#888888", "stroke-dasharray=\"2 2\"",
+           "allocated-max");
+  polyline(StepAfter(sc, t.x, t.reserved), "#c00000", "stroke-dasharray=\"6 3\"", "reserved");
+  polyline(StepAfter(sc, t.x, t.allocated), "#000000", "", "allocated");
   for (int64_t x : t.ooms) {
     absl::StrAppendFormat(&s,
-                          "<line class=\"oom\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%d\" y2=\"%d\" "
-                          "stroke=\"#ff0000\" stroke-width=\"2\"/>"
-                          "<text x=\"%.1f\" y=\"%d\" fill=\"#ff0000\">OOM</text>\n",
-                          sc.X(x), sc.X(x), kTop, kTop + kPlotHeight, sc.X(x) + 2, kTop + 10);
+                          "<line class=\"oom\" x1=\"%.2f\" x2=\"%.2f\" y1=\"0\" y2=\"%d\" "
+                          "stroke=\"#ff0000\" stroke-width=\"2\" "
+                          "vector-effect=\"non-scaling-stroke\"/>\n",
+                          sc.X(x), sc.X(x), kPlotHeight);
+  }
+  absl::StrAppend(&s, "</svg>\n");
+  // OOM labels above the plot, anchored so that none runs past the right edge.
+  for (int64_t x : t.ooms) {
+    const double px = kLeft + sc.X(x);
+    absl::StrAppendFormat(&s,
+                          "<text class=\"oom-label\" data-x=\"%d\" x=\"%.1f\" y=\"%d\" "
+                          "fill=\"#ff0000\" text-anchor=\"%s\">OOM</text>\n",
+                          x, px, kTop - 4, px > kWidth - kRight - 30 ? "end" : "middle");
   }
   // Legend.
   int y = kTop + kPlotHeight + 56;
@@ -147,6 +307,12 @@ std::string TimelineSvg(const Timeline& t, const std::string& title) {
                         "<text x=\"%d\" y=\"%d\">allocated (peak %s)</text>\n",
                         kLeft, kLeft + 20, y - 4, y - 4, kLeft + 26, y,
                         Xml(FormatBytes(t.peak_allocated)));
+  y += kLegendRow;
+  absl::StrAppendFormat(&s,
+                        "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" stroke=\"#888\" "
+                        "stroke-dasharray=\"2 2\"/><text x=\"%d\" y=\"%d\">allocated, the "
+                        "highest within each interval</text>\n",
+                        kLeft, kLeft + 20, y - 4, y - 4, kLeft + 26, y);
   y += kLegendRow;
   absl::StrAppendFormat(&s,
                         "<line x1=\"%d\" x2=\"%d\" y1=\"%d\" y2=\"%d\" stroke=\"#c00000\" "
@@ -158,13 +324,19 @@ std::string TimelineSvg(const Timeline& t, const std::string& title) {
                                                : "");
   y += kLegendRow;
   for (size_t k = 0; k < t.site_names.size(); ++k, y += kLegendRow) {
+    const std::string label = SeriesLabel(t, k);
     absl::StrAppendFormat(&s,
+                          "<g class=\"legend-row\" data-series=\"%d\"><title>%s</title>"
                           "<rect x=\"%d\" y=\"%d\" width=\"20\" height=\"10\" fill=\"%s\"/>"
-                          "<text class=\"site-name\" x=\"%d\" y=\"%d\">%s (peak %s)</text>\n",
-                          kLeft, y - 10, kColors[k % 10], kLeft + 26, y,
-                          Xml(t.site_names[k]), Xml(FormatBytes(t.site_peak_bytes[k])));
+                          "<text class=\"site-name\" x=\"%d\" y=\"%d\">%s (peak %s)</text></g>\n",
+                          k, Xml(label), kLeft, y - 10, kColors[k % 10], kLeft + 26, y,
+                          Xml(Ellipsize(label, kLegendChars)),
+                          Xml(FormatBytes(t.site_peak_bytes[k])));
   }
-  absl::StrAppendFormat(&s, "<text x=\"%d\" y=\"%d\" fill=\"#666\">%d events, %d points%s</text>\n",
+  absl::StrAppendFormat(&s,
+                        "<text id=\"caption\" x=\"%d\" y=\"%d\" fill=\"#666\">%d events, %d "
+                        "points%s; a point is the state after the last event of its interval, "
+                        "held until the next (steps)</text>\n",
                         kLeft, y, t.events, n,
                         t.ooms.empty() ? "" : absl::StrCat(", ", t.ooms.size(), " OOMs"));
   s += "</svg>\n";
@@ -172,52 +344,199 @@ std::string TimelineSvg(const Timeline& t, const std::string& title) {
 }
 
 std::string TimelineHtml(const Timeline& t, const std::string& title) {
-  std::string data = "{\"x\":[";
-  for (size_t i = 0; i < t.x.size(); ++i) absl::StrAppend(&data, i ? "," : "", t.x[i]);
-  absl::StrAppend(&data, "],\"xIsTime\":", t.x_is_time ? "true" : "false", ",\"allocated\":[");
-  for (size_t i = 0; i < t.allocated.size(); ++i) absl::StrAppend(&data, i ? "," : "", t.allocated[i]);
-  absl::StrAppend(&data, "],\"reserved\":[");
-  for (size_t i = 0; i < t.reserved.size(); ++i) absl::StrAppend(&data, i ? "," : "", t.reserved[i]);
-  absl::StrAppend(&data, "],\"sites\":[");
+  auto array = [](std::string* out, const auto& v) {
+    *out += '[';
+    for (size_t i = 0; i < v.size(); ++i) absl::StrAppend(out, i ? "," : "", v[i]);
+    *out += ']';
+  };
+  std::string data = "{\"x\":";
+  array(&data, t.x);
+  absl::StrAppend(&data, ",\"xIsTime\":", t.x_is_time ? "true" : "false", ",\"allocated\":");
+  array(&data, t.allocated);
+  data += ",\"allocatedMax\":";
+  array(&data, t.allocated_max);
+  data += ",\"reserved\":";
+  array(&data, t.reserved);
+  data += ",\"sites\":[";
   for (size_t k = 0; k < t.site_names.size(); ++k) {
-    absl::StrAppend(&data, k ? "," : "", "{\"name\":", JsString(t.site_names[k]), ",\"bytes\":[");
-    for (size_t i = 0; i < t.by_site[k].size(); ++i) {
-      absl::StrAppend(&data, i ? "," : "", t.by_site[k][i]);
-    }
-    absl::StrAppend(&data, "]}");
+    absl::StrAppend(&data, k ? "," : "", "{\"name\":", JsString(SeriesLabel(t, k)),
+                    ",\"bytes\":");
+    array(&data, t.by_site[k]);
+    data += '}';
   }
   absl::StrAppend(&data, "]}");
   std::string html = absl::StrCat(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>",
       Xml(title),
       "</title>\n<style>body{font-family:sans-serif;margin:16px}"
-      "#readout{font-family:monospace;white-space:pre;min-height:9em}</style>\n</head><body>\n",
+      "#readout{font-family:monospace;white-space:pre;min-height:9em}"
+      "#toggles label{display:block;font-size:13px}#plot{cursor:crosshair}</style>\n"
+      "</head><body>\n",
       TimelineSvg(t, title),
+      "<p>Drag across the chart to zoom on a time range; double-click or "
+      "<button id=\"unzoom\">whole trace</button>. Sites shown:</p>\n"
+      "<div id=\"toggles\"></div>\n"
       "<div id=\"readout\">move the pointer over the chart</div>\n"
       "<p id=\"status\"></p>\n<script>\n\"use strict\";\nconst data = ",
       data, ";\n");
-  // The readout: the values of the nearest point under the pointer. The status line is
-  // written last, so a page whose script failed shows none (the test checks for it).
-  html += R"JS(function fmt(b) {
+  // The script. Plot coordinates are those of <svg id="plot"> (tools/timeline_render.cc);
+  // the view is the x range shown, in trace units. The readout picks the last point at
+  // or before the time under the pointer (a binary search on x), so it reads the value
+  // the steps draw there. The status line is written last, so a page whose script
+  // failed shows none (tests/timeline_test.py checks for it).
+  html += R"JS(const svg = document.getElementById("timeline");
+const plot = document.getElementById("plot");
+const readout = document.getElementById("readout");
+const PW = plot.viewBox.baseVal.width, PH = plot.viewBox.baseVal.height;
+const LEFT = plot.x.baseVal.value, TOP = plot.y.baseVal.value;
+const xEnd = Number(svg.dataset.xEnd), yEnd = Number(svg.dataset.yEnd);
+const shown = data.sites.map(() => true);
+let view = [0, xEnd];
+function fmt(b) {
   const u = ["B", "KiB", "MiB", "GiB", "TiB"];
   let i = 0;
   while (b >= 1024 && i < u.length - 1) { b /= 1024; ++i; }
   return b.toFixed(i ? 1 : 0) + " " + u[i];
 }
-function fmtX(x) { return data.xIsTime ? (x / 1e9).toFixed(6) + " s" : "event " + x; }
-const svg = document.getElementById("timeline");
-const readout = document.getElementById("readout");
-svg.addEventListener("mousemove", (ev) => {
-  const box = svg.getBoundingClientRect();
-  const left = 90, right = 20, width = 1000;
-  const fx = ((ev.clientX - box.left) * width / box.width - left) / (width - left - right);
+// The x unit of the SVG's rule (XTicks), from the end of the range shown.
+function xUnit(b) {
+  if (!data.xIsTime) return [1, ""];
+  if (b >= 2e9) return [1e9, " s"];
+  if (b >= 2e6) return [1e6, " ms"];
+  if (b >= 2e3) return [1e3, " \u00b5s"];
+  return [1, " ns"];
+}
+// The x tick rule of the SVG (XTicks): 1, 2, 5 x 10^k, at most 8 steps, one unit.
+function xTicks(a, b) {
+  const span = Math.max(b - a, 1);
+  let step = 1;
+  for (let p = 1; ; p *= 10) {
+    const m = [1, 2, 5].find((m) => m * p * 8 >= span);
+    if (m !== undefined) { step = m * p; break; }
+  }
+  const [unit, name] = xUnit(b);
+  const dec = step / unit >= 1 ? 0 : Math.ceil(-Math.log10(step / unit) - 1e-9);
+  const out = [];
+  for (let v = Math.ceil(a / step) * step; v <= b; v += step) {
+    out.push([v, (v / unit).toFixed(dec) + name]);
+  }
+  return out;
+}
+// Plot x (0..PW in the current view) <-> trace x.
+function toX(px) { return view[0] + px / PW * (view[1] - view[0]); }
+function plotXOf(ev) {
+  const box = plot.getBoundingClientRect();
+  return (ev.clientX - box.left) / box.width * PW;
+}
+// The last point at or before x, -1 before the first.
+function pointAt(x) {
+  let lo = 0, hi = data.x.length;
+  while (lo < hi) { const m = (lo + hi) >> 1; if (data.x[m] <= x) lo = m + 1; else hi = m; }
+  return lo - 1;
+}
+function valueAt(series, x) { const i = pointAt(x); return i < 0 ? 0 : series[i]; }
+// The stacked polygons again, with the hidden sites left out.
+function restack() {
   const n = data.x.length;
-  if (n === 0) return;
-  const i = Math.max(0, Math.min(n - 1, Math.round(fx * (n - 1))));
-  let lines = [fmtX(data.x[i]), "allocated " + fmt(data.allocated[i]),
-               "reserved  " + fmt(data.reserved[i])];
-  for (const s of data.sites) lines.push("  " + fmt(s.bytes[i]).padStart(10) + "  " + s.name);
+  const X = (v) => v / xEnd * PW, Y = (v) => PH - v / yEnd * PH;
+  const steps = (v) => {
+    const p = [[0, Y(0)]];
+    let prev = Y(0);
+    for (let i = 0; i < n; ++i) { p.push([X(data.x[i]), prev], [X(data.x[i]), Y(v[i])]); prev = Y(v[i]); }
+    return p;
+  };
+  let below = new Array(n).fill(0);
+  data.sites.forEach((s, k) => {
+    const poly = plot.querySelector('polygon[data-series="' + k + '"]');
+    if (!shown[k]) { poly.style.display = "none"; return; }
+    poly.style.display = "";
+    const top = below.map((b, i) => b + s.bytes[i]);
+    const pts = steps(top).concat(steps(below).reverse());
+    poly.setAttribute("points", pts.map((p) => p[0].toFixed(2) + "," + p[1].toFixed(2)).join(" "));
+    below = top;
+  });
+  for (const row of svg.querySelectorAll(".legend-row")) {
+    row.style.opacity = shown[Number(row.dataset.series)] ? 1 : 0.35;
+  }
+}
+function setView(a, b) {
+  a = Math.max(0, a); b = Math.min(xEnd, b);
+  if (!(b > a)) return;
+  view = [a, b];
+  plot.setAttribute("viewBox", (a / xEnd * PW) + " 0 " + ((b - a) / xEnd * PW) + " " + PH);
+  const g = document.getElementById("xticks");
+  const ns = "http://www.w3.org/2000/svg";
+  g.replaceChildren();
+  for (const [v, label] of xTicks(a, b)) {
+    const px = LEFT + (v - a) / (b - a) * PW;
+    const line = document.createElementNS(ns, "line");
+    for (const [k, val] of [["x1", px], ["x2", px], ["y1", TOP + PH], ["y2", TOP + PH + 4], ["stroke", "#999"]]) line.setAttribute(k, val);
+    const text = document.createElementNS(ns, "text");
+    for (const [k, val] of [["class", "xtick"], ["x", px], ["y", TOP + PH + 16], ["text-anchor", "middle"]]) text.setAttribute(k, val);
+    text.textContent = label;
+    g.append(line, text);
+  }
+  for (const t of svg.querySelectorAll(".oom-label")) {
+    const x = Number(t.dataset.x);
+    t.style.display = x < a || x > b ? "none" : "";
+    const px = LEFT + (x - a) / (b - a) * PW;
+    t.setAttribute("x", px);
+    t.setAttribute("text-anchor", px > LEFT + PW - 30 ? "end" : "middle");
+  }
+  svg.dataset.view = a + "," + b;
+}
+function show(x, py) {
+  const i = pointAt(x);
+  const at = (s) => (i < 0 ? 0 : s[i]);
+  const next = Math.min(i + 1, data.x.length - 1);
+  const [unit, name] = xUnit(view[1]);  // the unit of the ticks shown
+  const lines = [(data.xIsTime ? "t = " + (x / unit).toFixed(unit > 1 ? 6 : 0) + name
+                               : "event " + Math.round(x)),
+                 "allocated " + fmt(at(data.allocated)) +
+                     (next >= 0 ? "   (highest in this interval " + fmt(data.allocatedMax[next]) + ")" : ""),
+                 "reserved  " + fmt(at(data.reserved))];
+  // The site whose band is under the pointer.
+  const bytesUp = (PH - py) / PH * yEnd;
+  let sum = 0, under = null;
+  data.sites.forEach((s, k) => {
+    if (!shown[k]) return;
+    const b = at(s.bytes);
+    if (under === null && bytesUp >= sum && bytesUp < sum + b) under = k;
+    sum += b;
+  });
+  lines.push(under === null ? "under the pointer: no site"
+                            : "under the pointer: " + data.sites[under].name + ", " + fmt(at(data.sites[under].bytes)));
+  data.sites.forEach((s, k) => {
+    if (shown[k]) lines.push("  " + fmt(at(s.bytes)).padStart(10) + "  " + s.name);
+  });
   readout.textContent = lines.join("\n");
+  readout.dataset.allocated = at(data.allocated);
+  readout.dataset.reserved = at(data.reserved);
+  readout.dataset.under = under === null ? "" : under;
+}
+let dragFrom = null;
+plot.addEventListener("mousedown", (ev) => { dragFrom = toX(plotXOf(ev)); ev.preventDefault(); });
+window.addEventListener("mouseup", (ev) => {
+  if (dragFrom === null) return;
+  const to = toX(plotXOf(ev));
+  const [a, b] = [Math.min(dragFrom, to), Math.max(dragFrom, to)];
+  dragFrom = null;
+  if (b - a > (view[1] - view[0]) / 200) setView(a, b);
+});
+plot.addEventListener("dblclick", () => setView(0, xEnd));
+document.getElementById("unzoom").addEventListener("click", () => setView(0, xEnd));
+plot.addEventListener("mousemove", (ev) => {
+  const box = plot.getBoundingClientRect();
+  show(toX(plotXOf(ev)), (ev.clientY - box.top) / box.height * PH);
+});
+const toggles = document.getElementById("toggles");
+data.sites.forEach((s, k) => {
+  const label = document.createElement("label");
+  const box = document.createElement("input");
+  box.type = "checkbox"; box.checked = true; box.dataset.series = k;
+  box.addEventListener("change", () => { shown[k] = box.checked; restack(); });
+  label.append(box, " " + s.name);
+  toggles.append(label);
 });
 document.getElementById("status").textContent =
     "timeline ready: " + data.x.length + " points, " + data.sites.length + " site series";
