@@ -577,8 +577,7 @@ struct HttpServer::Impl {
     std::string first;  // the trace header line (header=1), sent before the events
     if (header) {
       first = TraceHeaderToJson(*events);
-      first.push_back('
-');
+      first.push_back('\n');
     }
     r.stream_bytes = first.size();
     for (const TraceEvent& e : *events) r.stream_bytes += TraceEventToJson(e).size() + 1;
@@ -586,8 +585,7 @@ struct HttpServer::Impl {
       std::string piece = first;
       for (const TraceEvent& e : *events) {
         piece += TraceEventToJson(e);
-        piece.push_back('
-');
+        piece.push_back('\n');
         if (piece.size() >= kStreamPieceBytes) {
           if (!sink(piece)) return;
           piece.clear();
