@@ -158,9 +158,7 @@ Block* DevicePool::take_free_block(size_t size, Stream stream) {
   for (auto it = set.lower_bound(BlockKey{stream, size, 0});
        it != set.end() && (*it)->stream == stream; ++it) {
     Block* b = *it;
-    if (b->segment->oversize && (size < max_split || b->size - size >= kLargeBuffer)) {
-      continue;
-    }
+    if (b->segment->oversize && !OversizeBlockServes(b->size, size, max_split)) continue;
     erase_free(b);
     return b;
   }
@@ -173,39 +171,42 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
   size_t segment_size = 0;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
   if (config_.garbage_collection_threshold > 0) garbage_collect(segment_size);
-  if (Block* b = try_grow(size, segment_size, small, stream)) {
-    ++stats_.cache_misses;
-    return b;
-  }
-  // Stage 1: give back cached segments nobody uses (no waiting), enough for this one.
-  if (release_unused(segment_size) > 0) {
-    if (Block* b = try_grow(size, segment_size, small, stream)) {
-      ++stats_.cache_misses;
-      return b;
+  for (const RetryStage stage : kRetryOrder) {
+    size_t grow_size = segment_size;
+    switch (stage) {
+      case RetryStage::kGrow:
+        break;
+      case RetryStage::kReleaseForSegment:
+        // Give back cached segments nobody uses (no waiting), enough for this one.
+        if (release_unused(segment_size) == 0) continue;
+        break;
+      case RetryStage::kWaitAndReleaseAll:
+        // Wait for every pending cross-stream free, release every unused segment, and
+        // try once more. Waiting may have made a cached block on this stream fit.
+        ++stats_.num_alloc_retries;
+        if (pending_count_ != 0) {
+          ++stats_.num_sync_all_streams;
+          process_events_locked(/*wait=*/true);
+          if (Block* b = take_free_block(size, stream)) {
+            ++stats_.cache_hits;
+            return b;
+          }
+        }
+        release_unused(SIZE_MAX);
+        break;
+      case RetryStage::kExactSegment:
+        // Last resort for the large pool: a segment of just the request (rounded to
+        // 2 MiB) when the standard 20 MiB one does not fit in what the device has
+        // left. Kept last because small segments fragment the device; it is only ever
+        // worth an OOM.
+        grow_size = ExactSegmentSize(size, segment_size);
+        if (grow_size == 0) continue;
+        break;
     }
-  }
-  // Stage 2: wait for every pending cross-stream free, release every unused segment,
-  // and try once more. Waiting may have made a cached block on this stream fit.
-  ++stats_.num_alloc_retries;
-  if (pending_count_ != 0) {
-    ++stats_.num_sync_all_streams;
-    process_events_locked(/*wait=*/true);
-    if (Block* b = take_free_block(size, stream)) {
-      ++stats_.cache_hits;
-      return b;
-    }
-  }
-  release_unused(SIZE_MAX);
-  if (Block* b = try_grow(size, segment_size, small, stream)) {
-    ++stats_.cache_misses;
-    return b;
-  }
-  // Last resort for the large pool: a segment of just the request (rounded to 2 MiB)
-  // when the standard 20 MiB one does not fit in what the device has left. Kept last
-  // because small segments fragment the device; it is only ever worth an OOM.
-  const size_t exact = (size + kRoundLarge - 1) & ~(kRoundLarge - 1);
-  if (!small && exact < segment_size) {
-    if (Block* b = try_new_segment(size, exact, small, stream)) {
+    Block* b = stage == RetryStage::kExactSegment
+                   ? try_new_segment(size, grow_size, small, stream)
+                   : try_grow(size, grow_size, small, stream);
+    if (b != nullptr) {
       ++stats_.cache_misses;
       return b;
     }
@@ -217,8 +218,7 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
 }
 
 size_t DevicePool::memory_limit() const {
-  if (memory_fraction_ >= 1.0) return SIZE_MAX;
-  return static_cast<size_t>(static_cast<double>(device_total_) * memory_fraction_);
+  return MemoryLimit(memory_fraction_, device_total_);
 }
 
 Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream stream) {
@@ -254,7 +254,7 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   s->size = segment_size;
   s->stream = stream;
   s->small_pool = small;
-  s->oversize = size >= config_.max_split_size;
+  s->oversize = IsOversizeRequest(size, config_.max_split_size);
   Block* b = new_block();
   b->addr = s->addr;
   b->size = segment_size;
@@ -272,18 +272,11 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   return b;
 }
 
-bool DevicePool::should_split(const Block* b, size_t size) const {
-  const size_t remaining = b->size - size;
-  if (b->segment->small_pool || b->segment->expandable()) {
-    return remaining >= kMinBlockSize;
-  }
-  // Large pool: a remainder of 1 MiB or less is not worth a block of its own, and
-  // requests of max_split_size or more take the whole (oversize) block.
-  return size < config_.max_split_size && remaining > kSmallSize;
-}
-
 void DevicePool::maybe_split(Block* b, size_t size) {
-  if (!should_split(b, size)) return;
+  if (!ShouldSplit(b->size, size, b->segment->small_pool, b->segment->expandable(),
+                   config_.max_split_size)) {
+    return;
+  }
   Block* rest = new_block();
   rest->addr = b->addr + size;
   rest->size = b->size - size;
@@ -513,8 +506,7 @@ size_t DevicePool::release_unused(size_t bytes) {
 
 void DevicePool::garbage_collect(size_t incoming) {
   const size_t allowed = std::min(memory_limit(), device_total_);
-  const auto threshold = static_cast<size_t>(
-      config_.garbage_collection_threshold * static_cast<double>(allowed));
+  const size_t threshold = GcThresholdBytes(config_.garbage_collection_threshold, allowed);
   auto reserved = [&] {
     return static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
   };

@@ -139,14 +139,12 @@ class DevicePool {
   // Releases the address ranges of reservations that map nothing.
   void release_empty_reservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t round_to_granule(size_t bytes) const {
-    return (bytes + granularity_ - 1) / granularity_ * granularity_;
+    return RoundToGranule(bytes, granularity_);
   }
 
   // Splits `block` (out of any set) so that it is exactly `size` when the remainder
   // is worth keeping; the remainder goes to the free set.
   void maybe_split(Block* block, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool should_split(const Block* block, size_t size) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- free path -----------------------------------------------------------------
   // Marks a block (allocated or pending, out of any set) free, coalesces it with free

@@ -46,8 +46,7 @@ Reservation* DevicePool::reservation(Stream stream, bool small) {
   // room beside them. The small pool (requests <= 1 MiB) gets a quarter of the device.
   // When a range is used up anyway, requests fall back to regular segments.
   const size_t total = std::min(device_total_, memory_limit());
-  size_t va = small ? total / 4 : (total > SIZE_MAX / 4 ? total : 2 * total);
-  va = std::max(granularity_, round_to_granule(va));
+  const size_t va = ReservationSize(total, granularity_, small);
   absl::StatusOr<void*> p = backend_->reserve_address(va);
   if (!p.ok()) {
     reservation_failed_.insert(key);
@@ -125,18 +124,14 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
     recycle(reserved() + p.bytes - limit, p.left, p.right);
     if (reserved() > limit - p.bytes) return nullptr;
   }
-  if (std::isfinite(recycle_threshold_)) {
-    // Measured against the peak of allocated bytes (since reset_peak_stats), not the
-    // current value: a program between two peaks will need the memory again, and
-    // unmapping it only to map it back is churn.
-    const Stat& allocated = stats_.allocated_bytes[kAggregatePool];
-    const double need = static_cast<double>(
-        std::max<int64_t>(allocated.peak, allocated.current + static_cast<int64_t>(size)));
-    const double cap = (1.0 + recycle_threshold_) * need;
-    const double after = static_cast<double>(reserved() + p.bytes);
-    if (after > cap) {
-      recycle(std::min(p.bytes, static_cast<size_t>(after - cap)), p.left, p.right, r);
-    }
+  // The recycle trigger is measured against the peak of allocated bytes (since
+  // reset_peak_stats), not the current value: a program between two peaks will need
+  // the memory again, and unmapping it only to map it back is churn.
+  const Stat& allocated = stats_.allocated_bytes[kAggregatePool];
+  if (const size_t over = ProactiveRecycleBytes(recycle_threshold_, allocated.peak,
+                                                allocated.current, size, reserved(), p.bytes);
+      over > 0) {
+    recycle(over, p.left, p.right, r);
   }
   void* at = reinterpret_cast<void*>(p.at);
   absl::Status st = backend_->map(at, p.bytes);
