@@ -100,7 +100,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     allocated_.reserve(allocated_.size() + 1);
     if (site >= site_stats_.size()) site_stats_.resize(site + 1);
     if (spare_blocks_.empty()) delete_block(new Block);
-    if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+    if (!events_.empty()) process_events_locked(/*wait=*/false);
     Block* b = take_free_block(size, stream);
     if (b != nullptr) {
       ++stats_.cache_hits;
@@ -184,7 +184,7 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
         // Wait for every pending cross-stream free, release every unused segment, and
         // try once more. Waiting may have made a cached block on this stream fit.
         ++stats_.num_alloc_retries;
-        if (pending_count_ != 0) {
+        if (!events_.empty()) {
           ++stats_.num_sync_all_streams;
           process_events_locked(/*wait=*/true);
           if (Block* b = take_free_block(size, stream)) {
@@ -308,33 +308,7 @@ void DevicePool::free(void* ptr) {
   // record (or the memory for an entry) throws, the events recorded so far are
   // released and the block stays allocated, its stats and site counts untouched, so
   // the caller may free it again. Past this point nothing throws.
-  size_t queued = 0;
-  if (!b->stream_uses.empty()) {
-    try {
-      for (Stream s : b->stream_uses) {
-        std::deque<PendingEvent>& queue = pending_[s];
-        queue.push_back(PendingEvent{Event{}, b});
-        queue.back().event = backend_->record_event(s);
-        ++queued;
-      }
-    } catch (...) {
-      // Undo in reverse: each entry is the last of its stream's queue (a stream
-      // appears once in stream_uses); one whose record threw holds Event{}.
-      for (auto q = b->stream_uses.rbegin(); q != b->stream_uses.rend(); ++q) {
-        auto pit = pending_.find(*q);
-        if (pit == pending_.end() || pit->second.empty() ||
-            pit->second.back().block != b) {
-          continue;
-        }
-        if (pit->second.back().event.handle != 0) {
-          backend_->release_event(pit->second.back().event);
-        }
-        pit->second.pop_back();
-        if (pit->second.empty()) pending_.erase(pit);
-      }
-      throw;
-    }
-  }
+  const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(*backend_, b);
   allocated_.erase(it);
   const bool small = b->segment->small_pool;
   DecreaseStat(stats_.allocation, small, 1);
@@ -352,7 +326,6 @@ void DevicePool::free(void* ptr) {
   }
   // Used on other streams: the block may be reused only once each of those streams
   // has reached this point; the events recorded above say when.
-  pending_count_ += queued;
   b->pending_events += static_cast<int>(queued);
   b->stream_uses.clear();
   b->state = BlockState::kPending;
@@ -426,35 +399,15 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
 
 void DevicePool::process_events() {
   MutexLock lock(&mu_);
-  if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+  if (!events_.empty()) process_events_locked(/*wait=*/false);
 }
 
 void DevicePool::process_events_locked(bool wait) {
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    std::deque<PendingEvent>& queue = it->second;
-    while (!queue.empty()) {
-      PendingEvent pe = queue.front();
-      if (wait) {
-        backend_->synchronize_event(pe.event);
-      } else if (!backend_->event_done(pe.event)) {
-        break;  // later events on this stream cannot be done either
-      }
-      backend_->release_event(pe.event);
-      queue.pop_front();
-      --pending_count_;
-      Block* b = pe.block;
-      if (--b->pending_events == 0) {
-        DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-        emit(AllocAction::kFreeCompleted, b, b->size, 0);
-        release_block(b);
-      }
-    }
-    if (queue.empty()) {
-      pending_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
+  events_.poll(*backend_, wait, [this](Block* b) {
+    DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+    emit(AllocAction::kFreeCompleted, b, b->size, 0);
+    release_block(b);
+  });
 }
 
 // --- releasing segments ---------------------------------------------------------------
@@ -528,7 +481,7 @@ void DevicePool::garbage_collect(size_t incoming) {
 
 void DevicePool::empty_cache() {
   MutexLock lock(&mu_);
-  if (pending_count_ != 0) process_events_locked(/*wait=*/true);
+  if (!events_.empty()) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
   release_empty_reservations();
   reservation_failed_.clear();  // address space was given back: worth asking again
@@ -536,7 +489,7 @@ void DevicePool::empty_cache() {
 
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
-  if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+  if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.
   size_t cached = static_cast<size_t>(stats_.cached_bytes());

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -29,6 +28,7 @@
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/config.h"
+#include "allocator/event_queues.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/snapshot.h"
@@ -215,14 +215,8 @@ class DevicePool {
   absl::flat_hash_set<std::pair<uintptr_t, bool>> reservation_failed_ ABSL_GUARDED_BY(mu_);
   // Every segment by base address (for interior-pointer lookups and snapshots).
   absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
-  // Events to wait for, per stream they were recorded on; each stream completes its
-  // events in order, so only the front of each queue needs polling.
-  struct PendingEvent {
-    Event event;
-    Block* block;
-  };
-  absl::flat_hash_map<Stream, std::deque<PendingEvent>> pending_ ABSL_GUARDED_BY(mu_);
-  size_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Events that pending blocks wait for.
+  EventQueues events_ ABSL_GUARDED_BY(mu_);
   DeviceStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<SiteStats> site_stats_ ABSL_GUARDED_BY(mu_);
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // ticks once per allocation

@@ -234,36 +234,13 @@ absl::Status DevicePool::validate() const {
   }
   // Every queued event belongs to a pending block of this pool, and each block has as
   // many queued events as it waits for (not only the totals agree).
-  size_t queued = 0;
-  absl::flat_hash_map<const Block*, int> queued_per_block;
-  for (const auto& [stream, queue] : pending_) {
-    queued += queue.size();
-    for (const PendingEvent& pe : queue) {
-      const Block* b = pe.block;
-      const Block* found = b == nullptr ? nullptr : block_containing(b->addr);
-      if (found != b) {
-        return Violation(absl::StrFormat(
-            "an event queued on stream %#x names a block that no segment holds",
-            stream.handle));
-      }
-      if (b->state != BlockState::kPending) {
-        return Violation(absl::StrFormat(
-            "an event queued on stream %#x names block %#x, which is %s, not pending",
-            stream.handle, b->addr, BlockStateName(b->state)));
-      }
-      ++queued_per_block[b];
-    }
-  }
-  for (const auto& [b, n] : queued_per_block) {
-    if (n != b->pending_events) {
-      return Violation(absl::StrFormat("pending block %#x waits for %d events; %d are queued",
-                                       b->addr, b->pending_events, n));
-    }
-  }
-  if (queued != pending_count_ || static_cast<int64_t>(queued) != pending_events) {
-    return Violation(absl::StrFormat(
-        "pending events: %u queued, counter %u, blocks wait for %d", queued,
-        pending_count_, pending_events));
+  if (absl::Status st = events_.validate(
+          [this](uintptr_t addr) ABSL_NO_THREAD_SAFETY_ANALYSIS -> const Block* {
+            return block_containing(addr);
+          },
+          pending_events);
+      !st.ok()) {
+    return st;
   }
   for (const auto& [name, stat, recount] :
        std::initializer_list<std::tuple<const char*, const StatArray*,
