@@ -21,17 +21,14 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
                       backend_->caps().virtual_memory && backend_->granularity() > 0),
       recycle_threshold_(config.expandable_recycle_threshold),
       granularity_(backend_->caps().virtual_memory ? backend_->granularity() : 0),
-      memory_fraction_(config.per_process_memory_fraction) {
+      memory_fraction_(config.per_process_memory_fraction),
+      acct_(device_, config.max_split_size) {
   if (config.expandable_segments == ExpandableMode::kOn && !use_expandable_) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
                  "which this backend (%s) does not offer; using regular segments\n",
                  device_.ToString().c_str(), backend_->info().backend.c_str());
   }
-  stats_.max_split_size =
-      config_.max_split_size >= static_cast<size_t>(INT64_MAX)
-          ? INT64_MAX
-          : static_cast<int64_t>(config_.max_split_size);
 }
 
 DevicePool::~DevicePool() {
@@ -98,46 +95,29 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // leaves the pool as it was (the free sets' own nodes are the exception: a btree
     // insert that cannot allocate is not rolled back).
     allocated_.reserve(allocated_.size() + 1);
-    if (site >= site_stats_.size()) site_stats_.resize(site + 1);
+    acct_.reserve_site(site);
     if (spare_blocks_.empty()) delete_block(new Block);
     if (!events_.empty()) process_events_locked(/*wait=*/false);
     Block* b = take_free_block(size, stream);
     if (b != nullptr) {
-      ++stats_.cache_hits;
+      acct_.count_cache_hit();
     } else {
       b = new_segment_with_retry(requested, size, stream, site, &report);
     }
     if (b != nullptr) {
       maybe_split(b, size);
-      const bool small = b->segment->small_pool;
       b->state = BlockState::kAllocated;
       b->requested = requested;
       b->site = site;
       b->alloc_time_ns = CoarseNowNs();
       ++b->segment->busy_blocks;
       allocated_.emplace(b->addr, b);
-      IncreaseStat(stats_.allocation, small, 1);
-      IncreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
-      IncreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(requested));
-      IncreaseStat(stats_.active, small, 1);
-      IncreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
-      if (b->segment->oversize) stats_.oversize_allocations.increase(1);
-      SiteStats& ss = site_stats_[site];
-      ss.live_bytes += static_cast<int64_t>(b->size);
-      ss.live_count += 1;
-      ss.total_bytes += static_cast<int64_t>(b->size);
-      ss.total_count += 1;
-      ss.peak_live_bytes = std::max(ss.peak_live_bytes, ss.live_bytes);
       ++use_clock_;
-      emit(AllocAction::kAlloc, b, b->size, requested);
+      acct_.block_allocated(b);
       return reinterpret_cast<void*>(b->addr);
     }
-    ++stats_.num_ooms;
-    if (observer_ != nullptr) {
-      observer_->on_event(AllocEvent{AllocAction::kOom, device_, stream, 0, size,
-                                     requested, site});
-    }
-    observer = observer_;
+    acct_.out_of_memory(stream, size, requested, site);
+    observer = acct_.observer();
   }
   // Outside the lock: the observer may write a dump file.
   if (observer != nullptr) observer->on_oom(report);
@@ -183,12 +163,12 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
       case RetryStage::kWaitAndReleaseAll:
         // Wait for every pending cross-stream free, release every unused segment, and
         // try once more. Waiting may have made a cached block on this stream fit.
-        ++stats_.num_alloc_retries;
+        acct_.count_alloc_retry();
         if (!events_.empty()) {
-          ++stats_.num_sync_all_streams;
+          acct_.count_sync_all_streams();
           process_events_locked(/*wait=*/true);
           if (Block* b = take_free_block(size, stream)) {
-            ++stats_.cache_hits;
+            acct_.count_cache_hit();
             return b;
           }
         }
@@ -207,7 +187,7 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
                    ? try_new_segment(size, grow_size, small, stream)
                    : try_grow(size, grow_size, small, stream);
     if (b != nullptr) {
-      ++stats_.cache_misses;
+      acct_.count_cache_miss();
       return b;
     }
   }
@@ -237,7 +217,7 @@ Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream
 
 Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
                                    Stream stream) {
-  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+  const size_t reserved = static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   const size_t limit = memory_limit();
   if (segment_size > limit || reserved > limit - segment_size) return nullptr;
   absl::StatusOr<void*> p = backend_->allocate_segment(segment_size);
@@ -264,11 +244,7 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   s->head = b;
   s->tail = b;
   segments_.emplace(s->addr, s);
-  IncreaseStat(stats_.segment, small, 1);
-  IncreaseStat(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
-  if (s->oversize) stats_.oversize_segments.increase(1);
-  ++stats_.num_device_alloc;
-  emit_segment(AllocAction::kSegmentAlloc, s);
+  acct_.segment_allocated(s);
   return b;
 }
 
@@ -310,16 +286,7 @@ void DevicePool::free(void* ptr) {
   // the caller may free it again. Past this point nothing throws.
   const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(*backend_, b);
   allocated_.erase(it);
-  const bool small = b->segment->small_pool;
-  DecreaseStat(stats_.allocation, small, 1);
-  DecreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
-  DecreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
-  if (b->segment->oversize) stats_.oversize_allocations.decrease(1);
-  ++stats_.num_frees;
-  SiteStats& ss = site_stats_[b->site];
-  ss.live_bytes -= static_cast<int64_t>(b->size);
-  ss.live_count -= 1;
-  emit(AllocAction::kFree, b, b->size, b->requested);
+  acct_.block_freed_by_user(b);
   if (b->stream_uses.empty()) {
     release_block(b);
     return;
@@ -329,14 +296,12 @@ void DevicePool::free(void* ptr) {
   b->pending_events += static_cast<int>(queued);
   b->stream_uses.clear();
   b->state = BlockState::kPending;
-  IncreaseStat(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
+  acct_.block_pending(b);
 }
 
 void DevicePool::release_block(Block* b) {
   Segment* s = b->segment;
-  const bool small = s->small_pool;
-  DecreaseStat(stats_.active, small, 1);
-  DecreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
+  acct_.block_inactive(b);
   b->state = BlockState::kFree;
   b->requested = 0;
   b->site = kUnknownSite;
@@ -369,18 +334,12 @@ void DevicePool::release_block(Block* b) {
 
 void DevicePool::insert_free(Block* b) {
   free_set(b->segment->small_pool).insert(b);
-  if (b->is_split()) {
-    IncreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
-    IncreaseStat(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-  }
+  acct_.free_block_listed(b);
 }
 
 void DevicePool::erase_free(Block* b) {
   free_set(b->segment->small_pool).erase(b);
-  if (b->is_split()) {
-    DecreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
-    DecreaseStat(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-  }
+  acct_.free_block_unlisted(b);
 }
 
 void DevicePool::record_stream(void* ptr, Stream stream) {
@@ -404,8 +363,7 @@ void DevicePool::process_events() {
 
 void DevicePool::process_events_locked(bool wait) {
   events_.poll(*backend_, wait, [this](Block* b) {
-    DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-    emit(AllocAction::kFreeCompleted, b, b->size, 0);
+    acct_.block_free_completed(b);
     release_block(b);
   });
 }
@@ -415,7 +373,7 @@ void DevicePool::process_events_locked(bool wait) {
 void DevicePool::release_segment(Segment* s) {
   Block* b = s->head;  // the single free block
   erase_free(b);
-  emit_segment(AllocAction::kSegmentFree, s);
+  acct_.segment_released(s);
   // The block is free in stream order only: work queued on its stream before the
   // free may still use it. cudaFree synchronizes by itself, unmapping does not, and
   // the sim backend does neither; so wait here, as the Backend contract asks.
@@ -426,11 +384,7 @@ void DevicePool::release_segment(Segment* s) {
     --s->reservation->runs;
   } else {
     backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
-    if (s->oversize) stats_.oversize_segments.decrease(1);
   }
-  ++stats_.num_device_free;
-  DecreaseStat(stats_.segment, s->small_pool, 1);
-  DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
   segments_.erase(s->addr);
   delete_block(b);
   delete s;
@@ -461,7 +415,7 @@ void DevicePool::garbage_collect(size_t incoming) {
   const size_t allowed = std::min(memory_limit(), device_total_);
   const size_t threshold = GcThresholdBytes(config_.garbage_collection_threshold, allowed);
   auto reserved = [&] {
-    return static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+    return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   };
   if (reserved() + incoming <= threshold) return;
   std::vector<Segment*> unused;
@@ -492,7 +446,7 @@ void DevicePool::trim(size_t keep_bytes) {
   if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.
-  size_t cached = static_cast<size_t>(stats_.cached_bytes());
+  size_t cached = static_cast<size_t>(acct_.stats().cached_bytes());
   for (Segment* s : unused_segments_largest_first()) {
     if (cached <= keep_bytes) break;
     cached -= s->size;  // s is unused, so its bytes are part of `cached`
@@ -515,58 +469,27 @@ absl::Status DevicePool::set_memory_fraction(double fraction) {
 
 DeviceStats DevicePool::stats() const {
   MutexLock lock(&mu_);
-  return stats_;
+  return acct_.stats();
 }
 
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
-  ForEachStat(stats_, [](Stat& s) { s.reset_peak(); });
-  for (SiteStats& s : site_stats_) s.peak_live_bytes = s.live_bytes;
+  acct_.reset_peak();
 }
 
 void DevicePool::reset_accumulated_stats() {
   MutexLock lock(&mu_);
-  ForEachStat(stats_, [](Stat& s) { s.reset_accumulated(); });
-  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = 0;
-  stats_.num_device_free = stats_.num_sync_all_streams = 0;
-  stats_.cache_hits = stats_.cache_misses = stats_.num_frees = 0;
-  for (SiteStats& s : site_stats_) {
-    s.total_bytes = s.live_bytes;
-    s.total_count = s.live_count;
-  }
+  acct_.reset_accumulated();
 }
 
 std::vector<SiteStats> DevicePool::site_stats() const {
   MutexLock lock(&mu_);
-  return site_stats_;
+  return acct_.site_stats();
 }
 
 std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
   MutexLock lock(&mu_);
-  return top_sites_locked(k);
-}
-
-std::vector<SiteUsage> DevicePool::top_sites_locked(size_t k) const {
-  std::vector<SiteUsage> usage;
-  for (size_t id = 0; id < site_stats_.size(); ++id) {
-    const SiteStats& s = site_stats_[id];
-    if (s.live_count > 0) {
-      usage.push_back(SiteUsage{static_cast<SiteId>(id),
-                                static_cast<size_t>(s.live_bytes),
-                                static_cast<size_t>(s.live_count)});
-    }
-  }
-  auto larger = [](const SiteUsage& a, const SiteUsage& b) {
-    return a.live_bytes != b.live_bytes ? a.live_bytes > b.live_bytes : a.site < b.site;
-  };
-  if (usage.size() > k) {
-    std::partial_sort(usage.begin(), usage.begin() + static_cast<ptrdiff_t>(k),
-                      usage.end(), larger);
-    usage.resize(k);
-  } else {
-    std::sort(usage.begin(), usage.end(), larger);
-  }
-  return usage;
+  return acct_.top_sites(k);
 }
 
 AllocatorSnapshot DevicePool::snapshot() const {
@@ -575,7 +498,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
   snap.info = backend_->info();
   MutexLock lock(&mu_);
   snap.mem_info = backend_->mem_info();
-  snap.stats = stats_;
+  snap.stats = acct_.stats();
   snap.time_ns = CoarseNowNs();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {
@@ -604,7 +527,7 @@ std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
 
 void DevicePool::set_observer(AllocatorObserver* observer) {
   MutexLock lock(&mu_);
-  observer_ = observer;
+  acct_.set_observer(observer);
 }
 
 Block* DevicePool::block_containing(uintptr_t addr) const {
@@ -675,9 +598,9 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
   r->device_total = mi.total_bytes;
   r->driver_free = mi.free_bytes;
   r->memory_limit = std::min(memory_limit(), mi.total_bytes);
-  r->allocated = static_cast<size_t>(stats_.allocated_bytes[kAggregatePool].current);
-  r->reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
-  r->pending = static_cast<size_t>(stats_.pending_bytes[kAggregatePool].current);
+  r->allocated = static_cast<size_t>(acct_.stats().allocated_bytes[kAggregatePool].current);
+  r->reserved = static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
+  r->pending = static_cast<size_t>(acct_.stats().pending_bytes[kAggregatePool].current);
   r->reserved_unallocated = r->reserved - r->allocated;
   size_t total_free = 0;
   for (const FreeSet* set : {&small_free_, &large_free_}) {
@@ -692,27 +615,10 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
                       : 1.0 - static_cast<double>(r->largest_free_block) /
                                   static_cast<double>(total_free);
   r->segment_count = segments_.size();
-  r->top_sites = top_sites_locked(10);
-  for (size_t id = 1; id < site_stats_.size(); ++id) {
-    if (site_stats_[id].live_bytes > 0 &&
-        IsCopyKind(GetSite(static_cast<SiteId>(id)).kind)) {
-      r->copy_bytes += static_cast<size_t>(site_stats_[id].live_bytes);
-    }
-  }
+  r->top_sites = acct_.top_sites(10);
+  r->copy_bytes = acct_.copy_bytes();
   ChooseRemedy(r, config_.max_split_size, use_expandable_,
                backend_->caps().virtual_memory && granularity_ > 0);
-}
-
-void DevicePool::emit(AllocAction action, const Block* b, size_t size, size_t requested) {
-  if (observer_ == nullptr) return;
-  observer_->on_event(
-      AllocEvent{action, device_, b->stream, b->addr, size, requested, b->site});
-}
-
-void DevicePool::emit_segment(AllocAction action, const Segment* s) {
-  if (observer_ == nullptr) return;
-  observer_->on_event(
-      AllocEvent{action, device_, s->stream, s->addr, s->size, 0, kUnknownSite});
 }
 
 Block* DevicePool::new_block() {

@@ -31,6 +31,7 @@
 #include "allocator/event_queues.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
+#include "allocator/pool_accounting.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 
@@ -177,16 +178,10 @@ class DevicePool {
   void fill_oom_report(size_t requested, size_t size, size_t segment_size,
                        Stream stream, SiteId site, OomReport* report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<SiteUsage> top_sites_locked(size_t k) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds the block containing `addr` (any state), or nullptr.
   Block* block_containing(uintptr_t addr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the message for a bad pointer passed to `op` ("free", "record_stream").
   std::string describe_bad_pointer(const char* op, const void* ptr) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void emit(AllocAction action, const Block* b, size_t size, size_t requested)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void emit_segment(AllocAction action, const Segment* s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Block* new_block() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -217,11 +212,10 @@ class DevicePool {
   absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
   // Events that pending blocks wait for.
   EventQueues events_ ABSL_GUARDED_BY(mu_);
-  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<SiteStats> site_stats_ ABSL_GUARDED_BY(mu_);
+  // Statistics, site counters and the observer: every state change reports to it.
+  PoolAccounting acct_ ABSL_GUARDED_BY(mu_);
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // ticks once per allocation
   std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);  // recycled Block objects
-  AllocatorObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace devmem::internal

@@ -114,7 +114,7 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
   const size_t limit = memory_limit();
   if (p.bytes > limit) return nullptr;
   auto reserved = [&] {
-    return static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+    return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   };
   // How much to recycle before mapping: what the memory limit demands, and what keeps
   // the footprint within the threshold (never more than is about to be mapped).
@@ -127,7 +127,7 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
   // The recycle trigger is measured against the peak of allocated bytes (since
   // reset_peak_stats), not the current value: a program between two peaks will need
   // the memory again, and unmapping it only to map it back is churn.
-  const Stat& allocated = stats_.allocated_bytes[kAggregatePool];
+  const Stat& allocated = acct_.stats().allocated_bytes[kAggregatePool];
   if (const size_t over = ProactiveRecycleBytes(recycle_threshold_, allocated.peak,
                                                 allocated.current, size, reserved(), p.bytes);
       over > 0) {
@@ -173,12 +173,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
       lo == nullptr && hi == nullptr ? std::make_unique<Segment>() : nullptr;
   Block* b = new_block();
   r->mapped += bytes;
-  IncreaseStat(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
-  ++stats_.num_device_alloc;
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, r->stream, at, bytes,
-                                   0, kUnknownSite});
-  }
+  acct_.mapped(r, at, bytes);
   // Free neighbours leave their set before any link changes (the set's split
   // statistics depend on the links).
   Block* lf = lo != nullptr && lo->tail->state == BlockState::kFree ? lo->tail : nullptr;
@@ -205,7 +200,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
       s->busy_blocks += hi->busy_blocks;
       for (Block* x = hi->head; x != nullptr; x = x->next) x->segment = s;
       segments_.erase(hi->addr);
-      DecreaseStat(stats_.segment, r->small_pool, 1);
+      acct_.run_removed(r->small_pool);
       --r->runs;
       delete hi;
     }
@@ -226,7 +221,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     s->head = s->tail = b;
     s->last_used = use_clock_;
     segments_.emplace(at, s);
-    IncreaseStat(stats_.segment, r->small_pool, 1);
+    acct_.run_added(r->small_pool);
     ++r->runs;
   }
   b->segment = s;
@@ -268,14 +263,9 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
           : nullptr;
   Block* second = keeps_below && keeps_above ? new_block() : nullptr;
   erase_free(b);
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, c0,
-                                   bytes, 0, kUnknownSite});
-  }
+  acct_.unmapping(s, c0, bytes);
   backend_->unmap(reinterpret_cast<void*>(c0), bytes);
   r->mapped -= bytes;
-  DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
-  ++stats_.num_device_free;
 
   // What is left of b below and above the hole.
   Block* before = b->prev;
@@ -342,7 +332,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       if (m->state != BlockState::kFree) ++n->busy_blocks;
     }
     s->busy_blocks -= n->busy_blocks;
-    IncreaseStat(stats_.segment, s->small_pool, 1);
+    acct_.run_added(s->small_pool);
     ++r->runs;
   } else if (left_tail != nullptr) {
     s->size = c0 - s->addr;
@@ -353,7 +343,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     s->head = right_head;
   } else {
     segments_.erase(s->addr);
-    DecreaseStat(stats_.segment, s->small_pool, 1);
+    acct_.run_removed(s->small_pool);
     --r->runs;
     delete s;
   }
