@@ -22,7 +22,8 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       recycle_threshold_(config.expandable_recycle_threshold),
       granularity_(backend_->caps().virtual_memory ? backend_->granularity() : 0),
       memory_fraction_(config.per_process_memory_fraction),
-      acct_(device_, config.max_split_size) {
+      acct_(device_, config.max_split_size),
+      free_(acct_) {
   if (config.expandable_segments == ExpandableMode::kOn && !use_expandable_) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
@@ -70,8 +71,6 @@ DevicePool::~DevicePool() {
     delete r;
   }
   expandable_.clear();
-  for (Block* b : spare_blocks_) delete b;
-  spare_blocks_.clear();
 }
 
 // --- allocation ---------------------------------------------------------------------
@@ -96,16 +95,16 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // insert that cannot allocate is not rolled back).
     allocated_.reserve(allocated_.size() + 1);
     acct_.reserve_site(site);
-    if (spare_blocks_.empty()) delete_block(new Block);
+    free_.reserve_spare();
     if (!events_.empty()) process_events_locked(/*wait=*/false);
-    Block* b = take_free_block(size, stream);
+    Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
     if (b != nullptr) {
       acct_.count_cache_hit();
     } else {
       b = new_segment_with_retry(requested, size, stream, site, &report);
     }
     if (b != nullptr) {
-      maybe_split(b, size);
+      free_.split(b, size, config_.max_split_size);
       b->state = BlockState::kAllocated;
       b->requested = requested;
       b->site = site;
@@ -122,27 +121,6 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   // Outside the lock: the observer may write a dump file.
   if (observer != nullptr) observer->on_oom(report);
   throw OutOfMemoryError(std::move(report));
-}
-
-Block* DevicePool::take_free_block(size_t size, Stream stream) {
-  FreeSet& set = free_set(IsSmall(size));
-  const size_t max_split = config_.max_split_size;
-  // The smallest block on `stream` that is >= size and may serve it. The oversize
-  // rule: blocks of segments made for requests of max_split_size or more serve only
-  // requests of that size or more, and only when they waste less than one large
-  // segment. Such blocks are skipped rather than ending the search, so a larger
-  // ordinary block (an expandable run's, say) still serves the request; there are
-  // few oversize blocks, so the walk is short. Expandable segments are never oversize:
-  // their blocks are split freely (no segment boundaries strand memory), which
-  // max_split_size works around.
-  for (auto it = set.lower_bound(BlockKey{stream, size, 0});
-       it != set.end() && (*it)->stream == stream; ++it) {
-    Block* b = *it;
-    if (b->segment->oversize && !OversizeBlockServes(b->size, size, max_split)) continue;
-    erase_free(b);
-    return b;
-  }
-  return nullptr;
 }
 
 Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream stream,
@@ -167,7 +145,7 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
         if (!events_.empty()) {
           acct_.count_sync_all_streams();
           process_events_locked(/*wait=*/true);
-          if (Block* b = take_free_block(size, stream)) {
+          if (Block* b = free_.take_best_fit(size, stream, config_.max_split_size)) {
             acct_.count_cache_hit();
             return b;
           }
@@ -235,7 +213,7 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   s->stream = stream;
   s->small_pool = small;
   s->oversize = IsOversizeRequest(size, config_.max_split_size);
-  Block* b = new_block();
+  Block* b = free_.new_block();
   b->addr = s->addr;
   b->size = segment_size;
   b->segment = s;
@@ -246,26 +224,6 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   segments_.emplace(s->addr, s);
   acct_.segment_allocated(s);
   return b;
-}
-
-void DevicePool::maybe_split(Block* b, size_t size) {
-  if (!ShouldSplit(b->size, size, b->segment->small_pool, b->segment->expandable(),
-                   config_.max_split_size)) {
-    return;
-  }
-  Block* rest = new_block();
-  rest->addr = b->addr + size;
-  rest->size = b->size - size;
-  rest->segment = b->segment;
-  rest->stream = b->stream;
-  rest->state = BlockState::kFree;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = size;
-  if (b->segment->tail == b) b->segment->tail = rest;
-  insert_free(rest);
 }
 
 // --- free ---------------------------------------------------------------------------
@@ -308,38 +266,8 @@ void DevicePool::release_block(Block* b) {
   b->alloc_time_ns = 0;
   b->stream_uses.clear();
   --s->busy_blocks;
-  if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
-    erase_free(prev);
-    b->addr = prev->addr;
-    b->size += prev->size;
-    b->prev = prev->prev;
-    if (b->prev != nullptr) {
-      b->prev->next = b;
-    } else {
-      s->head = b;
-    }
-    delete_block(prev);
-  }
-  if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree) {
-    erase_free(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (b->next != nullptr) b->next->prev = b;
-    if (s->tail == next) s->tail = b;
-    delete_block(next);
-  }
-  insert_free(b);
+  free_.coalesce(b);
   if (s->busy_blocks == 0) s->last_used = use_clock_;
-}
-
-void DevicePool::insert_free(Block* b) {
-  free_set(b->segment->small_pool).insert(b);
-  acct_.free_block_listed(b);
-}
-
-void DevicePool::erase_free(Block* b) {
-  free_set(b->segment->small_pool).erase(b);
-  acct_.free_block_unlisted(b);
 }
 
 void DevicePool::record_stream(void* ptr, Stream stream) {
@@ -372,7 +300,7 @@ void DevicePool::process_events_locked(bool wait) {
 
 void DevicePool::release_segment(Segment* s) {
   Block* b = s->head;  // the single free block
-  erase_free(b);
+  free_.erase(b);
   acct_.segment_released(s);
   // The block is free in stream order only: work queued on its stream before the
   // free may still use it. cudaFree synchronizes by itself, unmapping does not, and
@@ -386,7 +314,7 @@ void DevicePool::release_segment(Segment* s) {
     backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
   }
   segments_.erase(s->addr);
-  delete_block(b);
+  free_.delete_block(b);
   delete s;
 }
 
@@ -603,7 +531,7 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
   r->pending = static_cast<size_t>(acct_.stats().pending_bytes[kAggregatePool].current);
   r->reserved_unallocated = r->reserved - r->allocated;
   size_t total_free = 0;
-  for (const FreeSet* set : {&small_free_, &large_free_}) {
+  for (const FreeIndex::FreeSet* set : {&free_.set(true), &free_.set(false)}) {
     for (const Block* b : *set) {
       total_free += b->size;
       r->largest_free_block = std::max(r->largest_free_block, b->size);
@@ -619,36 +547,6 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
   r->copy_bytes = acct_.copy_bytes();
   ChooseRemedy(r, config_.max_split_size, use_expandable_,
                backend_->caps().virtual_memory && granularity_ > 0);
-}
-
-Block* DevicePool::new_block() {
-  if (spare_blocks_.empty()) return new Block;
-  Block* b = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  return b;
-}
-
-void DevicePool::delete_block(Block* b) {
-  // Field by field rather than `*b = Block{}`: GCC 12 warns (falsely) about the
-  // moved-from temporary's InlinedVector storage.
-  b->addr = 0;
-  b->size = 0;
-  b->requested = 0;
-  b->segment = nullptr;
-  b->prev = b->next = nullptr;
-  b->stream = Stream{};
-  b->state = BlockState::kFree;
-  b->site = kUnknownSite;
-  b->pending_events = 0;
-  b->alloc_time_ns = 0;
-  b->stream_uses.clear();
-  // Never throws: callers delete blocks in the middle of relinking. Without memory to
-  // keep it as a spare, the Block goes back to the heap.
-  try {
-    spare_blocks_.push_back(b);
-  } catch (...) {
-    delete b;
-  }
 }
 
 }  // namespace devmem::internal

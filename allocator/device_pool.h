@@ -29,6 +29,7 @@
 #include "allocator/block.h"
 #include "allocator/config.h"
 #include "allocator/event_queues.h"
+#include "allocator/free_index.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/pool_accounting.h"
@@ -68,15 +69,8 @@ class DevicePool {
   // tests/device_pool_invariants_test.cc corrupts a pool on purpose to show that
   // validate() notices.
   friend class DevicePoolTestPeer;
-  using FreeSet = absl::btree_set<Block*, BlockLess>;
 
   // --- allocation path -----------------------------------------------------------
-  FreeSet& free_set(bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return small ? small_free_ : large_free_;
-  }
-  // Best fit on `stream` in the pool for `size`, honouring the oversize rule; removes
-  // the block from its free set. nullptr when none fits.
-  Block* take_free_block(size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gets a new segment for a request of `size` (the staged retry). On success the
   // segment's single block is returned, out of any free set. On failure returns
   // nullptr with *report filled.
@@ -143,16 +137,10 @@ class DevicePool {
     return RoundToGranule(bytes, granularity_);
   }
 
-  // Splits `block` (out of any set) so that it is exactly `size` when the remainder
-  // is worth keeping; the remainder goes to the free set.
-  void maybe_split(Block* block, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // --- free path -----------------------------------------------------------------
   // Marks a block (allocated or pending, out of any set) free, coalesces it with free
   // neighbours and inserts the result into its free set.
   void release_block(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void insert_free(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void erase_free(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves blocks whose events completed to the cache. With `wait`, synchronizes every
   // pending event first (so nothing stays pending).
   void process_events_locked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -184,8 +172,6 @@ class DevicePool {
   std::string describe_bad_pointer(const char* op, const void* ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Block* new_block() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void delete_block(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<Backend> backend_;
   const DeviceId device_;
@@ -199,8 +185,6 @@ class DevicePool {
 
   mutable Mutex mu_;
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
-  FreeSet small_free_ ABSL_GUARDED_BY(mu_);
-  FreeSet large_free_ ABSL_GUARDED_BY(mu_);
   // Allocated blocks by address (what free() looks up).
   absl::flat_hash_map<uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
   // Expandable reservations by (stream, small pool); their runs are in segments_.
@@ -214,8 +198,9 @@ class DevicePool {
   EventQueues events_ ABSL_GUARDED_BY(mu_);
   // Statistics, site counters and the observer: every state change reports to it.
   PoolAccounting acct_ ABSL_GUARDED_BY(mu_);
+  // The free sets and spare Block objects (reports to acct_, so declared after it).
+  FreeIndex free_ ABSL_GUARDED_BY(mu_);
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // ticks once per allocation
-  std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);  // recycled Block objects
 };
 
 }  // namespace devmem::internal

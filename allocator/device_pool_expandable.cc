@@ -171,15 +171,15 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
   // Everything that allocates first (see try_expand); nothing below throws.
   std::unique_ptr<Segment> fresh =
       lo == nullptr && hi == nullptr ? std::make_unique<Segment>() : nullptr;
-  Block* b = new_block();
+  Block* b = free_.new_block();
   r->mapped += bytes;
   acct_.mapped(r, at, bytes);
   // Free neighbours leave their set before any link changes (the set's split
   // statistics depend on the links).
   Block* lf = lo != nullptr && lo->tail->state == BlockState::kFree ? lo->tail : nullptr;
   Block* rf = hi != nullptr && hi->head->state == BlockState::kFree ? hi->head : nullptr;
-  if (lf != nullptr) erase_free(lf);
-  if (rf != nullptr) erase_free(rf);
+  if (lf != nullptr) free_.erase(lf);
+  if (rf != nullptr) free_.erase(rf);
 
   b->addr = at;
   b->size = bytes;
@@ -235,13 +235,13 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     } else {
       s->head = b;
     }
-    delete_block(lf);
+    free_.delete_block(lf);
   }
   if (rf != nullptr) {
     b->size += rf->size;
     b->next = rf->next;
     if (b->next != nullptr) b->next->prev = b;
-    delete_block(rf);
+    free_.delete_block(rf);
   }
   if (b->next == nullptr) s->tail = b;
   return b;
@@ -261,8 +261,8 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       (keeps_below || b->prev != nullptr) && (keeps_above || b->next != nullptr)
           ? std::make_unique<Segment>()
           : nullptr;
-  Block* second = keeps_below && keeps_above ? new_block() : nullptr;
-  erase_free(b);
+  Block* second = keeps_below && keeps_above ? free_.new_block() : nullptr;
+  free_.erase(b);
   acct_.unmapping(s, c0, bytes);
   backend_->unmap(reinterpret_cast<void*>(c0), bytes);
   r->mapped -= bytes;
@@ -284,7 +284,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     above->stream = s->stream;
     above->state = BlockState::kFree;
   }
-  if (below == nullptr && above == nullptr) delete_block(b);
+  if (below == nullptr && above == nullptr) free_.delete_block(b);
   Block* left_tail = below != nullptr ? below : before;  // last block below the hole
   Block* right_head = above != nullptr ? above : after;  // first block above it
   if (left_tail != nullptr) left_tail->next = nullptr;
@@ -347,8 +347,8 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     --r->runs;
     delete s;
   }
-  if (below != nullptr) insert_free(below);
-  if (above != nullptr) insert_free(above);
+  if (below != nullptr) free_.insert(below);
+  if (above != nullptr) free_.insert(above);
   return bytes;
 }
 
@@ -361,7 +361,7 @@ size_t DevicePool::recycle(size_t bytes, const Block* keep_a, const Block* keep_
     Block* block;
   };
   std::vector<Candidate> candidates;
-  for (const FreeSet* set : {&large_free_, &small_free_}) {
+  for (const FreeIndex::FreeSet* set : {&free_.set(false), &free_.set(true)}) {
     for (Block* b : *set) {
       if (!b->segment->expandable() || b == keep_a || b == keep_b) continue;
       if (only != nullptr && b->segment->reservation != only) continue;

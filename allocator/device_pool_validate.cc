@@ -143,18 +143,7 @@ absl::Status DevicePool::validate() const {
                 "free blocks %#x and %#x are adjacent but not coalesced", prev->addr,
                 b->addr));
           }
-          const FreeSet& set = small ? small_free_ : large_free_;
-          auto it = set.find(b);
-          if (it == set.end() || *it != b) {
-            return Violation(absl::StrFormat("free block %#x is missing from its free set",
-                                             b->addr));
-          }
-          if (!b->stream_uses.empty()) {
-            return Violation(absl::StrFormat(
-                "free block %#x has %u recorded streams (they must be cleared when it "
-                "is freed)",
-                b->addr, b->stream_uses.size()));
-          }
+          if (absl::Status st = free_.validate_free_block(b); !st.ok()) return st;
           StatRecount::add(rc.free_bytes, small, size);
           if (b->is_split()) {
             StatRecount::add(rc.inactive_split, small, 1);
@@ -190,11 +179,7 @@ absl::Status DevicePool::validate() const {
           r->addr, r->runs, r->mapped, count, mapped));
     }
   }
-  if (free_blocks != small_free_.size() + large_free_.size()) {
-    return Violation(absl::StrFormat("free sets hold %u blocks but segments hold %u free",
-                                     small_free_.size() + large_free_.size(),
-                                     free_blocks));
-  }
+  if (absl::Status st = free_.validate_count(free_blocks); !st.ok()) return st;
   if (allocated_blocks != allocated_.size()) {
     return Violation(absl::StrFormat("allocated table holds %u blocks, segments hold %u",
                                      allocated_.size(), allocated_blocks));
