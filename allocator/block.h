@@ -6,11 +6,11 @@
 //
 // Block states and where a block lives:
 //   kAllocated  in DevicePool::allocated_ (keyed by address), held by the user;
-//   kFree       in exactly one free set (small or large pool), ordered by
+//   kFree       in exactly one free set (small or large pool, FreeIndex), ordered by
 //               (stream, size, address), ready for reuse on its stream;
 //   kPending    in no set: freed by the user, waiting for `pending_events` events
-//               recorded on other streams (queued in DevicePool::pending_).
-// Invariants (DevicePool::validate_locked checks them):
+//               recorded on other streams (queued in EventQueues).
+// Invariants (DevicePool::validate checks them):
 //   - prev/next link the blocks of one segment in address order, with no gaps;
 //   - two adjacent blocks are never both kFree (they are coalesced at once);
 //   - a segment with no allocated or pending block is one single free block.

@@ -1,10 +1,19 @@
 // allocator/device_pool.h: the state and policy behind CachingAllocator's device lock
 // (an internal header: only caching_allocator.cc, device_pool*.cc include it).
 //
-// DevicePool owns the segments of one device and the blocks tiling them. All policy
-// lives here: rounding, pool choice, best fit, split, coalesce, stream-ordered reuse
-// with events, the staged retry, garbage collection, trim. The driver is reached only
-// through Backend.
+// DevicePool owns the segments of one device and the blocks tiling them, holds the
+// device lock and orchestrates the parts that own the rest (docs/architecture.md,
+// "DevicePool's parts"): pool_policy.h (the pure decisions), PoolAccounting (stats,
+// site counters, trace: every state change reports there), FreeIndex (free sets, best
+// fit, split, coalesce) and EventQueues (events of cross-stream frees). Segment
+// provisioning (regular and expandable) and the ways memory goes back are still here.
+// The driver is reached only through Backend.
+//
+// Ways memory goes back, told apart by name: release_segment (one unused segment),
+// release_unused (unused segments largest first, then recycle: the staged retry),
+// recycle (unmap idle granules of expandable runs), garbage_collect (oldest unused
+// first, to the GC threshold), trim (down to a cached-bytes target), empty_cache
+// (everything unused, and empty reservations).
 //
 // Locking: one Mutex (allocator/mutex.h), `mu_`, guards everything. Public methods take it; methods
 // named *_locked require it. Lock order: mu_ -> backend's internal locks -> observer's
