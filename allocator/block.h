@@ -6,11 +6,11 @@
 //
 // Block states and where a block lives:
 //   kAllocated  in DevicePool::allocated_ (keyed by address), held by the user;
-//   kFree       in exactly one free set (small or large pool), ordered by
+//   kFree       in exactly one free set (small or large pool, FreeIndex), ordered by
 //               (stream, size, address), ready for reuse on its stream;
 //   kPending    in no set: freed by the user, waiting for `pending_events` events
-//               recorded on other streams (queued in DevicePool::pending_).
-// Invariants (DevicePool::validate_locked checks them):
+//               recorded on other streams (queued in EventQueues).
+// Invariants (DevicePool::validate checks them):
 //   - prev/next link the blocks of one segment in address order, with no gaps;
 //   - two adjacent blocks are never both kFree (they are coalesced at once);
 //   - a segment with no allocated or pending block is one single free block.
@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "absl/container/inlined_vector.h"
+#include "allocator/pool_policy.h"
 #include "allocator/site.h"
 #include "allocator/snapshot.h"
 #include "allocator/types.h"
@@ -109,32 +110,7 @@ struct BlockLess {
   }
 };
 
-// --- size policy (the numbers of docs/architecture.md) ------------------------------
-inline constexpr size_t kMinBlockSize = 512;           // rounding granule, alignment
-inline constexpr size_t kSmallSize = size_t{1} << 20;  // largest small-pool request
-inline constexpr size_t kSmallBuffer = size_t{2} << 20;   // small-pool segment size
-inline constexpr size_t kLargeBuffer = size_t{20} << 20;  // segment for 1 MiB < request < 10 MiB
-inline constexpr size_t kMinLargeAlloc = size_t{10} << 20;
-inline constexpr size_t kRoundLarge = size_t{2} << 20;
-
-// Rounds up to a multiple of kMinBlockSize; false when that overflows.
-inline bool RoundSize(size_t bytes, size_t* rounded) {
-  if (bytes > SIZE_MAX - (kMinBlockSize - 1)) return false;
-  *rounded = (bytes + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
-  return true;
-}
-inline bool IsSmall(size_t rounded) { return rounded <= kSmallSize; }
-// The segment size for a rounded request; false when rounding that overflows.
-inline bool SegmentSizeFor(size_t rounded, size_t* segment) {
-  if (rounded <= kSmallSize) {
-    *segment = kSmallBuffer;
-  } else if (rounded < kMinLargeAlloc) {
-    *segment = kLargeBuffer;
-  } else {
-    if (rounded > SIZE_MAX - (kRoundLarge - 1)) return false;
-    *segment = (rounded + kRoundLarge - 1) & ~(kRoundLarge - 1);
-  }
-  return true;
-}
+// The size policy (kMinBlockSize, RoundSize, SegmentSizeFor, ...) is in
+// allocator/pool_policy.h.
 
 }  // namespace devmem::internal

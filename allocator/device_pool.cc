@@ -21,17 +21,15 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
                       backend_->caps().virtual_memory && backend_->granularity() > 0),
       recycle_threshold_(config.expandable_recycle_threshold),
       granularity_(backend_->caps().virtual_memory ? backend_->granularity() : 0),
-      memory_fraction_(config.per_process_memory_fraction) {
+      memory_fraction_(config.per_process_memory_fraction),
+      acct_(device_, config.max_split_size),
+      free_(acct_) {
   if (config.expandable_segments == ExpandableMode::kOn && !use_expandable_) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
                  "which this backend (%s) does not offer; using regular segments\n",
                  device_.ToString().c_str(), backend_->info().backend.c_str());
   }
-  stats_.max_split_size =
-      config_.max_split_size >= static_cast<size_t>(INT64_MAX)
-          ? INT64_MAX
-          : static_cast<int64_t>(config_.max_split_size);
 }
 
 DevicePool::~DevicePool() {
@@ -73,8 +71,6 @@ DevicePool::~DevicePool() {
     delete r;
   }
   expandable_.clear();
-  for (Block* b : spare_blocks_) delete b;
-  spare_blocks_.clear();
 }
 
 // --- allocation ---------------------------------------------------------------------
@@ -98,73 +94,33 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // leaves the pool as it was (the free sets' own nodes are the exception: a btree
     // insert that cannot allocate is not rolled back).
     allocated_.reserve(allocated_.size() + 1);
-    if (site >= site_stats_.size()) site_stats_.resize(site + 1);
-    if (spare_blocks_.empty()) delete_block(new Block);
-    if (pending_count_ != 0) process_events_locked(/*wait=*/false);
-    Block* b = take_free_block(size, stream);
+    acct_.reserve_site(site);
+    free_.reserve_spare();
+    if (!events_.empty()) process_events_locked(/*wait=*/false);
+    Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
     if (b != nullptr) {
-      ++stats_.cache_hits;
+      acct_.count_cache_hit();
     } else {
       b = new_segment_with_retry(requested, size, stream, site, &report);
     }
     if (b != nullptr) {
-      maybe_split(b, size);
-      const bool small = b->segment->small_pool;
+      free_.split(b, size, config_.max_split_size);
       b->state = BlockState::kAllocated;
       b->requested = requested;
       b->site = site;
       b->alloc_time_ns = CoarseNowNs();
       ++b->segment->busy_blocks;
       allocated_.emplace(b->addr, b);
-      IncreaseStat(stats_.allocation, small, 1);
-      IncreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
-      IncreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(requested));
-      IncreaseStat(stats_.active, small, 1);
-      IncreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
-      if (b->segment->oversize) stats_.oversize_allocations.increase(1);
-      SiteStats& ss = site_stats_[site];
-      ss.live_bytes += static_cast<int64_t>(b->size);
-      ss.live_count += 1;
-      ss.total_bytes += static_cast<int64_t>(b->size);
-      ss.total_count += 1;
-      ss.peak_live_bytes = std::max(ss.peak_live_bytes, ss.live_bytes);
       ++use_clock_;
-      emit(AllocAction::kAlloc, b, b->size, requested);
+      acct_.block_allocated(b);
       return reinterpret_cast<void*>(b->addr);
     }
-    ++stats_.num_ooms;
-    if (observer_ != nullptr) {
-      observer_->on_event(AllocEvent{AllocAction::kOom, device_, stream, 0, size,
-                                     requested, site});
-    }
-    observer = observer_;
+    acct_.out_of_memory(stream, size, requested, site);
+    observer = acct_.observer();
   }
   // Outside the lock: the observer may write a dump file.
   if (observer != nullptr) observer->on_oom(report);
   throw OutOfMemoryError(std::move(report));
-}
-
-Block* DevicePool::take_free_block(size_t size, Stream stream) {
-  FreeSet& set = free_set(IsSmall(size));
-  const size_t max_split = config_.max_split_size;
-  // The smallest block on `stream` that is >= size and may serve it. The oversize
-  // rule: blocks of segments made for requests of max_split_size or more serve only
-  // requests of that size or more, and only when they waste less than one large
-  // segment. Such blocks are skipped rather than ending the search, so a larger
-  // ordinary block (an expandable run's, say) still serves the request; there are
-  // few oversize blocks, so the walk is short. Expandable segments are never oversize:
-  // their blocks are split freely (no segment boundaries strand memory), which
-  // max_split_size works around.
-  for (auto it = set.lower_bound(BlockKey{stream, size, 0});
-       it != set.end() && (*it)->stream == stream; ++it) {
-    Block* b = *it;
-    if (b->segment->oversize && (size < max_split || b->size - size >= kLargeBuffer)) {
-      continue;
-    }
-    erase_free(b);
-    return b;
-  }
-  return nullptr;
 }
 
 Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream stream,
@@ -173,40 +129,43 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
   size_t segment_size = 0;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
   if (config_.garbage_collection_threshold > 0) garbage_collect(segment_size);
-  if (Block* b = try_grow(size, segment_size, small, stream)) {
-    ++stats_.cache_misses;
-    return b;
-  }
-  // Stage 1: give back cached segments nobody uses (no waiting), enough for this one.
-  if (release_unused(segment_size) > 0) {
-    if (Block* b = try_grow(size, segment_size, small, stream)) {
-      ++stats_.cache_misses;
-      return b;
+  for (const RetryStage stage : kRetryOrder) {
+    size_t grow_size = segment_size;
+    switch (stage) {
+      case RetryStage::kGrow:
+        break;
+      case RetryStage::kReleaseForSegment:
+        // Give back cached segments nobody uses (no waiting), enough for this one.
+        if (release_unused(segment_size) == 0) continue;
+        break;
+      case RetryStage::kWaitAndReleaseAll:
+        // Wait for every pending cross-stream free, release every unused segment, and
+        // try once more. Waiting may have made a cached block on this stream fit.
+        acct_.count_alloc_retry();
+        if (!events_.empty()) {
+          acct_.count_sync_all_streams();
+          process_events_locked(/*wait=*/true);
+          if (Block* b = free_.take_best_fit(size, stream, config_.max_split_size)) {
+            acct_.count_cache_hit();
+            return b;
+          }
+        }
+        release_unused(SIZE_MAX);
+        break;
+      case RetryStage::kExactSegment:
+        // Last resort for the large pool: a segment of just the request (rounded to
+        // 2 MiB) when the standard 20 MiB one does not fit in what the device has
+        // left. Kept last because small segments fragment the device; it is only ever
+        // worth an OOM.
+        grow_size = ExactSegmentSize(size, segment_size);
+        if (grow_size == 0) continue;
+        break;
     }
-  }
-  // Stage 2: wait for every pending cross-stream free, release every unused segment,
-  // and try once more. Waiting may have made a cached block on this stream fit.
-  ++stats_.num_alloc_retries;
-  if (pending_count_ != 0) {
-    ++stats_.num_sync_all_streams;
-    process_events_locked(/*wait=*/true);
-    if (Block* b = take_free_block(size, stream)) {
-      ++stats_.cache_hits;
-      return b;
-    }
-  }
-  release_unused(SIZE_MAX);
-  if (Block* b = try_grow(size, segment_size, small, stream)) {
-    ++stats_.cache_misses;
-    return b;
-  }
-  // Last resort for the large pool: a segment of just the request (rounded to 2 MiB)
-  // when the standard 20 MiB one does not fit in what the device has left. Kept last
-  // because small segments fragment the device; it is only ever worth an OOM.
-  const size_t exact = (size + kRoundLarge - 1) & ~(kRoundLarge - 1);
-  if (!small && exact < segment_size) {
-    if (Block* b = try_new_segment(size, exact, small, stream)) {
-      ++stats_.cache_misses;
+    Block* b = stage == RetryStage::kExactSegment
+                   ? try_new_segment(size, grow_size, small, stream)
+                   : try_grow(size, grow_size, small, stream);
+    if (b != nullptr) {
+      acct_.count_cache_miss();
       return b;
     }
   }
@@ -217,8 +176,7 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
 }
 
 size_t DevicePool::memory_limit() const {
-  if (memory_fraction_ >= 1.0) return SIZE_MAX;
-  return static_cast<size_t>(static_cast<double>(device_total_) * memory_fraction_);
+  return MemoryLimit(memory_fraction_, device_total_);
 }
 
 Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream stream) {
@@ -237,7 +195,7 @@ Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream
 
 Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
                                    Stream stream) {
-  const size_t reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+  const size_t reserved = static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   const size_t limit = memory_limit();
   if (segment_size > limit || reserved > limit - segment_size) return nullptr;
   absl::StatusOr<void*> p = backend_->allocate_segment(segment_size);
@@ -254,8 +212,8 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   s->size = segment_size;
   s->stream = stream;
   s->small_pool = small;
-  s->oversize = size >= config_.max_split_size;
-  Block* b = new_block();
+  s->oversize = IsOversizeRequest(size, config_.max_split_size);
+  Block* b = free_.new_block();
   b->addr = s->addr;
   b->size = segment_size;
   b->segment = s;
@@ -264,39 +222,8 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
   s->head = b;
   s->tail = b;
   segments_.emplace(s->addr, s);
-  IncreaseStat(stats_.segment, small, 1);
-  IncreaseStat(stats_.reserved_bytes, small, static_cast<int64_t>(segment_size));
-  if (s->oversize) stats_.oversize_segments.increase(1);
-  ++stats_.num_device_alloc;
-  emit_segment(AllocAction::kSegmentAlloc, s);
+  acct_.segment_allocated(s);
   return b;
-}
-
-bool DevicePool::should_split(const Block* b, size_t size) const {
-  const size_t remaining = b->size - size;
-  if (b->segment->small_pool || b->segment->expandable()) {
-    return remaining >= kMinBlockSize;
-  }
-  // Large pool: a remainder of 1 MiB or less is not worth a block of its own, and
-  // requests of max_split_size or more take the whole (oversize) block.
-  return size < config_.max_split_size && remaining > kSmallSize;
-}
-
-void DevicePool::maybe_split(Block* b, size_t size) {
-  if (!should_split(b, size)) return;
-  Block* rest = new_block();
-  rest->addr = b->addr + size;
-  rest->size = b->size - size;
-  rest->segment = b->segment;
-  rest->stream = b->stream;
-  rest->state = BlockState::kFree;
-  rest->prev = b;
-  rest->next = b->next;
-  if (b->next != nullptr) b->next->prev = rest;
-  b->next = rest;
-  b->size = size;
-  if (b->segment->tail == b) b->segment->tail = rest;
-  insert_free(rest);
 }
 
 // --- free ---------------------------------------------------------------------------
@@ -315,106 +242,32 @@ void DevicePool::free(void* ptr) {
   // record (or the memory for an entry) throws, the events recorded so far are
   // released and the block stays allocated, its stats and site counts untouched, so
   // the caller may free it again. Past this point nothing throws.
-  size_t queued = 0;
-  if (!b->stream_uses.empty()) {
-    try {
-      for (Stream s : b->stream_uses) {
-        std::deque<PendingEvent>& queue = pending_[s];
-        queue.push_back(PendingEvent{Event{}, b});
-        queue.back().event = backend_->record_event(s);
-        ++queued;
-      }
-    } catch (...) {
-      // Undo in reverse: each entry is the last of its stream's queue (a stream
-      // appears once in stream_uses); one whose record threw holds Event{}.
-      for (auto q = b->stream_uses.rbegin(); q != b->stream_uses.rend(); ++q) {
-        auto pit = pending_.find(*q);
-        if (pit == pending_.end() || pit->second.empty() ||
-            pit->second.back().block != b) {
-          continue;
-        }
-        if (pit->second.back().event.handle != 0) {
-          backend_->release_event(pit->second.back().event);
-        }
-        pit->second.pop_back();
-        if (pit->second.empty()) pending_.erase(pit);
-      }
-      throw;
-    }
-  }
+  const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(*backend_, b);
   allocated_.erase(it);
-  const bool small = b->segment->small_pool;
-  DecreaseStat(stats_.allocation, small, 1);
-  DecreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
-  DecreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
-  if (b->segment->oversize) stats_.oversize_allocations.decrease(1);
-  ++stats_.num_frees;
-  SiteStats& ss = site_stats_[b->site];
-  ss.live_bytes -= static_cast<int64_t>(b->size);
-  ss.live_count -= 1;
-  emit(AllocAction::kFree, b, b->size, b->requested);
+  acct_.block_freed_by_user(b);
   if (b->stream_uses.empty()) {
     release_block(b);
     return;
   }
   // Used on other streams: the block may be reused only once each of those streams
   // has reached this point; the events recorded above say when.
-  pending_count_ += queued;
   b->pending_events += static_cast<int>(queued);
   b->stream_uses.clear();
   b->state = BlockState::kPending;
-  IncreaseStat(stats_.pending_bytes, small, static_cast<int64_t>(b->size));
+  acct_.block_pending(b);
 }
 
 void DevicePool::release_block(Block* b) {
   Segment* s = b->segment;
-  const bool small = s->small_pool;
-  DecreaseStat(stats_.active, small, 1);
-  DecreaseStat(stats_.active_bytes, small, static_cast<int64_t>(b->size));
+  acct_.block_inactive(b);
   b->state = BlockState::kFree;
   b->requested = 0;
   b->site = kUnknownSite;
   b->alloc_time_ns = 0;
   b->stream_uses.clear();
   --s->busy_blocks;
-  if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
-    erase_free(prev);
-    b->addr = prev->addr;
-    b->size += prev->size;
-    b->prev = prev->prev;
-    if (b->prev != nullptr) {
-      b->prev->next = b;
-    } else {
-      s->head = b;
-    }
-    delete_block(prev);
-  }
-  if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree) {
-    erase_free(next);
-    b->size += next->size;
-    b->next = next->next;
-    if (b->next != nullptr) b->next->prev = b;
-    if (s->tail == next) s->tail = b;
-    delete_block(next);
-  }
-  insert_free(b);
+  free_.coalesce(b);
   if (s->busy_blocks == 0) s->last_used = use_clock_;
-}
-
-void DevicePool::insert_free(Block* b) {
-  free_set(b->segment->small_pool).insert(b);
-  if (b->is_split()) {
-    IncreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
-    IncreaseStat(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-  }
-}
-
-void DevicePool::erase_free(Block* b) {
-  free_set(b->segment->small_pool).erase(b);
-  if (b->is_split()) {
-    DecreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
-    DecreaseStat(stats_.inactive_split_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-  }
 }
 
 void DevicePool::record_stream(void* ptr, Stream stream) {
@@ -433,43 +286,22 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
 
 void DevicePool::process_events() {
   MutexLock lock(&mu_);
-  if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+  if (!events_.empty()) process_events_locked(/*wait=*/false);
 }
 
 void DevicePool::process_events_locked(bool wait) {
-  for (auto it = pending_.begin(); it != pending_.end();) {
-    std::deque<PendingEvent>& queue = it->second;
-    while (!queue.empty()) {
-      PendingEvent pe = queue.front();
-      if (wait) {
-        backend_->synchronize_event(pe.event);
-      } else if (!backend_->event_done(pe.event)) {
-        break;  // later events on this stream cannot be done either
-      }
-      backend_->release_event(pe.event);
-      queue.pop_front();
-      --pending_count_;
-      Block* b = pe.block;
-      if (--b->pending_events == 0) {
-        DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
-        emit(AllocAction::kFreeCompleted, b, b->size, 0);
-        release_block(b);
-      }
-    }
-    if (queue.empty()) {
-      pending_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
+  events_.poll(*backend_, wait, [this](Block* b) {
+    acct_.block_free_completed(b);
+    release_block(b);
+  });
 }
 
 // --- releasing segments ---------------------------------------------------------------
 
 void DevicePool::release_segment(Segment* s) {
   Block* b = s->head;  // the single free block
-  erase_free(b);
-  emit_segment(AllocAction::kSegmentFree, s);
+  free_.erase(b);
+  acct_.segment_released(s);
   // The block is free in stream order only: work queued on its stream before the
   // free may still use it. cudaFree synchronizes by itself, unmapping does not, and
   // the sim backend does neither; so wait here, as the Backend contract asks.
@@ -480,13 +312,9 @@ void DevicePool::release_segment(Segment* s) {
     --s->reservation->runs;
   } else {
     backend_->free_segment(reinterpret_cast<void*>(s->addr), s->size);
-    if (s->oversize) stats_.oversize_segments.decrease(1);
   }
-  ++stats_.num_device_free;
-  DecreaseStat(stats_.segment, s->small_pool, 1);
-  DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
   segments_.erase(s->addr);
-  delete_block(b);
+  free_.delete_block(b);
   delete s;
 }
 
@@ -513,10 +341,9 @@ size_t DevicePool::release_unused(size_t bytes) {
 
 void DevicePool::garbage_collect(size_t incoming) {
   const size_t allowed = std::min(memory_limit(), device_total_);
-  const auto threshold = static_cast<size_t>(
-      config_.garbage_collection_threshold * static_cast<double>(allowed));
+  const size_t threshold = GcThresholdBytes(config_.garbage_collection_threshold, allowed);
   auto reserved = [&] {
-    return static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+    return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   };
   if (reserved() + incoming <= threshold) return;
   std::vector<Segment*> unused;
@@ -536,7 +363,7 @@ void DevicePool::garbage_collect(size_t incoming) {
 
 void DevicePool::empty_cache() {
   MutexLock lock(&mu_);
-  if (pending_count_ != 0) process_events_locked(/*wait=*/true);
+  if (!events_.empty()) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
   release_empty_reservations();
   reservation_failed_.clear();  // address space was given back: worth asking again
@@ -544,10 +371,10 @@ void DevicePool::empty_cache() {
 
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
-  if (pending_count_ != 0) process_events_locked(/*wait=*/false);
+  if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.
-  size_t cached = static_cast<size_t>(stats_.cached_bytes());
+  size_t cached = static_cast<size_t>(acct_.stats().cached_bytes());
   for (Segment* s : unused_segments_largest_first()) {
     if (cached <= keep_bytes) break;
     cached -= s->size;  // s is unused, so its bytes are part of `cached`
@@ -570,58 +397,27 @@ absl::Status DevicePool::set_memory_fraction(double fraction) {
 
 DeviceStats DevicePool::stats() const {
   MutexLock lock(&mu_);
-  return stats_;
+  return acct_.stats();
 }
 
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
-  ForEachStat(stats_, [](Stat& s) { s.reset_peak(); });
-  for (SiteStats& s : site_stats_) s.peak_live_bytes = s.live_bytes;
+  acct_.reset_peak();
 }
 
 void DevicePool::reset_accumulated_stats() {
   MutexLock lock(&mu_);
-  ForEachStat(stats_, [](Stat& s) { s.reset_accumulated(); });
-  stats_.num_alloc_retries = stats_.num_ooms = stats_.num_device_alloc = 0;
-  stats_.num_device_free = stats_.num_sync_all_streams = 0;
-  stats_.cache_hits = stats_.cache_misses = stats_.num_frees = 0;
-  for (SiteStats& s : site_stats_) {
-    s.total_bytes = s.live_bytes;
-    s.total_count = s.live_count;
-  }
+  acct_.reset_accumulated();
 }
 
 std::vector<SiteStats> DevicePool::site_stats() const {
   MutexLock lock(&mu_);
-  return site_stats_;
+  return acct_.site_stats();
 }
 
 std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
   MutexLock lock(&mu_);
-  return top_sites_locked(k);
-}
-
-std::vector<SiteUsage> DevicePool::top_sites_locked(size_t k) const {
-  std::vector<SiteUsage> usage;
-  for (size_t id = 0; id < site_stats_.size(); ++id) {
-    const SiteStats& s = site_stats_[id];
-    if (s.live_count > 0) {
-      usage.push_back(SiteUsage{static_cast<SiteId>(id),
-                                static_cast<size_t>(s.live_bytes),
-                                static_cast<size_t>(s.live_count)});
-    }
-  }
-  auto larger = [](const SiteUsage& a, const SiteUsage& b) {
-    return a.live_bytes != b.live_bytes ? a.live_bytes > b.live_bytes : a.site < b.site;
-  };
-  if (usage.size() > k) {
-    std::partial_sort(usage.begin(), usage.begin() + static_cast<ptrdiff_t>(k),
-                      usage.end(), larger);
-    usage.resize(k);
-  } else {
-    std::sort(usage.begin(), usage.end(), larger);
-  }
-  return usage;
+  return acct_.top_sites(k);
 }
 
 AllocatorSnapshot DevicePool::snapshot() const {
@@ -630,7 +426,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
   snap.info = backend_->info();
   MutexLock lock(&mu_);
   snap.mem_info = backend_->mem_info();
-  snap.stats = stats_;
+  snap.stats = acct_.stats();
   snap.time_ns = CoarseNowNs();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {
@@ -659,7 +455,7 @@ std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
 
 void DevicePool::set_observer(AllocatorObserver* observer) {
   MutexLock lock(&mu_);
-  observer_ = observer;
+  acct_.set_observer(observer);
 }
 
 Block* DevicePool::block_containing(uintptr_t addr) const {
@@ -730,12 +526,12 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
   r->device_total = mi.total_bytes;
   r->driver_free = mi.free_bytes;
   r->memory_limit = std::min(memory_limit(), mi.total_bytes);
-  r->allocated = static_cast<size_t>(stats_.allocated_bytes[kAggregatePool].current);
-  r->reserved = static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
-  r->pending = static_cast<size_t>(stats_.pending_bytes[kAggregatePool].current);
+  r->allocated = static_cast<size_t>(acct_.stats().allocated_bytes[kAggregatePool].current);
+  r->reserved = static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
+  r->pending = static_cast<size_t>(acct_.stats().pending_bytes[kAggregatePool].current);
   r->reserved_unallocated = r->reserved - r->allocated;
   size_t total_free = 0;
-  for (const FreeSet* set : {&small_free_, &large_free_}) {
+  for (const FreeIndex::FreeSet* set : {&free_.set(true), &free_.set(false)}) {
     for (const Block* b : *set) {
       total_free += b->size;
       r->largest_free_block = std::max(r->largest_free_block, b->size);
@@ -747,57 +543,10 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
                       : 1.0 - static_cast<double>(r->largest_free_block) /
                                   static_cast<double>(total_free);
   r->segment_count = segments_.size();
-  r->top_sites = top_sites_locked(10);
-  for (size_t id = 1; id < site_stats_.size(); ++id) {
-    if (site_stats_[id].live_bytes > 0 &&
-        IsCopyKind(GetSite(static_cast<SiteId>(id)).kind)) {
-      r->copy_bytes += static_cast<size_t>(site_stats_[id].live_bytes);
-    }
-  }
+  r->top_sites = acct_.top_sites(10);
+  r->copy_bytes = acct_.copy_bytes();
   ChooseRemedy(r, config_.max_split_size, use_expandable_,
                backend_->caps().virtual_memory && granularity_ > 0);
-}
-
-void DevicePool::emit(AllocAction action, const Block* b, size_t size, size_t requested) {
-  if (observer_ == nullptr) return;
-  observer_->on_event(
-      AllocEvent{action, device_, b->stream, b->addr, size, requested, b->site});
-}
-
-void DevicePool::emit_segment(AllocAction action, const Segment* s) {
-  if (observer_ == nullptr) return;
-  observer_->on_event(
-      AllocEvent{action, device_, s->stream, s->addr, s->size, 0, kUnknownSite});
-}
-
-Block* DevicePool::new_block() {
-  if (spare_blocks_.empty()) return new Block;
-  Block* b = spare_blocks_.back();
-  spare_blocks_.pop_back();
-  return b;
-}
-
-void DevicePool::delete_block(Block* b) {
-  // Field by field rather than `*b = Block{}`: GCC 12 warns (falsely) about the
-  // moved-from temporary's InlinedVector storage.
-  b->addr = 0;
-  b->size = 0;
-  b->requested = 0;
-  b->segment = nullptr;
-  b->prev = b->next = nullptr;
-  b->stream = Stream{};
-  b->state = BlockState::kFree;
-  b->site = kUnknownSite;
-  b->pending_events = 0;
-  b->alloc_time_ns = 0;
-  b->stream_uses.clear();
-  // Never throws: callers delete blocks in the middle of relinking. Without memory to
-  // keep it as a spare, the Block goes back to the heap.
-  try {
-    spare_blocks_.push_back(b);
-  } catch (...) {
-    delete b;
-  }
 }
 
 }  // namespace devmem::internal

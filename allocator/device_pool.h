@@ -1,10 +1,19 @@
 // allocator/device_pool.h: the state and policy behind CachingAllocator's device lock
 // (an internal header: only caching_allocator.cc, device_pool*.cc include it).
 //
-// DevicePool owns the segments of one device and the blocks tiling them. All policy
-// lives here: rounding, pool choice, best fit, split, coalesce, stream-ordered reuse
-// with events, the staged retry, garbage collection, trim. The driver is reached only
-// through Backend.
+// DevicePool owns the segments of one device and the blocks tiling them, holds the
+// device lock and orchestrates the parts that own the rest (docs/architecture.md,
+// "DevicePool's parts"): pool_policy.h (the pure decisions), PoolAccounting (stats,
+// site counters, trace: every state change reports there), FreeIndex (free sets, best
+// fit, split, coalesce) and EventQueues (events of cross-stream frees). Segment
+// provisioning (regular and expandable) and the ways memory goes back are still here.
+// The driver is reached only through Backend.
+//
+// Ways memory goes back, told apart by name: release_segment (one unused segment),
+// release_unused (unused segments largest first, then recycle: the staged retry),
+// recycle (unmap idle granules of expandable runs), garbage_collect (oldest unused
+// first, to the GC threshold), trim (down to a cached-bytes target), empty_cache
+// (everything unused, and empty reservations).
 //
 // Locking: one Mutex (allocator/mutex.h), `mu_`, guards everything. Public methods take it; methods
 // named *_locked require it. Lock order: mu_ -> backend's internal locks -> observer's
@@ -14,7 +23,6 @@
 #pragma once
 
 #include <cstddef>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -29,8 +37,11 @@
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/config.h"
+#include "allocator/event_queues.h"
+#include "allocator/free_index.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
+#include "allocator/pool_accounting.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
 
@@ -67,15 +78,8 @@ class DevicePool {
   // tests/device_pool_invariants_test.cc corrupts a pool on purpose to show that
   // validate() notices.
   friend class DevicePoolTestPeer;
-  using FreeSet = absl::btree_set<Block*, BlockLess>;
 
   // --- allocation path -----------------------------------------------------------
-  FreeSet& free_set(bool small) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return small ? small_free_ : large_free_;
-  }
-  // Best fit on `stream` in the pool for `size`, honouring the oversize rule; removes
-  // the block from its free set. nullptr when none fits.
-  Block* take_free_block(size_t size, Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gets a new segment for a request of `size` (the staged retry). On success the
   // segment's single block is returned, out of any free set. On failure returns
   // nullptr with *report filled.
@@ -139,21 +143,13 @@ class DevicePool {
   // Releases the address ranges of reservations that map nothing.
   void release_empty_reservations() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t round_to_granule(size_t bytes) const {
-    return (bytes + granularity_ - 1) / granularity_ * granularity_;
+    return RoundToGranule(bytes, granularity_);
   }
-
-  // Splits `block` (out of any set) so that it is exactly `size` when the remainder
-  // is worth keeping; the remainder goes to the free set.
-  void maybe_split(Block* block, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool should_split(const Block* block, size_t size) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- free path -----------------------------------------------------------------
   // Marks a block (allocated or pending, out of any set) free, coalesces it with free
   // neighbours and inserts the result into its free set.
   void release_block(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void insert_free(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void erase_free(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves blocks whose events completed to the cache. With `wait`, synchronizes every
   // pending event first (so nothing stays pending).
   void process_events_locked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -179,20 +175,12 @@ class DevicePool {
   void fill_oom_report(size_t requested, size_t size, size_t segment_size,
                        Stream stream, SiteId site, OomReport* report)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<SiteUsage> top_sites_locked(size_t k) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds the block containing `addr` (any state), or nullptr.
   Block* block_containing(uintptr_t addr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Builds the message for a bad pointer passed to `op` ("free", "record_stream").
   std::string describe_bad_pointer(const char* op, const void* ptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void emit(AllocAction action, const Block* b, size_t size, size_t requested)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void emit_segment(AllocAction action, const Segment* s)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Block* new_block() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void delete_block(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<Backend> backend_;
   const DeviceId device_;
@@ -206,8 +194,6 @@ class DevicePool {
 
   mutable Mutex mu_;
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
-  FreeSet small_free_ ABSL_GUARDED_BY(mu_);
-  FreeSet large_free_ ABSL_GUARDED_BY(mu_);
   // Allocated blocks by address (what free() looks up).
   absl::flat_hash_map<uintptr_t, Block*> allocated_ ABSL_GUARDED_BY(mu_);
   // Expandable reservations by (stream, small pool); their runs are in segments_.
@@ -217,19 +203,13 @@ class DevicePool {
   absl::flat_hash_set<std::pair<uintptr_t, bool>> reservation_failed_ ABSL_GUARDED_BY(mu_);
   // Every segment by base address (for interior-pointer lookups and snapshots).
   absl::btree_map<uintptr_t, Segment*> segments_ ABSL_GUARDED_BY(mu_);
-  // Events to wait for, per stream they were recorded on; each stream completes its
-  // events in order, so only the front of each queue needs polling.
-  struct PendingEvent {
-    Event event;
-    Block* block;
-  };
-  absl::flat_hash_map<Stream, std::deque<PendingEvent>> pending_ ABSL_GUARDED_BY(mu_);
-  size_t pending_count_ ABSL_GUARDED_BY(mu_) = 0;
-  DeviceStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<SiteStats> site_stats_ ABSL_GUARDED_BY(mu_);
+  // Events that pending blocks wait for.
+  EventQueues events_ ABSL_GUARDED_BY(mu_);
+  // Statistics, site counters and the observer: every state change reports to it.
+  PoolAccounting acct_ ABSL_GUARDED_BY(mu_);
+  // The free sets and spare Block objects (reports to acct_, so declared after it).
+  FreeIndex free_ ABSL_GUARDED_BY(mu_);
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // ticks once per allocation
-  std::vector<Block*> spare_blocks_ ABSL_GUARDED_BY(mu_);  // recycled Block objects
-  AllocatorObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace devmem::internal

@@ -46,8 +46,7 @@ Reservation* DevicePool::reservation(Stream stream, bool small) {
   // room beside them. The small pool (requests <= 1 MiB) gets a quarter of the device.
   // When a range is used up anyway, requests fall back to regular segments.
   const size_t total = std::min(device_total_, memory_limit());
-  size_t va = small ? total / 4 : (total > SIZE_MAX / 4 ? total : 2 * total);
-  va = std::max(granularity_, round_to_granule(va));
+  const size_t va = ReservationSize(total, granularity_, small);
   absl::StatusOr<void*> p = backend_->reserve_address(va);
   if (!p.ok()) {
     reservation_failed_.insert(key);
@@ -115,7 +114,7 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
   const size_t limit = memory_limit();
   if (p.bytes > limit) return nullptr;
   auto reserved = [&] {
-    return static_cast<size_t>(stats_.reserved_bytes[kAggregatePool].current);
+    return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   };
   // How much to recycle before mapping: what the memory limit demands, and what keeps
   // the footprint within the threshold (never more than is about to be mapped).
@@ -125,18 +124,14 @@ Block* DevicePool::try_expand(Reservation* r, size_t size, bool* va_full) {
     recycle(reserved() + p.bytes - limit, p.left, p.right);
     if (reserved() > limit - p.bytes) return nullptr;
   }
-  if (std::isfinite(recycle_threshold_)) {
-    // Measured against the peak of allocated bytes (since reset_peak_stats), not the
-    // current value: a program between two peaks will need the memory again, and
-    // unmapping it only to map it back is churn.
-    const Stat& allocated = stats_.allocated_bytes[kAggregatePool];
-    const double need = static_cast<double>(
-        std::max<int64_t>(allocated.peak, allocated.current + static_cast<int64_t>(size)));
-    const double cap = (1.0 + recycle_threshold_) * need;
-    const double after = static_cast<double>(reserved() + p.bytes);
-    if (after > cap) {
-      recycle(std::min(p.bytes, static_cast<size_t>(after - cap)), p.left, p.right, r);
-    }
+  // The recycle trigger is measured against the peak of allocated bytes (since
+  // reset_peak_stats), not the current value: a program between two peaks will need
+  // the memory again, and unmapping it only to map it back is churn.
+  const Stat& allocated = acct_.stats().allocated_bytes[kAggregatePool];
+  if (const size_t over = ProactiveRecycleBytes(recycle_threshold_, allocated.peak,
+                                                allocated.current, size, reserved(), p.bytes);
+      over > 0) {
+    recycle(over, p.left, p.right, r);
   }
   void* at = reinterpret_cast<void*>(p.at);
   absl::Status st = backend_->map(at, p.bytes);
@@ -176,20 +171,15 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
   // Everything that allocates first (see try_expand); nothing below throws.
   std::unique_ptr<Segment> fresh =
       lo == nullptr && hi == nullptr ? std::make_unique<Segment>() : nullptr;
-  Block* b = new_block();
+  Block* b = free_.new_block();
   r->mapped += bytes;
-  IncreaseStat(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
-  ++stats_.num_device_alloc;
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, r->stream, at, bytes,
-                                   0, kUnknownSite});
-  }
+  acct_.mapped(r, at, bytes);
   // Free neighbours leave their set before any link changes (the set's split
   // statistics depend on the links).
   Block* lf = lo != nullptr && lo->tail->state == BlockState::kFree ? lo->tail : nullptr;
   Block* rf = hi != nullptr && hi->head->state == BlockState::kFree ? hi->head : nullptr;
-  if (lf != nullptr) erase_free(lf);
-  if (rf != nullptr) erase_free(rf);
+  if (lf != nullptr) free_.erase(lf);
+  if (rf != nullptr) free_.erase(rf);
 
   b->addr = at;
   b->size = bytes;
@@ -210,7 +200,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
       s->busy_blocks += hi->busy_blocks;
       for (Block* x = hi->head; x != nullptr; x = x->next) x->segment = s;
       segments_.erase(hi->addr);
-      DecreaseStat(stats_.segment, r->small_pool, 1);
+      acct_.run_removed(r->small_pool);
       --r->runs;
       delete hi;
     }
@@ -231,7 +221,7 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     s->head = s->tail = b;
     s->last_used = use_clock_;
     segments_.emplace(at, s);
-    IncreaseStat(stats_.segment, r->small_pool, 1);
+    acct_.run_added(r->small_pool);
     ++r->runs;
   }
   b->segment = s;
@@ -245,13 +235,13 @@ Block* DevicePool::link_mapped(Reservation* r, uintptr_t at, size_t bytes) {
     } else {
       s->head = b;
     }
-    delete_block(lf);
+    free_.delete_block(lf);
   }
   if (rf != nullptr) {
     b->size += rf->size;
     b->next = rf->next;
     if (b->next != nullptr) b->next->prev = b;
-    delete_block(rf);
+    free_.delete_block(rf);
   }
   if (b->next == nullptr) s->tail = b;
   return b;
@@ -271,16 +261,11 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       (keeps_below || b->prev != nullptr) && (keeps_above || b->next != nullptr)
           ? std::make_unique<Segment>()
           : nullptr;
-  Block* second = keeps_below && keeps_above ? new_block() : nullptr;
-  erase_free(b);
-  if (observer_ != nullptr) {
-    observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, c0,
-                                   bytes, 0, kUnknownSite});
-  }
+  Block* second = keeps_below && keeps_above ? free_.new_block() : nullptr;
+  free_.erase(b);
+  acct_.unmapping(s, c0, bytes);
   backend_->unmap(reinterpret_cast<void*>(c0), bytes);
   r->mapped -= bytes;
-  DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
-  ++stats_.num_device_free;
 
   // What is left of b below and above the hole.
   Block* before = b->prev;
@@ -299,7 +284,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     above->stream = s->stream;
     above->state = BlockState::kFree;
   }
-  if (below == nullptr && above == nullptr) delete_block(b);
+  if (below == nullptr && above == nullptr) free_.delete_block(b);
   Block* left_tail = below != nullptr ? below : before;  // last block below the hole
   Block* right_head = above != nullptr ? above : after;  // first block above it
   if (left_tail != nullptr) left_tail->next = nullptr;
@@ -347,7 +332,7 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
       if (m->state != BlockState::kFree) ++n->busy_blocks;
     }
     s->busy_blocks -= n->busy_blocks;
-    IncreaseStat(stats_.segment, s->small_pool, 1);
+    acct_.run_added(s->small_pool);
     ++r->runs;
   } else if (left_tail != nullptr) {
     s->size = c0 - s->addr;
@@ -358,12 +343,12 @@ size_t DevicePool::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     s->head = right_head;
   } else {
     segments_.erase(s->addr);
-    DecreaseStat(stats_.segment, s->small_pool, 1);
+    acct_.run_removed(s->small_pool);
     --r->runs;
     delete s;
   }
-  if (below != nullptr) insert_free(below);
-  if (above != nullptr) insert_free(above);
+  if (below != nullptr) free_.insert(below);
+  if (above != nullptr) free_.insert(above);
   return bytes;
 }
 
@@ -376,7 +361,7 @@ size_t DevicePool::recycle(size_t bytes, const Block* keep_a, const Block* keep_
     Block* block;
   };
   std::vector<Candidate> candidates;
-  for (const FreeSet* set : {&large_free_, &small_free_}) {
+  for (const FreeIndex::FreeSet* set : {&free_.set(false), &free_.set(true)}) {
     for (Block* b : *set) {
       if (!b->segment->expandable() || b == keep_a || b == keep_b) continue;
       if (only != nullptr && b->segment->reservation != only) continue;

@@ -15,53 +15,20 @@
 namespace devmem::internal {
 namespace {
 
-// The recount of every statistic that has a current value derivable from the blocks.
-struct Recount {
-  std::array<int64_t, kNumStatPools> allocation{}, allocated_bytes{}, requested_bytes{},
-      active{}, active_bytes{}, pending_bytes{}, segment{}, reserved_bytes{},
-      inactive_split{}, inactive_split_bytes{}, free_bytes{};
-  int64_t oversize_allocations = 0, oversize_segments = 0;
-
-  static void add(std::array<int64_t, kNumStatPools>& a, bool small, int64_t n) {
-    a[kAggregatePool] += n;
-    a[small ? kSmallPool : kLargePool] += n;
-  }
-};
-
 absl::Status Violation(const std::string& what) {
   return absl::InternalError("devmem validate(): " + what);
-}
-
-absl::Status CompareStat(const char* name, const StatArray& stat,
-                         const std::array<int64_t, kNumStatPools>& recount) {
-  static constexpr const char* kPoolNames[] = {"all", "small", "large"};
-  for (int p = 0; p < kNumStatPools; ++p) {
-    if (stat[p].current != recount[p]) {
-      return Violation(absl::StrFormat("stat %s[%s].current is %d but a recount gives %d",
-                                       name, kPoolNames[p], stat[p].current, recount[p]));
-    }
-    if (stat[p].current != stat[p].allocated - stat[p].freed) {
-      return Violation(absl::StrFormat(
-          "stat %s[%s]: current %d != allocated %d - freed %d", name, kPoolNames[p],
-          stat[p].current, stat[p].allocated, stat[p].freed));
-    }
-    if (stat[p].peak < stat[p].current) {
-      return Violation(absl::StrFormat("stat %s[%s]: peak %d < current %d", name,
-                                       kPoolNames[p], stat[p].peak, stat[p].current));
-    }
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
 
 absl::Status DevicePool::validate() const {
   MutexLock lock(&mu_);
-  Recount rc;
+  StatRecount rc;
   size_t free_blocks = 0;
   size_t allocated_blocks = 0;
   int64_t pending_events = 0;
-  std::vector<SiteStats> site_recount(site_stats_.size());
+  std::vector<SiteStats>& site_recount = rc.sites;
+  site_recount.resize(acct_.site_stats().size());
   uintptr_t previous_end = 0;
   // Per reservation: its runs and the bytes they map, recounted.
   absl::flat_hash_map<const Reservation*, std::pair<int, size_t>> runs;
@@ -73,8 +40,8 @@ absl::Status DevicePool::validate() const {
     }
     previous_end = s->addr + s->size;
     const bool small = s->small_pool;
-    Recount::add(rc.segment, small, 1);
-    Recount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
+    StatRecount::add(rc.segment, small, 1);
+    StatRecount::add(rc.reserved_bytes, small, static_cast<int64_t>(s->size));
     if (s->oversize) ++rc.oversize_segments;
     if (s->expandable()) {
       const Reservation* r = s->reservation;
@@ -144,11 +111,11 @@ absl::Status DevicePool::validate() const {
             return Violation(absl::StrFormat("allocated block %#x: requested %u of %u",
                                              b->addr, b->requested, b->size));
           }
-          Recount::add(rc.allocation, small, 1);
-          Recount::add(rc.allocated_bytes, small, size);
-          Recount::add(rc.requested_bytes, small, static_cast<int64_t>(b->requested));
-          Recount::add(rc.active, small, 1);
-          Recount::add(rc.active_bytes, small, size);
+          StatRecount::add(rc.allocation, small, 1);
+          StatRecount::add(rc.allocated_bytes, small, size);
+          StatRecount::add(rc.requested_bytes, small, static_cast<int64_t>(b->requested));
+          StatRecount::add(rc.active, small, 1);
+          StatRecount::add(rc.active_bytes, small, size);
           if (s->oversize) ++rc.oversize_allocations;
           if (b->site >= site_recount.size()) {
             return Violation(absl::StrFormat("block %#x has site %u with no stats",
@@ -165,9 +132,9 @@ absl::Status DevicePool::validate() const {
                                              b->addr));
           }
           pending_events += b->pending_events;
-          Recount::add(rc.active, small, 1);
-          Recount::add(rc.active_bytes, small, size);
-          Recount::add(rc.pending_bytes, small, size);
+          StatRecount::add(rc.active, small, 1);
+          StatRecount::add(rc.active_bytes, small, size);
+          StatRecount::add(rc.pending_bytes, small, size);
           break;
         case BlockState::kFree: {
           ++free_blocks;
@@ -176,22 +143,11 @@ absl::Status DevicePool::validate() const {
                 "free blocks %#x and %#x are adjacent but not coalesced", prev->addr,
                 b->addr));
           }
-          const FreeSet& set = small ? small_free_ : large_free_;
-          auto it = set.find(b);
-          if (it == set.end() || *it != b) {
-            return Violation(absl::StrFormat("free block %#x is missing from its free set",
-                                             b->addr));
-          }
-          if (!b->stream_uses.empty()) {
-            return Violation(absl::StrFormat(
-                "free block %#x has %u recorded streams (they must be cleared when it "
-                "is freed)",
-                b->addr, b->stream_uses.size()));
-          }
-          Recount::add(rc.free_bytes, small, size);
+          if (absl::Status st = free_.validate_free_block(b); !st.ok()) return st;
+          StatRecount::add(rc.free_bytes, small, size);
           if (b->is_split()) {
-            Recount::add(rc.inactive_split, small, 1);
-            Recount::add(rc.inactive_split_bytes, small, size);
+            StatRecount::add(rc.inactive_split, small, 1);
+            StatRecount::add(rc.inactive_split_bytes, small, size);
           }
           break;
         }
@@ -223,87 +179,22 @@ absl::Status DevicePool::validate() const {
           r->addr, r->runs, r->mapped, count, mapped));
     }
   }
-  if (free_blocks != small_free_.size() + large_free_.size()) {
-    return Violation(absl::StrFormat("free sets hold %u blocks but segments hold %u free",
-                                     small_free_.size() + large_free_.size(),
-                                     free_blocks));
-  }
+  if (absl::Status st = free_.validate_count(free_blocks); !st.ok()) return st;
   if (allocated_blocks != allocated_.size()) {
     return Violation(absl::StrFormat("allocated table holds %u blocks, segments hold %u",
                                      allocated_.size(), allocated_blocks));
   }
   // Every queued event belongs to a pending block of this pool, and each block has as
   // many queued events as it waits for (not only the totals agree).
-  size_t queued = 0;
-  absl::flat_hash_map<const Block*, int> queued_per_block;
-  for (const auto& [stream, queue] : pending_) {
-    queued += queue.size();
-    for (const PendingEvent& pe : queue) {
-      const Block* b = pe.block;
-      const Block* found = b == nullptr ? nullptr : block_containing(b->addr);
-      if (found != b) {
-        return Violation(absl::StrFormat(
-            "an event queued on stream %#x names a block that no segment holds",
-            stream.handle));
-      }
-      if (b->state != BlockState::kPending) {
-        return Violation(absl::StrFormat(
-            "an event queued on stream %#x names block %#x, which is %s, not pending",
-            stream.handle, b->addr, BlockStateName(b->state)));
-      }
-      ++queued_per_block[b];
-    }
+  if (absl::Status st = events_.validate(
+          [this](uintptr_t addr) ABSL_NO_THREAD_SAFETY_ANALYSIS -> const Block* {
+            return block_containing(addr);
+          },
+          pending_events);
+      !st.ok()) {
+    return st;
   }
-  for (const auto& [b, n] : queued_per_block) {
-    if (n != b->pending_events) {
-      return Violation(absl::StrFormat("pending block %#x waits for %d events; %d are queued",
-                                       b->addr, b->pending_events, n));
-    }
-  }
-  if (queued != pending_count_ || static_cast<int64_t>(queued) != pending_events) {
-    return Violation(absl::StrFormat(
-        "pending events: %u queued, counter %u, blocks wait for %d", queued,
-        pending_count_, pending_events));
-  }
-  for (const auto& [name, stat, recount] :
-       std::initializer_list<std::tuple<const char*, const StatArray*,
-                                        const std::array<int64_t, kNumStatPools>*>>{
-           {"allocation", &stats_.allocation, &rc.allocation},
-           {"allocated_bytes", &stats_.allocated_bytes, &rc.allocated_bytes},
-           {"requested_bytes", &stats_.requested_bytes, &rc.requested_bytes},
-           {"active", &stats_.active, &rc.active},
-           {"active_bytes", &stats_.active_bytes, &rc.active_bytes},
-           {"pending_bytes", &stats_.pending_bytes, &rc.pending_bytes},
-           {"segment", &stats_.segment, &rc.segment},
-           {"reserved_bytes", &stats_.reserved_bytes, &rc.reserved_bytes},
-           {"inactive_split", &stats_.inactive_split, &rc.inactive_split},
-           {"inactive_split_bytes", &stats_.inactive_split_bytes,
-            &rc.inactive_split_bytes}}) {
-    if (absl::Status st = CompareStat(name, *stat, *recount); !st.ok()) return st;
-  }
-  if (stats_.oversize_allocations.current != rc.oversize_allocations ||
-      stats_.oversize_segments.current != rc.oversize_segments) {
-    return Violation("oversize counters differ from a recount");
-  }
-  for (int p = 0; p < kNumStatPools; ++p) {
-    if (rc.reserved_bytes[p] !=
-        rc.allocated_bytes[p] + rc.pending_bytes[p] + rc.free_bytes[p]) {
-      return Violation(absl::StrFormat(
-          "reserved %d != allocated %d + pending %d + cached %d (pool %d)",
-          rc.reserved_bytes[p], rc.allocated_bytes[p], rc.pending_bytes[p],
-          rc.free_bytes[p], p));
-    }
-  }
-  for (size_t id = 0; id < site_stats_.size(); ++id) {
-    if (site_stats_[id].live_bytes != site_recount[id].live_bytes ||
-        site_stats_[id].live_count != site_recount[id].live_count) {
-      return Violation(absl::StrFormat(
-          "site %u: live %d bytes in %d blocks, recount %d bytes in %d blocks", id,
-          site_stats_[id].live_bytes, site_stats_[id].live_count,
-          site_recount[id].live_bytes, site_recount[id].live_count));
-    }
-  }
-  return absl::OkStatus();
+  return acct_.validate(rc);
 }
 
 }  // namespace devmem::internal

@@ -38,7 +38,7 @@ class DevicePoolTestPeer {
   // Points the queued events that name `from` at `to`.
   void RetargetQueuedEvents(const Block* from, Block* to) {
     MutexLock lock(&pool_.mu_);
-    for (auto& [stream, queue] : pool_.pending_) {
+    for (auto& [stream, queue] : pool_.events_.queues_) {
       for (auto& pe : queue) {
         if (pe.block == from) pe.block = to;
       }

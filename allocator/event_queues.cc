@@ -1,0 +1,75 @@
+// allocator/event_queues.cc: see event_queues.h.
+#include "allocator/event_queues.h"
+
+#include "absl/strings/str_format.h"
+
+namespace devmem::internal {
+
+size_t EventQueues::enqueue(Backend& backend, Block* b) {
+  size_t queued = 0;
+  try {
+    for (Stream s : b->stream_uses) {
+      std::deque<PendingEvent>& queue = queues_[s];
+      queue.push_back(PendingEvent{Event{}, b});
+      queue.back().event = backend.record_event(s);
+      ++queued;
+    }
+  } catch (...) {
+    // Undo in reverse: each entry is the last of its stream's queue (a stream appears
+    // once in stream_uses); one whose record threw holds Event{}.
+    for (auto q = b->stream_uses.rbegin(); q != b->stream_uses.rend(); ++q) {
+      auto pit = queues_.find(*q);
+      if (pit == queues_.end() || pit->second.empty() || pit->second.back().block != b) {
+        continue;
+      }
+      if (pit->second.back().event.handle != 0) {
+        backend.release_event(pit->second.back().event);
+      }
+      pit->second.pop_back();
+      if (pit->second.empty()) queues_.erase(pit);
+    }
+    throw;
+  }
+  count_ += queued;
+  return queued;
+}
+
+absl::Status EventQueues::validate(absl::FunctionRef<const Block*(uintptr_t)> block_at,
+                                   int64_t pending_events) const {
+  auto violation = [](const std::string& what) {
+    return absl::InternalError("devmem validate(): " + what);
+  };
+  size_t queued = 0;
+  absl::flat_hash_map<const Block*, int> queued_per_block;
+  for (const auto& [stream, queue] : queues_) {
+    queued += queue.size();
+    for (const PendingEvent& pe : queue) {
+      const Block* b = pe.block;
+      const Block* found = b == nullptr ? nullptr : block_at(b->addr);
+      if (found != b) {
+        return violation(absl::StrFormat(
+            "an event queued on stream %#x names a block that no segment holds",
+            stream.handle));
+      }
+      if (b->state != BlockState::kPending) {
+        return violation(absl::StrFormat(
+            "an event queued on stream %#x names block %#x, which is %s, not pending",
+            stream.handle, b->addr, BlockStateName(b->state)));
+      }
+      ++queued_per_block[b];
+    }
+  }
+  for (const auto& [b, n] : queued_per_block) {
+    if (n != b->pending_events) {
+      return violation(absl::StrFormat("pending block %#x waits for %d events; %d are queued",
+                                       b->addr, b->pending_events, n));
+    }
+  }
+  if (queued != count_ || static_cast<int64_t>(queued) != pending_events) {
+    return violation(absl::StrFormat("pending events: %u queued, counter %u, blocks wait for %d",
+                                     queued, count_, pending_events));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace devmem::internal

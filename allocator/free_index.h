@@ -1,0 +1,152 @@
+// allocator/free_index.h: the free blocks of one DevicePool: the two free sets, best
+// fit, split and coalesce, and the spare Block objects (internal).
+//
+// Owns: the small and large free sets (btree sets ordered by (stream, size, address),
+// so best fit on a stream is one lower_bound) and the recycled Block objects. It does
+// not own segments or the blocks in them; it links and unlinks blocks inside a
+// segment's list when it splits or coalesces, and reports every entry into and exit
+// from a set to PoolAccounting (inactive_split), so the sets and that statistic cannot
+// drift apart.
+//
+// Invariants (validate_free_block, validate_count): the sets hold exactly the free
+// blocks of the pool's segments, each in its pool's set; no two adjacent blocks are
+// both free (coalesce() merges them as a block becomes free).
+//
+// The hot path (best fit, split, insert, erase, coalesce) is defined here so that it
+// inlines into DevicePool::allocate and free as it did when it was part of DevicePool.
+// Thread-safety: none; guarded by the owning DevicePool's mutex.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/status/status.h"
+#include "allocator/block.h"
+#include "allocator/pool_accounting.h"
+#include "allocator/pool_policy.h"
+
+namespace devmem::internal {
+
+class FreeIndex {
+ public:
+  using FreeSet = absl::btree_set<Block*, BlockLess>;
+
+  explicit FreeIndex(PoolAccounting& acct) : acct_(acct) {}
+  ~FreeIndex();
+  FreeIndex(const FreeIndex&) = delete;
+  FreeIndex& operator=(const FreeIndex&) = delete;
+
+  const FreeSet& set(bool small) const { return small ? small_ : large_; }
+  size_t size() const { return small_.size() + large_.size(); }
+
+  // A free block (out of any set) enters / leaves its pool's set.
+  void insert(Block* b) {
+    (b->segment->small_pool ? small_ : large_).insert(b);
+    acct_.free_block_listed(b);
+  }
+  void erase(Block* b) {
+    (b->segment->small_pool ? small_ : large_).erase(b);
+    acct_.free_block_unlisted(b);
+  }
+
+  // Best fit: the smallest block on `stream` that is >= size and may serve it, taken
+  // out of its set; nullptr when none. The oversize rule (OversizeBlockServes): blocks
+  // of oversize segments are skipped rather than ending the search, so a larger
+  // ordinary block (an expandable run's, say) still serves the request; there are few
+  // oversize blocks, so the walk is short. Expandable segments are never oversize:
+  // their blocks are split freely (no segment boundaries strand memory), which
+  // max_split_size works around.
+  Block* take_best_fit(size_t size, Stream stream, size_t max_split_size) {
+    FreeSet& s = IsSmall(size) ? small_ : large_;
+    for (auto it = s.lower_bound(BlockKey{stream, size, 0});
+         it != s.end() && (*it)->stream == stream; ++it) {
+      Block* b = *it;
+      if (b->segment->oversize && !OversizeBlockServes(b->size, size, max_split_size)) {
+        continue;
+      }
+      erase(b);
+      return b;
+    }
+    return nullptr;
+  }
+
+  // Splits `b` (out of any set) so that it is exactly `size` when the split rule says
+  // the remainder is worth keeping; the remainder goes to its free set.
+  void split(Block* b, size_t size, size_t max_split_size) {
+    if (!ShouldSplit(b->size, size, b->segment->small_pool, b->segment->expandable(),
+                     max_split_size)) {
+      return;
+    }
+    Block* rest = new_block();
+    rest->addr = b->addr + size;
+    rest->size = b->size - size;
+    rest->segment = b->segment;
+    rest->stream = b->stream;
+    rest->state = BlockState::kFree;
+    rest->prev = b;
+    rest->next = b->next;
+    if (b->next != nullptr) b->next->prev = rest;
+    b->next = rest;
+    b->size = size;
+    if (b->segment->tail == b) b->segment->tail = rest;
+    insert(rest);
+  }
+
+  // `b` just became free (state kFree, out of any set): merges it with its free
+  // neighbours (their Block objects become spares) and inserts the result.
+  void coalesce(Block* b) {
+    Segment* s = b->segment;
+    if (Block* prev = b->prev; prev != nullptr && prev->state == BlockState::kFree) {
+      erase(prev);
+      b->addr = prev->addr;
+      b->size += prev->size;
+      b->prev = prev->prev;
+      if (b->prev != nullptr) {
+        b->prev->next = b;
+      } else {
+        s->head = b;
+      }
+      delete_block(prev);
+    }
+    if (Block* next = b->next; next != nullptr && next->state == BlockState::kFree) {
+      erase(next);
+      b->size += next->size;
+      b->next = next->next;
+      if (b->next != nullptr) b->next->prev = b;
+      if (s->tail == next) s->tail = b;
+      delete_block(next);
+    }
+    insert(b);
+  }
+
+  // Block objects: from the spares when there are any.
+  Block* new_block() {
+    if (spares_.empty()) return new Block;
+    Block* b = spares_.back();
+    spares_.pop_back();
+    return b;
+  }
+  // Resets `b` and keeps it as a spare. Never throws: callers delete blocks in the
+  // middle of relinking; without memory to keep it, the Block goes back to the heap.
+  void delete_block(Block* b);
+  // Makes sure one spare exists (may throw std::bad_alloc; changes nothing else), so
+  // that a split on the allocation path needs no memory.
+  void reserve_spare() {
+    if (spares_.empty()) delete_block(new Block);
+  }
+
+  // This part's share of validate(): `b`, a free block of a segment, is in its set
+  // and has no recorded streams.
+  absl::Status validate_free_block(const Block* b) const;
+  // ... and the sets hold no more than the `free_blocks` free blocks the segments hold.
+  absl::Status validate_count(size_t free_blocks) const;
+
+ private:
+  PoolAccounting& acct_;
+  FreeSet small_;
+  FreeSet large_;
+  std::vector<Block*> spares_;
+};
+
+}  // namespace devmem::internal

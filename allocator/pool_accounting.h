@@ -1,0 +1,168 @@
+// allocator/pool_accounting.h: a DevicePool's statistics, per-site counters and trace
+// emission, changed together by one method per block or segment state change
+// (internal).
+//
+// Every change of a block's state (allocated, freed by the user, pending, free again,
+// entering or leaving a free set) and of a segment's (allocated, freed, mapped,
+// unmapped, a run added or removed) is reported here by the part of DevicePool that
+// makes it, through the method named for it; that method updates DeviceStats, the
+// site's counters and the observer's trace together, so they cannot drift apart. No
+// other code writes a statistic.
+//
+// Owns: the DeviceStats, the SiteStats table, the observer pointer (not the observer).
+// Invariants (validate): every statistic's current value equals the recount the caller
+// made from the blocks, current == allocated - freed and peak >= current; per-site live
+// bytes and counts equal theirs.
+// Thread-safety: none; guarded by the owning DevicePool's mutex.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "allocator/block.h"
+#include "allocator/observer.h"
+#include "allocator/oom_report.h"
+#include "allocator/stats.h"
+
+namespace devmem::internal {
+
+// What validate() compares the statistics against: a recount from the blocks.
+struct StatRecount {
+  using PerPool = std::array<int64_t, kNumStatPools>;
+  PerPool allocation{}, allocated_bytes{}, requested_bytes{}, active{}, active_bytes{},
+      pending_bytes{}, segment{}, reserved_bytes{}, inactive_split{},
+      inactive_split_bytes{}, free_bytes{};
+  int64_t oversize_allocations = 0, oversize_segments = 0;
+  std::vector<SiteStats> sites;  // live_bytes and live_count only
+
+  static void add(PerPool& a, bool small, int64_t n) {
+    a[kAggregatePool] += n;
+    a[small ? kSmallPool : kLargePool] += n;
+  }
+};
+
+class PoolAccounting {
+ public:
+  PoolAccounting(DeviceId device, size_t max_split_size);
+  PoolAccounting(const PoolAccounting&) = delete;
+  PoolAccounting& operator=(const PoolAccounting&) = delete;
+
+  // --- before a change: what may need host memory ------------------------------------
+  // Makes room for `site`'s counters (may throw std::bad_alloc; changes nothing else).
+  void reserve_site(SiteId site) {
+    if (site >= site_stats_.size()) site_stats_.resize(site + 1);
+  }
+
+  // --- block state changes ---------------------------------------------------------
+  // A free block was handed to the user for `requested` bytes from `site` (b->site,
+  // b->requested are set).
+  void block_allocated(const Block* b) {
+    const bool small = b->segment->small_pool;
+    const auto size = static_cast<int64_t>(b->size);
+    IncreaseStat(stats_.allocation, small, 1);
+    IncreaseStat(stats_.allocated_bytes, small, size);
+    IncreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
+    IncreaseStat(stats_.active, small, 1);
+    IncreaseStat(stats_.active_bytes, small, size);
+    if (b->segment->oversize) stats_.oversize_allocations.increase(1);
+    SiteStats& ss = site_stats_[b->site];
+    ss.live_bytes += size;
+    ss.live_count += 1;
+    ss.total_bytes += size;
+    ss.total_count += 1;
+    ss.peak_live_bytes = std::max(ss.peak_live_bytes, ss.live_bytes);
+    emit(AllocAction::kAlloc, b, b->size, b->requested);
+  }
+  // The user freed an allocated block (it becomes free or pending next; still active).
+  void block_freed_by_user(const Block* b) {
+    const bool small = b->segment->small_pool;
+    DecreaseStat(stats_.allocation, small, 1);
+    DecreaseStat(stats_.allocated_bytes, small, static_cast<int64_t>(b->size));
+    DecreaseStat(stats_.requested_bytes, small, static_cast<int64_t>(b->requested));
+    if (b->segment->oversize) stats_.oversize_allocations.decrease(1);
+    ++stats_.num_frees;
+    SiteStats& ss = site_stats_[b->site];
+    ss.live_bytes -= static_cast<int64_t>(b->size);
+    ss.live_count -= 1;
+    emit(AllocAction::kFree, b, b->size, b->requested);
+  }
+  // A user-freed block waits for events on other streams.
+  void block_pending(const Block* b) {
+    IncreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+  }
+  // A pending block's last event completed (it becomes free next).
+  void block_free_completed(const Block* b) {
+    DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+    emit(AllocAction::kFreeCompleted, b, b->size, 0);
+  }
+  // A user-freed or completed block stops being active (before it coalesces).
+  void block_inactive(const Block* b) {
+    DecreaseStat(stats_.active, b->segment->small_pool, 1);
+    DecreaseStat(stats_.active_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+  }
+  // A free block entered / left its free set (inactive_split counts split ones).
+  void free_block_listed(const Block* b) {
+    if (!b->is_split()) return;
+    IncreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
+    IncreaseStat(stats_.inactive_split_bytes, b->segment->small_pool,
+                 static_cast<int64_t>(b->size));
+  }
+  void free_block_unlisted(const Block* b) {
+    if (!b->is_split()) return;
+    DecreaseStat(stats_.inactive_split, b->segment->small_pool, 1);
+    DecreaseStat(stats_.inactive_split_bytes, b->segment->small_pool,
+                 static_cast<int64_t>(b->size));
+  }
+
+  // --- segment state changes -------------------------------------------------------
+  // A regular segment was allocated from the backend.
+  void segment_allocated(const Segment* s);
+  // A segment (regular, or a whole expandable run) is about to go back to the backend.
+  void segment_released(const Segment* s);
+  // [at, at + bytes) of reservation `r` was mapped / is about to be unmapped.
+  void mapped(const Reservation* r, uintptr_t at, size_t bytes);
+  void unmapping(const Segment* s, uintptr_t at, size_t bytes);
+  // An expandable run was created (a map in a gap, a split by an unmap) or removed
+  // (merged into its neighbour, unmapped whole).
+  void run_added(bool small) { IncreaseStat(stats_.segment, small, 1); }
+  void run_removed(bool small) { DecreaseStat(stats_.segment, small, 1); }
+
+  // --- events of the allocation path -----------------------------------------------
+  void count_cache_hit() { ++stats_.cache_hits; }
+  void count_cache_miss() { ++stats_.cache_misses; }
+  void count_alloc_retry() { ++stats_.num_alloc_retries; }
+  void count_sync_all_streams() { ++stats_.num_sync_all_streams; }
+  // An allocation failed: counts it and emits the kOom event.
+  void out_of_memory(Stream stream, size_t size, size_t requested, SiteId site);
+
+  // --- introspection ---------------------------------------------------------------
+  const DeviceStats& stats() const { return stats_; }
+  const std::vector<SiteStats>& site_stats() const { return site_stats_; }
+  std::vector<SiteUsage> top_sites(size_t k) const;
+  // Live bytes of sites whose kind is an explicit copy (for the OOM report).
+  size_t copy_bytes() const;
+  void reset_peak();
+  void reset_accumulated();
+  AllocatorObserver* observer() const { return observer_; }
+  void set_observer(AllocatorObserver* observer) { observer_ = observer; }
+
+  // This part's share of validate(): the statistics against `rc`.
+  absl::Status validate(const StatRecount& rc) const;
+
+ private:
+  void emit(AllocAction action, const Block* b, size_t size, size_t requested) {
+    if (observer_ == nullptr) return;
+    observer_->on_event(
+        AllocEvent{action, device_, b->stream, b->addr, size, requested, b->site});
+  }
+
+  const DeviceId device_;
+  DeviceStats stats_;
+  std::vector<SiteStats> site_stats_;
+  AllocatorObserver* observer_ = nullptr;
+};
+
+}  // namespace devmem::internal
