@@ -43,6 +43,11 @@ struct Block {
   SiteId site = kUnknownSite;
   int pending_events = 0;     // events still to complete before it is free
   int64_t alloc_time_ns = 0;
+  // Free blocks: the pool's free sequence number (BlockStates) when this memory last
+  // became free; no device work queued after that uses it. 0: never used since it was
+  // mapped or allocated. Set wherever a free block is made (BlockStates, the segment
+  // sources); deferred recycling unmaps only blocks free since before its event.
+  uint64_t free_seq = 0;
   // Streams other than `stream` that use the block (record_stream). Almost always
   // empty or one entry, so inline.
   absl::InlinedVector<Stream, 1> stream_uses;

@@ -13,8 +13,9 @@
 // method named for the change, so the statistics, site counters and trace cannot drift
 // from the containers.
 //
-// Owns: the allocated table (address -> block, what free() looks up) and the use clock
-// (ticks once per allocation; Segment::last_used, garbage collection's age). Uses
+// Owns: the allocated table (address -> block, what free() looks up), the use clock
+// (ticks once per allocation; Segment::last_used, garbage collection's age) and the
+// free sequence (ticks once per block made free; Block::free_seq). Uses
 // FreeIndex, EventQueues and PoolAccounting; does not own blocks or segments.
 // Invariants (validate_block, validate_count): the allocated table holds exactly the
 // allocated blocks; an allocated block's requested bytes are in (0, size]; a pending
@@ -66,7 +67,9 @@ class BlockStates {
   // free -> allocated: `b` (free, out of any set, >= size) is split to `size` when the
   // split rule says so and handed out for `requested` bytes from `site`.
   void allocate(Block* b, size_t size, size_t requested, SiteId site, size_t max_split_size) {
+    const Block* const next = b->next;
     free_.split(b, size, max_split_size);
+    if (b->next != next) b->next->free_seq = b->free_seq;  // the remainder was free as long
     b->state = BlockState::kAllocated;
     b->requested = requested;
     b->site = site;
@@ -120,6 +123,8 @@ class BlockStates {
   }
   const AllocatedTable& allocated_table() const { return allocated_; }
   uint64_t now() const { return use_clock_; }
+  // The free sequence number: ticks each time a block becomes free (Block::free_seq).
+  uint64_t free_seq() const { return free_seq_; }
 
   // This part's share of validate(): `b`, a block of a segment, against the allocated
   // table and its state's rules; adds it to the recount and the tally.
@@ -137,6 +142,7 @@ class BlockStates {
     b->site = kUnknownSite;
     b->alloc_time_ns = 0;
     b->stream_uses.clear();
+    b->free_seq = ++free_seq_;  // the merged block below is as recent as its newest part
     --s->busy_blocks;
     free_.coalesce(b);
     if (s->busy_blocks == 0) s->last_used = use_clock_;
@@ -148,6 +154,7 @@ class BlockStates {
   PoolAccounting& acct_;
   AllocatedTable allocated_;
   uint64_t use_clock_ = 0;
+  uint64_t free_seq_ = 0;
 };
 
 }  // namespace devmem::internal

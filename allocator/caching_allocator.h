@@ -32,9 +32,11 @@
 //     can hold the request (next to free blocks, in a gap or at the end); whole free
 //     granules are unmapped under memory pressure, on trim/empty_cache, and when
 //     fragmentation would take reserved bytes past (1 + expandable_recycle_threshold)
-//     x the peak of allocated bytes (expandable_segments.cc);
-//   * memory goes back to the device only after its stream has been synchronized
-//     (work queued before a free may still use the block);
+//     x the high-water mark of allocated bytes, without waiting for the stream on the
+//     allocating thread (expandable_segments.h);
+//   * memory goes back to the device only after its stream has passed it
+//     (synchronized, or an event recorded after the free completed: work queued
+//     before a free may still use the block);
 //   * with garbage_collection_threshold, cached segments unused for longest are
 //     released before a new segment is taken, while reserved exceeds the threshold;
 //   * per_process_memory_fraction caps reserved bytes at that share of the device.

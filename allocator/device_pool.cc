@@ -101,7 +101,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // What may need host memory comes before the first change, so that a
     // std::bad_alloc leaves the pool as it was.
     blocks_.prepare_allocation(site);
-    if (!events_.empty()) process_events_locked(/*wait=*/false);
+    poll_locked();
     Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
     if (b != nullptr) {
       acct_.count_cache_hit();
@@ -182,7 +182,9 @@ size_t DevicePool::memory_limit() const {
 
 GrowRequest DevicePool::grow_request(size_t size, size_t segment_size, bool small,
                                      Stream stream) const {
-  return GrowRequest{size, segment_size, small, stream, memory_limit(), blocks_.now()};
+  return GrowRequest{size,           segment_size,  small,
+                     stream,         memory_limit(), blocks_.now(),
+                     blocks_.free_seq()};
 }
 
 Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream stream) {
@@ -222,7 +224,7 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
 
 void DevicePool::process_events() {
   MutexLock lock(&mu_);
-  if (!events_.empty()) process_events_locked(/*wait=*/false);
+  poll_locked();
 }
 
 // --- giving memory back (the Reclaimer decides what goes) ------------------------------

@@ -115,6 +115,15 @@ class DevicePool {
   void process_events_locked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     blocks_.complete_events(wait);
   }
+  // The allocation path's bounded poll: cross-stream frees whose events completed, and
+  // deferred recycles whose events completed (one query per stream queue and per
+  // reservation at most; nothing waits). What is not done yet waits for a later call.
+  void poll_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!events_.empty()) process_events_locked(/*wait=*/false);
+    if (expandable_ != nullptr && expandable_->has_deferred()) {
+      expandable_->complete_deferred(/*wait=*/false);
+    }
+  }
 
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -17,6 +17,11 @@ DeviceStats DevicePool::stats() const {
 
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
+  // The recycle trigger keeps its own high-water mark: resetting the user's peak must
+  // not change how much is recycled.
+  if (expandable_ != nullptr) {
+    expandable_->note_peak_reset(acct_.stats().allocated_bytes[kAggregatePool].peak);
+  }
   acct_.reset_peak();
 }
 

@@ -1,6 +1,7 @@
 // allocator/expandable_recycle.cc: ExpandableSegments' unmapping of idle granules
 // (recycling; see expandable_segments.h for when it happens and what it costs).
 #include <algorithm>
+#include <exception>
 #include <memory>
 #include <vector>
 
@@ -44,6 +45,7 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     above->segment = s;
     above->stream = s->stream;
     above->state = BlockState::kFree;
+    above->free_seq = b->free_seq;
   }
   if (below == nullptr && above == nullptr) free_.delete_block(b);
   Block* left_tail = below != nullptr ? below : before;  // last block below the hole
@@ -113,8 +115,7 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
   return bytes;
 }
 
-size_t ExpandableSegments::recycle_except(size_t bytes, const Block* keep_a,
-                                          const Block* keep_b, const Reservation* only) {
+size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope) {
   if (bytes == 0) return 0;
   struct Candidate {
     size_t span;  // whole granules inside the block, in bytes
@@ -124,8 +125,9 @@ size_t ExpandableSegments::recycle_except(size_t bytes, const Block* keep_a,
   std::vector<Candidate> candidates;
   for (const FreeIndex::FreeSet* set : {&free_.set(false), &free_.set(true)}) {
     for (Block* b : *set) {
-      if (!b->segment->expandable() || b == keep_a || b == keep_b) continue;
-      if (only != nullptr && b->segment->reservation != only) continue;
+      if (!b->segment->expandable() || b == scope.keep_a || b == scope.keep_b) continue;
+      if (scope.only != nullptr && b->segment->reservation != scope.only) continue;
+      if (b->free_seq > scope.freed_by) continue;
       const uintptr_t c0 = round_to_granule(b->addr);
       const uintptr_t c1 = (b->addr + b->size) / granularity_ * granularity_;
       if (c1 > c0) candidates.push_back(Candidate{c1 - c0, b->addr, b});
@@ -142,11 +144,74 @@ size_t ExpandableSegments::recycle_except(size_t bytes, const Block* keep_a,
     const uintptr_t c1 = (b->addr + b->size) / granularity_ * granularity_;
     const size_t want = bytes - released;  // may be SIZE_MAX: compare before rounding
     const size_t take = want >= c.span ? c.span : round_to_granule(want);
-    if (std::find(synced.begin(), synced.end(), b->stream.handle) == synced.end()) {
+    if (scope.sync &&
+        std::find(synced.begin(), synced.end(), b->stream.handle) == synced.end()) {
       backend_.synchronize_stream(b->stream);
       synced.push_back(b->stream.handle);
     }
     released += unmap_range(b, c1 - take, c1);
+  }
+  return released;
+}
+
+void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes,
+                                             const Placement& p, uint64_t free_seq) {
+  // Proactive recycling is a footprint optimisation: when no event can be recorded it
+  // is skipped this time rather than failing the allocation.
+  Event event;
+  try {
+    event = backend_.record_event(r->stream);
+  } catch (const std::exception&) {
+    return;
+  }
+  if (backend_.event_done(event)) {
+    // The stream is idle: every block free now is free in stream order already.
+    backend_.release_event(event);
+    recycle_except(bytes, Scope{p.left, p.right, r, UINT64_MAX, /*sync=*/false});
+    return;
+  }
+  // One decision per reservation: the new event comes later on the same stream, so it
+  // covers every block the old one did, and more.
+  for (Deferred& d : deferred_) {
+    if (d.reservation == r) {
+      backend_.release_event(d.event);
+      d.event = event;
+      d.free_seq = free_seq;
+      d.bytes += bytes;
+      deferred_bytes_ += bytes;
+      return;
+    }
+  }
+  try {
+    deferred_.push_back(Deferred{r, event, free_seq, bytes});
+  } catch (...) {
+    backend_.release_event(event);
+    throw;
+  }
+  deferred_bytes_ += bytes;
+}
+
+size_t ExpandableSegments::complete_deferred(bool wait) {
+  size_t released = 0;
+  for (size_t i = 0; i < deferred_.size();) {
+    const Deferred d = deferred_[i];
+    if (wait) {
+      backend_.synchronize_event(d.event);
+    } else if (!backend_.event_done(d.event)) {
+      ++i;
+      continue;
+    }
+    backend_.release_event(d.event);
+    deferred_[i] = deferred_.back();
+    deferred_.pop_back();
+    deferred_bytes_ -= d.bytes;
+    // Memory may have been allocated or given back since the decision: only what is
+    // still over the cap goes, and only blocks free since before the event.
+    const size_t want = DeferredRecycleBytes(
+        recycle_threshold_, allocated_high_water(),
+        acct_.stats().allocated_bytes[kAggregatePool].current, reserved(), d.bytes);
+    released += recycle_except(want, Scope{nullptr, nullptr, d.reservation, d.free_seq,
+                                           /*sync=*/false});
   }
   return released;
 }

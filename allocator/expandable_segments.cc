@@ -15,6 +15,7 @@
 namespace devmem::internal {
 
 ExpandableSegments::~ExpandableSegments() {
+  for (const Deferred& d : deferred_) backend_.release_event(d.event);
   for (auto& [key, r] : reservations_) {
     backend_.release_address(reinterpret_cast<void*>(r->addr), r->va_size);
     delete r;
@@ -107,29 +108,28 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
   }
   const size_t limit = req.limit;
   if (p.bytes > limit) return nullptr;
-  auto reserved = [&] {
-    return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
-  };
   // How much to recycle before mapping: what the memory limit demands, and what keeps
   // the footprint within the threshold (never more than is about to be mapped).
   // The limit may take idle granules from any reservation; the threshold only from
   // this one: another stream's cache is likely to be wanted back by that stream.
   if (reserved() > limit - p.bytes) {
-    recycle_except(reserved() + p.bytes - limit, p.left, p.right, nullptr);
+    recycle_except(reserved() + p.bytes - limit, Scope{p.left, p.right});
     if (reserved() > limit - p.bytes) return nullptr;
   }
-  // The recycle trigger is measured against the peak of allocated bytes (since
-  // reset_peak_stats), not the current value: a program between two peaks will need
-  // the memory again, and unmapping it only to map it back is churn.
-  const Stat& allocated = acct_.stats().allocated_bytes[kAggregatePool];
-  if (const size_t over = ProactiveRecycleBytes(recycle_threshold_, allocated.peak,
-                                                allocated.current, size, reserved(), p.bytes);
+  // The recycle trigger is measured against the high-water mark of allocated bytes,
+  // not the current value: a program between two peaks will need the memory again,
+  // and unmapping it only to map it back is churn. Bytes already decided (deferred)
+  // count as given back, so that waiting decisions are not taken twice.
+  const size_t committed = reserved() > deferred_bytes_ ? reserved() - deferred_bytes_ : 0;
+  if (const size_t over = ProactiveRecycleBytes(
+          recycle_threshold_, allocated_high_water(),
+          acct_.stats().allocated_bytes[kAggregatePool].current, size, committed, p.bytes);
       over > 0) {
-    recycle_except(over, p.left, p.right, r);
+    recycle_proactively(r, over, p, req.free_seq);
   }
   void* at = reinterpret_cast<void*>(p.at);
   absl::Status st = backend_.map(at, p.bytes);
-  if (absl::IsResourceExhausted(st) && recycle_except(p.bytes, p.left, p.right, nullptr) > 0) {
+  if (absl::IsResourceExhausted(st) && recycle_except(p.bytes, Scope{p.left, p.right}) > 0) {
     // The device itself is full (other processes, or a sim capacity below the
     // fraction): idle granules of ours make room.
     st = backend_.map(at, p.bytes);
@@ -180,6 +180,9 @@ Block* ExpandableSegments::link_mapped(Reservation* r, uintptr_t at, size_t byte
   b->size = bytes;
   b->stream = r->stream;
   b->state = BlockState::kFree;
+  // Fresh memory was never used; joined with free neighbours, it is as recent as the
+  // newest of them.
+  b->free_seq = std::max(lf != nullptr ? lf->free_seq : 0, rf != nullptr ? rf->free_seq : 0);
   Segment* s;
   if (lo != nullptr) {
     s = lo;
@@ -249,6 +252,7 @@ void ExpandableSegments::give_back(Segment* s) {
 }
 
 void ExpandableSegments::release_address_space() {
+  complete_deferred(/*wait=*/true);  // no decision may outlive its reservation
   for (auto it = reservations_.begin(); it != reservations_.end();) {
     Reservation* r = it->second;
     if (r->runs != 0) {
@@ -301,6 +305,28 @@ absl::Status ExpandableSegments::validate() const {
     }
     runs[r].first += 1;
     runs[r].second += s->size;
+  }
+  size_t deferred = 0;
+  for (size_t i = 0; i < deferred_.size(); ++i) {
+    const Deferred& d = deferred_[i];
+    auto it = reservations_.find(
+        std::make_pair(d.reservation->stream.handle, d.reservation->small_pool));
+    if (it == reservations_.end() || it->second != d.reservation || d.bytes == 0) {
+      return violation(absl::StrFormat(
+          "deferred recycle of %u bytes names reservation %#x, not one in the table",
+          d.bytes, d.reservation->addr));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (deferred_[j].reservation == d.reservation) {
+        return violation(absl::StrFormat(
+            "reservation %#x has two deferred recycles", d.reservation->addr));
+      }
+    }
+    deferred += d.bytes;
+  }
+  if (deferred != deferred_bytes_) {
+    return violation(absl::StrFormat("deferred recycles decide %u bytes, recorded %u",
+                                     deferred, deferred_bytes_));
   }
   for (const auto& [key, r] : reservations_) {
     const auto [count, mapped] = runs[r];

@@ -12,29 +12,42 @@
 //   * under memory pressure: the device or the memory fraction refuses a map, or the
 //     reclaimer (staged retry, trim, empty_cache, garbage collection) asks for bytes;
 //   * proactively, when a request must map new memory and reserved bytes would then
-//     exceed (1 + expandable_recycle_threshold) x allocated: that is fragmentation
-//     growing the footprint, so idle granules are unmapped first (at most as many as
-//     are being mapped; the footprint never shrinks on the allocation path).
+//     exceed (1 + expandable_recycle_threshold) x the allocator's high-water mark of
+//     allocated bytes: that is fragmentation growing the footprint, so idle granules
+//     are unmapped (at most as many as are being mapped; the footprint never shrinks
+//     on the allocation path).
 // Steady workloads whose cached memory stays under the threshold never recycle, so
 // they map once and then run from the cache like regular segments.
 //
-// The cost of recycling is a stream synchronization (a free block may still be used
-// by work queued on its stream before the free; unmapping, unlike cudaFree, does not
-// wait for it) plus the unmap and map calls; it is counted in num_device_free and
-// num_device_alloc.
+// A free block may still be used by work queued on its stream before the free, and
+// unmapping, unlike cudaFree, does not wait for it. Under memory pressure recycling
+// synchronizes the stream first. Proactive recycling never does: it records an event
+// on the reservation's stream; if the stream is idle (the event is complete at once)
+// it unmaps then, before the map; otherwise the decision waits (one per reservation,
+// merged) and complete_deferred() unmaps, once the event completes, what is still
+// over the cap, taking only blocks that were free when the event was recorded
+// (Block::free_seq). Until then the footprint may overshoot the cap by what was
+// decided. Unmaps and maps are counted in num_device_free and num_device_alloc.
+//
+// The high-water mark is policy-private: reset_peak_stats() resets allocated_bytes.peak
+// for the user, and note_peak_reset() keeps what it was, so resetting peaks each epoch
+// does not change how much is recycled.
 //
 // Owns: the reservations (their address ranges are released by empty_cache when they
 // map nothing, and by the destructor), the record of refused reservations, and the
 // Segment objects of the mapped runs.
 // Invariants (validate): those of Reservation (block.h): runs inside their range, on
 // granule boundaries, never adjacent, summing to `mapped`, counted in `runs`; each
-// run's reservation is in the table, with the run's stream and pool.
+// run's reservation is in the table, with the run's stream and pool; each deferred
+// decision names a reservation of the table (one at most per reservation), decided
+// bytes > 0, summing to deferred_bytes_.
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -67,15 +80,22 @@ class ExpandableSegments final : public SegmentSource {
   // reservation cannot be had or none of its unmapped gaps can hold the request.
   Grown grow(const GrowRequest& req) override;
   // Unmaps whole free granules of any reservation, largest blocks first.
-  size_t recycle(size_t bytes) override {
-    return recycle_except(bytes, nullptr, nullptr, nullptr);
-  }
+  size_t recycle(size_t bytes) override { return recycle_except(bytes, Scope{}); }
   // Releases the address ranges of reservations that map nothing, and forgets the
   // refusals (address space was given back: worth asking again).
   void release_address_space() override;
+  // Deferred proactive recycling: unmaps for each decision whose event completed (with
+  // `wait`: after waiting for every event) what is still over the cap.
+  size_t complete_deferred(bool wait) override;
   absl::Status validate() const override;
 
   size_t granularity() const { return granularity_; }
+  bool has_deferred() const { return !deferred_.empty(); }
+  // reset_peak_stats() is about to reset allocated_bytes.peak, now `allocated_peak`:
+  // the recycle trigger's high-water mark keeps it.
+  void note_peak_reset(int64_t allocated_peak) {
+    if (allocated_peak > high_water_) high_water_ = allocated_peak;
+  }
 
  private:
   // Where mapping for a request goes: map [at, at + bytes), which joins the free
@@ -87,6 +107,21 @@ class ExpandableSegments final : public SegmentSource {
     Block* right = nullptr;
   };
   using Key = std::pair<uintptr_t, bool>;  // (stream handle, small pool)
+  // Which free blocks recycle_except may take.
+  struct Scope {
+    const Block* keep_a = nullptr;  // never these two
+    const Block* keep_b = nullptr;
+    const Reservation* only = nullptr;  // only this reservation's (nullptr: any)
+    uint64_t freed_by = UINT64_MAX;     // only blocks with free_seq <= this
+    bool sync = true;  // synchronize each stream first (false: it has passed them)
+  };
+  // A proactive recycle waiting for its stream to pass `event`.
+  struct Deferred {
+    Reservation* reservation;
+    Event event;
+    uint64_t free_seq;  // blocks free since then (free_seq <= this) are safe after it
+    size_t bytes;       // what was decided
+  };
 
   // The reservation of (stream, pool), reserving its address range on first use;
   // nullptr when no address range can be reserved. A refused reservation is not asked
@@ -109,11 +144,22 @@ class ExpandableSegments final : public SegmentSource {
   size_t unmap_range(Block* b, uintptr_t c0, uintptr_t c1);
   // Unmaps whole free granules of runs, from the blocks with the most whole granules
   // first (only as many of a block's granules as are still wanted, from its top),
-  // until `bytes` are unmapped or none are left; never touches `keep_a` or `keep_b`,
-  // and with `only` takes from that reservation alone. Synchronizes each run's stream
-  // before unmapping its memory. Returns the bytes unmapped.
-  size_t recycle_except(size_t bytes, const Block* keep_a, const Block* keep_b,
-                        const Reservation* only);
+  // until `bytes` are unmapped or none are left, taking only the blocks `scope`
+  // allows. Synchronizes each run's stream before unmapping its memory unless
+  // scope.sync is false. Returns the bytes unmapped.
+  size_t recycle_except(size_t bytes, const Scope& scope);
+  // The proactive recycle of `bytes` from `r` before mapping `p` (see the top of this
+  // file): at once when r's stream is idle, else deferred.
+  void recycle_proactively(Reservation* r, size_t bytes, const Placement& p,
+                           uint64_t free_seq);
+  // The recycle trigger's reference: the high-water mark of allocated bytes.
+  int64_t allocated_high_water() const {
+    const int64_t peak = acct_.stats().allocated_bytes[kAggregatePool].peak;
+    return peak > high_water_ ? peak : high_water_;
+  }
+  size_t reserved() const {
+    return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
+  }
   size_t round_to_granule(size_t bytes) const { return RoundToGranule(bytes, granularity_); }
   // A whole run is unmapped (release, destroy).
   void give_back(Segment* s) override;
@@ -123,6 +169,9 @@ class ExpandableSegments final : public SegmentSource {
   const double recycle_threshold_;
   absl::flat_hash_map<Key, Reservation*> reservations_;
   absl::flat_hash_set<Key> refused_;  // reserve_address failed, until empty_cache
+  std::vector<Deferred> deferred_;    // at most one per reservation
+  size_t deferred_bytes_ = 0;         // the sum of their bytes
+  int64_t high_water_ = 0;            // allocated_bytes.peak before the last reset
 };
 
 }  // namespace devmem::internal

@@ -86,8 +86,9 @@ inline size_t ReservationSize(size_t total, size_t granularity, bool small_pool)
 }
 // Proactive recycling (the recycle trigger): bytes to unmap before mapping `mapping`
 // more bytes, so that reserved stays within (1 + threshold) x the allocated need (the
-// peak of allocated bytes, or current + `size` when larger); never more than
-// `mapping`. 0 when within the cap or when the threshold is infinite ("none").
+// allocator's own high-water mark of allocated bytes, which reset_peak_stats() does not
+// lower, or current + `size` when larger); never more than `mapping`. 0 when within
+// the cap or when the threshold is infinite ("none").
 inline size_t ProactiveRecycleBytes(double threshold, int64_t allocated_peak,
                                     int64_t allocated_current, size_t size,
                                     size_t reserved, size_t mapping) {
@@ -99,6 +100,22 @@ inline size_t ProactiveRecycleBytes(double threshold, int64_t allocated_peak,
   if (!(after > cap)) return 0;
   const auto over = static_cast<size_t>(after - cap);
   return over < mapping ? over : mapping;
+}
+
+// Deferred proactive recycling: of the `decided` bytes a recycle decision set aside
+// until its event completed, those still over the cap (1 + threshold) x the need (the
+// high-water mark of allocated bytes, or current when larger) now.
+inline size_t DeferredRecycleBytes(double threshold, int64_t allocated_high_water,
+                                   int64_t allocated_current, size_t reserved,
+                                   size_t decided) {
+  if (!std::isfinite(threshold)) return 0;
+  const int64_t need_bytes =
+      allocated_high_water > allocated_current ? allocated_high_water : allocated_current;
+  const double cap = (1.0 + threshold) * static_cast<double>(need_bytes);
+  const double have = static_cast<double>(reserved);
+  if (!(have > cap)) return 0;
+  const auto over = static_cast<size_t>(have - cap);
+  return over < decided ? over : decided;
 }
 
 // --- giving memory back ------------------------------------------------------------

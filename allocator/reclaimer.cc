@@ -7,6 +7,13 @@
 namespace devmem::internal {
 
 size_t Reclaimer::reclaim(size_t bytes, Urgency urgency) {
+  // Decisions waiting for their events first (they change the segments): under
+  // pressure (stage 2 of the retry, empty_cache) waited for, otherwise only those
+  // already complete.
+  const bool wait = urgency == Urgency::kRetryWaitAll || urgency == Urgency::kEmptyCache;
+  size_t released = regular_.complete_deferred(wait);
+  if (expandable_ != nullptr) released += expandable_->complete_deferred(wait);
+
   std::vector<Segment*> unused = table_.unused();  // address order, for stable ties
   if (urgency == Urgency::kGarbageCollect) {
     // Oldest first: the segments the program has gone longest without needing.
@@ -18,7 +25,6 @@ size_t Reclaimer::reclaim(size_t bytes, Urgency urgency) {
     std::stable_sort(unused.begin(), unused.end(),
                      [](const Segment* a, const Segment* b) { return a->size > b->size; });
   }
-  size_t released = 0;
   for (Segment* s : unused) {
     if (released >= bytes) break;
     released += s->size;

@@ -31,6 +31,7 @@ class RegularSegments final : public SegmentSource {
   Grown grow(const GrowRequest& req) override;
   size_t recycle(size_t) override { return 0; }  // a segment goes back whole or not
   void release_address_space() override {}
+  size_t complete_deferred(bool) override { return 0; }  // gives back at once
   absl::Status validate() const override;
 
  private:

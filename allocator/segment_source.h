@@ -33,6 +33,7 @@ struct GrowRequest {
   Stream stream;
   size_t limit = SIZE_MAX;  // the memory limit (per_process_memory_fraction)
   uint64_t now = 0;         // the pool's use clock, for Segment::last_used
+  uint64_t free_seq = 0;    // the pool's free sequence (BlockStates::free_seq)
 };
 
 // What grow() got: a free block of at least the request's size, out of any free set,
@@ -59,6 +60,10 @@ class SegmentSource {
   virtual size_t recycle(size_t bytes) = 0;
   // empty_cache's last step: gives back what the source holds besides segments.
   virtual void release_address_space() = 0;
+  // Finishes what the source decided to give back once its streams pass an event
+  // (ExpandableSegments' deferred recycling) for the events that completed; with
+  // `wait`, waits for all of them (memory pressure). Returns the bytes given back.
+  virtual size_t complete_deferred(bool wait) = 0;
   // Pool destruction: gives `s` back to the backend whatever its blocks' states and
   // deletes it and its blocks, with no statistics or trace. The caller has waited for
   // the segment's stream.

@@ -7,8 +7,8 @@
 // so the same sequence of calls gives the same addresses every run.
 //
 // Streams are in-order queues worked by one host thread each (created on first use);
-// events complete when their stream's thread reaches them. The default stream has a
-// worker too. Segment allocation and free sleep for the configured latency (emulating
+// events complete when their stream's thread reaches them, or at once when recorded on
+// an idle stream (nothing queued or running). The default stream has a worker too. Segment allocation and free sleep for the configured latency (emulating
 // cudaMalloc/cudaFree). Failure injection is seeded: the Nth memory request (segment
 // allocation or map) fails, and/or each fails with probability p.
 //

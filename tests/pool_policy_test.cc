@@ -148,6 +148,28 @@ TEST(PoolPolicyTest, RecycleTrigger) {
   }
 }
 
+TEST(PoolPolicyTest, DeferredRecycleTakesOnlyWhatIsStillOverTheCap) {
+  const double kNone = std::numeric_limits<double>::infinity();
+  struct Row {
+    double threshold;
+    int64_t high_water, current;
+    size_t reserved, decided, recycle;
+  };
+  const std::vector<Row> rows = {
+      {0.25, 64 * kMiB, 32 * kMiB, 100 * kMiB, 32 * kMiB, 20 * kMiB},  // cap 80
+      {0.25, 64 * kMiB, 32 * kMiB, 140 * kMiB, 32 * kMiB, 32 * kMiB},  // no more than decided
+      {0.25, 64 * kMiB, 32 * kMiB, 80 * kMiB, 32 * kMiB, 0},   // back under: nothing
+      {0.0, 16 * kMiB, 64 * kMiB, 72 * kMiB, 32 * kMiB, 8 * kMiB},    // current dominates
+      {kNone, 0, 0, 100 * kMiB, 32 * kMiB, 0},
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(DeferredRecycleBytes(r.threshold, r.high_water, r.current, r.reserved,
+                                   r.decided),
+              r.recycle)
+        << r.threshold << " reserved " << r.reserved;
+  }
+}
+
 TEST(PoolPolicyTest, LimitsAndGcThreshold) {
   EXPECT_EQ(MemoryLimit(1.0, 1000), kNoLimit);
   EXPECT_EQ(MemoryLimit(0.5, 1000), 500u);
