@@ -107,6 +107,17 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
       acct_.count_cache_hit();
     } else {
       b = new_segment_with_retry(size, stream);
+      // The lock may have been released around a driver call, and another thread may
+      // have used the spare Block or the table slot: make sure of them again. `b` is
+      // free and out of any set; on failure it goes back to its set.
+      if (b != nullptr) {
+        try {
+          blocks_.prepare_allocation(site);
+        } catch (...) {
+          free_.insert(b);
+          throw;
+        }
+      }
     }
     if (b != nullptr) {
       blocks_.allocate(b, size, requested, site, config_.max_split_size);
@@ -182,9 +193,11 @@ size_t DevicePool::memory_limit() const {
 
 GrowRequest DevicePool::grow_request(size_t size, size_t segment_size, bool small,
                                      Stream stream) const {
-  return GrowRequest{size,           segment_size,  small,
-                     stream,         memory_limit(), blocks_.now(),
-                     blocks_.free_seq()};
+  GrowRequest req{size, segment_size, small, stream, memory_limit(), blocks_.now(),
+                  blocks_.free_seq()};
+  req.reserved_in_flight = regular_.reserved_in_flight();
+  req.lock = &mu_;
+  return req;
 }
 
 Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream stream) {

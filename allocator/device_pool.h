@@ -31,10 +31,11 @@
 //
 // Locking: one Mutex (allocator/mutex.h), `mu_`, guards everything. Public methods take
 // it; methods named *_locked require it. Lock order: mu_ -> backend's internal locks ->
-// observer's lock -> site registry lock (GetSite, a leaf). Backend calls (segment
-// alloc/free, event record/query/sync) happen under mu_: that serializes
-// cudaMalloc/cudaFree as PyTorch does, and keeps the segment table consistent with the
-// driver.
+// observer's lock -> site registry lock (GetSite, a leaf). A regular segment's
+// allocate_segment runs with mu_ released (RegularSegments::grow: the intent's bytes,
+// reserved_in_flight, count against the memory limit meanwhile; the pool is consistent
+// at the release, and the caller re-checks what it prepared once it is back). Other
+// backend calls (maps, unmaps, frees, event record/query/sync) still happen under mu_.
 #pragma once
 
 #include <cstddef>

@@ -112,9 +112,11 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
   // the footprint within the threshold (never more than is about to be mapped).
   // The limit may take idle granules from any reservation; the threshold only from
   // this one: another stream's cache is likely to be wanted back by that stream.
-  if (reserved() > limit - p.bytes) {
-    recycle_except(reserved() + p.bytes - limit, Scope{p.left, p.right});
-    if (reserved() > limit - p.bytes) return nullptr;
+  // Regular segment allocations in flight count as reserved.
+  auto committed_now = [&] { return reserved() + req.reserved_in_flight; };
+  if (committed_now() > limit - p.bytes) {
+    recycle_except(committed_now() + p.bytes - limit, Scope{p.left, p.right});
+    if (committed_now() > limit - p.bytes) return nullptr;
   }
   // The recycle trigger is measured against the high-water mark of allocated bytes,
   // not the current value: a program between two peaks will need the memory again,

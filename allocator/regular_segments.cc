@@ -1,6 +1,7 @@
 // allocator/regular_segments.cc: see regular_segments.h.
 #include "allocator/regular_segments.h"
 
+#include <memory>
 #include <stdexcept>
 
 #include "absl/strings/str_format.h"
@@ -8,12 +9,49 @@
 
 namespace devmem::internal {
 
+namespace {
+
+// Releases a held Mutex for its scope and takes it back at the end (also when the scope
+// is left by an exception). Does nothing for nullptr.
+class ScopedUnlock {
+ public:
+  explicit ScopedUnlock(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS : mu_(mu) {
+    if (mu_ != nullptr) mu_->unlock();
+  }
+  ~ScopedUnlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    if (mu_ != nullptr) mu_->lock();
+  }
+  ScopedUnlock(const ScopedUnlock&) = delete;
+  ScopedUnlock& operator=(const ScopedUnlock&) = delete;
+
+ private:
+  Mutex* const mu_;
+};
+
+}  // namespace
+
 Grown RegularSegments::grow(const GrowRequest& req) {
   const size_t reserved =
-      static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
+      static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current) +
+      req.reserved_in_flight;
   if (req.segment_size > req.limit || reserved > req.limit - req.segment_size) return {};
-  absl::StatusOr<void*> p = backend_.allocate_segment(req.segment_size);
+  // What may throw comes before the driver call, so that a segment is never lost.
+  auto seg = std::make_unique<Segment>();
+  Block* b = free_.new_block();
+  // The intent: its bytes count against the memory limit while the lock is released,
+  // so two threads cannot both overshoot it. The pool is consistent here (the segment
+  // is nowhere yet), so other threads may allocate, free and validate meanwhile.
+  in_flight_bytes_ += req.segment_size;
+  ++in_flight_calls_;
+  absl::StatusOr<void*> p;
+  {
+    ScopedUnlock unlocked(req.lock);
+    p = backend_.allocate_segment(req.segment_size);
+  }
+  in_flight_bytes_ -= req.segment_size;
+  --in_flight_calls_;
   if (!p.ok()) {
+    free_.delete_block(b);
     if (absl::IsResourceExhausted(p.status())) return {};
     // A driver failure that is not about memory: nothing was changed, say what broke.
     throw std::runtime_error(absl::StrFormat("devmem: %s: segment allocation of %u bytes "
@@ -21,13 +59,12 @@ Grown RegularSegments::grow(const GrowRequest& req) {
                                              backend_.device().ToString(), req.segment_size,
                                              p.status().ToString()));
   }
-  auto* s = new Segment;
+  Segment* s = seg.release();
   s->addr = reinterpret_cast<uintptr_t>(*p);
   s->size = req.segment_size;
   s->stream = req.stream;
   s->small_pool = req.small;
   s->oversize = IsOversizeRequest(req.size, max_split_size_);
-  Block* b = free_.new_block();
   b->addr = s->addr;
   b->size = req.segment_size;
   b->segment = s;
@@ -35,6 +72,7 @@ Grown RegularSegments::grow(const GrowRequest& req) {
   b->state = BlockState::kFree;
   s->head = b;
   s->tail = b;
+  b->free_seq = 0;  // never used
   table_.add(s);
   acct_.segment_allocated(s);
   return Grown{b, false};
@@ -45,8 +83,13 @@ void RegularSegments::give_back(Segment* s) {
 }
 
 absl::Status RegularSegments::validate() const {
-  // Nothing of its own yet besides the segments, which SegmentTable checks; a segment
-  // with a reservation belongs to ExpandableSegments, which checks it.
+  // The segments themselves are SegmentTable's to check. The intents: bytes only while
+  // a call is in flight.
+  if ((in_flight_calls_ == 0) != (in_flight_bytes_ == 0) || in_flight_calls_ < 0) {
+    return absl::InternalError(absl::StrFormat(
+        "devmem validate(): %d segment allocations in flight hold %u bytes",
+        in_flight_calls_, in_flight_bytes_));
+  }
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/free_index.h"
+#include "allocator/mutex.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/segment_table.h"
 #include "allocator/types.h"
@@ -34,6 +35,11 @@ struct GrowRequest {
   size_t limit = SIZE_MAX;  // the memory limit (per_process_memory_fraction)
   uint64_t now = 0;         // the pool's use clock, for Segment::last_used
   uint64_t free_seq = 0;    // the pool's free sequence (BlockStates::free_seq)
+  // Bytes of other segment allocations in flight, counted against `limit`.
+  size_t reserved_in_flight = 0;
+  // The device lock, held by the caller; a source may release it around a driver call
+  // (and takes it back before returning). nullptr: it must not.
+  Mutex* lock = nullptr;
 };
 
 // What grow() got: a free block of at least the request's size, out of any free set,
