@@ -63,9 +63,8 @@ Kernels& KernelsFor(DeviceId device, std::string_view op) {
   if (index < Table().size()) {
     if (Kernels* k = Table()[index].load(std::memory_order_acquire)) return *k;
   }
-  if (device.type == DeviceType::kCpu || device.type == DeviceType::kSim) {
-    return HostKernels();
-  }
+  if (device.type == DeviceType::kCpu) return HostKernels();
+  if (device.type == DeviceType::kSim) return SimStreamKernels();
   throw UnsupportedDeviceError(
       Cat(op, ": no kernels for device ", device.ToString(),
           " (this build has none registered for ", DeviceTypeName(device.type),

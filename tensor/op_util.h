@@ -13,6 +13,7 @@
 
 #include "allocator/types.h"
 #include "tensor/kernels.h"
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace devmem {
@@ -22,10 +23,9 @@ inline TensorArg ArgOf(const Tensor& t) {
   return TensorArg{t.data_ptr(), t.dtype(), t.shape(), t.strides()};
 }
 
-// Ops run on the device's default stream (a current-stream notion belongs to the
-// runtime layer).
+// Ops run on the calling thread's current stream of the device (tensor/stream.h).
 inline KernelContext ContextFor(DeviceId device) {
-  return KernelContext{device, Stream{}};
+  return KernelContext{device, CurrentStream(device)};
 }
 
 // True for the devices the host kernels serve (their memory is host accessible).
