@@ -59,6 +59,7 @@
 #include "allocator/backend_factory.h"
 #include "allocator/config.h"
 #include "allocator/mutex.h"
+#include "cuda/cuda_device_guard.h"
 
 namespace devmem {
 namespace {
@@ -108,39 +109,6 @@ void ReportCuda(absl::string_view where, absl::string_view call, cudaError_t err
   std::fprintf(stderr, "devmem: %s: %s: %s\n", std::string(where).c_str(),
                std::string(call).c_str(), CudaErrorText(err).c_str());
 }
-
-// Makes `device` current for the guard's lifetime and restores the caller's current
-// device afterwards, so the backend never changes which device its callers' own CUDA
-// calls go to. Switching is skipped when the device is already current, except with
-// kBindContext: driver API calls (cuMem*) do not initialize anything by themselves
-// and need the device's primary context current on this thread, which cudaSetDevice
-// guarantees (CUDA 12 and later; cudaFree(nullptr) before that).
-class DeviceGuard {
- public:
-  enum Mode { kRuntimeOnly, kBindContext };
-  explicit DeviceGuard(int device, Mode mode = kRuntimeOnly) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();  // not sticky, but leave nothing behind
-      previous_ = -1;
-    }
-    if (previous_ != device || mode == kBindContext) cudaSetDevice(device);
-#if CUDART_VERSION < 12000
-    if (mode == kBindContext) cudaFree(nullptr);
-#endif
-  }
-  ~DeviceGuard() {
-    int current = -1;
-    if (previous_ >= 0 && cudaGetDevice(&current) == cudaSuccess &&
-        current != previous_) {
-      cudaSetDevice(previous_);
-    }
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
 
 // --- the driver API, through the runtime ---------------------------------------------
 

@@ -51,6 +51,7 @@ struct TensorArg {
   DType dtype = DType::kFloat32;
   IntList shape;
   IntList strides;  // in elements, all >= 0
+  DeviceId device;  // where `data` lives (copies between devices need to know)
   int64_t numel() const { return Numel(shape); }
 };
 
@@ -128,8 +129,8 @@ class Kernels {
                                           double scale) = 0;
 };
 
-// Installs the kernels for every device of `type` (replacing any before). `kernels`
-// must live until the process exits.
+// Installs the kernels for every device of `type` (replacing any before; nullptr
+// removes them, for tests). `kernels` must live until the process exits.
 void RegisterKernels(DeviceType type, Kernels* kernels);
 
 // The kernels that serve `device`: the registered ones, else the host kernels for cpu

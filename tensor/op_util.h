@@ -20,7 +20,7 @@ namespace devmem {
 
 // The kernel's view of `t`. Valid while `t` lives.
 inline TensorArg ArgOf(const Tensor& t) {
-  return TensorArg{t.data_ptr(), t.dtype(), t.shape(), t.strides()};
+  return TensorArg{t.data_ptr(), t.dtype(), t.shape(), t.strides(), t.device()};
 }
 
 // Ops run on the calling thread's current stream of the device (tensor/stream.h).

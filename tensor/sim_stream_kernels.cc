@@ -43,13 +43,15 @@ struct OwnedArg {
       : data(a.data),
         dtype(a.dtype),
         shape(a.shape.begin(), a.shape.end()),
-        strides(a.strides.begin(), a.strides.end()) {}
-  TensorArg arg() const { return TensorArg{data, dtype, shape, strides}; }
+        strides(a.strides.begin(), a.strides.end()),
+        device(a.device) {}
+  TensorArg arg() const { return TensorArg{data, dtype, shape, strides, device}; }
 
   void* data;
   DType dtype;
   DimVector shape;
   DimVector strides;
+  DeviceId device;
 };
 
 bool Queued(const KernelContext& ctx) {
