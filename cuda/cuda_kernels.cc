@@ -23,8 +23,8 @@
 //     size exceeds its int arguments), devmem's own kernel accumulates in double as
 //     the host does.
 //
-// cuBLAS is loaded at run time (dlopen of libcublas.so.13, .so.12 or .so, or the file
-// DEVMEM_CUBLAS_LIBRARY names), not linked: the CUDA 13 toolkit's libcublasLt alone is
+// cuBLAS is loaded at run time (dlopen of the file DEVMEM_CUBLAS_LIBRARY names, else
+// libcublas.so.13, .so.12 or .so; DEVMEM_CUBLAS_LIBRARY=none: not at all), not linked: the CUDA 13 toolkit's libcublasLt alone is
 // 540 MB, too much for the GPU check's bundle, and the GPU machine's PyTorch brings its
 // own libcublas (whose sgemm/dgemm ABI is the same in CUDA 12 and 13). A missing cuBLAS
 // is said once on stderr and matmul uses the kernel above. One cuBLAS handle per
@@ -46,6 +46,7 @@
 #include <source_location>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -215,13 +216,15 @@ const CublasApi& Cublas() {
   static const CublasApi* const api = [] {
     auto* c = new CublasApi;  // never freed, nor is the library closed
     std::vector<std::string> candidates;
-    if (const char* e = std::getenv("DEVMEM_CUBLAS_LIBRARY"); e != nullptr && *e != 0) {
-      candidates.emplace_back(e);
+    const char* e = std::getenv("DEVMEM_CUBLAS_LIBRARY");
+    const bool disabled = e != nullptr && std::string_view(e) == "none";
+    if (e != nullptr && *e != 0 && !disabled) candidates.emplace_back(e);
+    if (!disabled) {
+      for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
+        candidates.emplace_back(name);
+      }
     }
-    for (const char* name : {"libcublas.so.13", "libcublas.so.12", "libcublas.so"}) {
-      candidates.emplace_back(name);
-    }
-    std::string why;
+    std::string why = "DEVMEM_CUBLAS_LIBRARY=none";
     for (const std::string& name : candidates) {
       void* lib = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL);
       if (lib == nullptr) {
