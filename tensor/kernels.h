@@ -133,8 +133,8 @@ class Kernels {
 // removes them, for tests). `kernels` must live until the process exits.
 void RegisterKernels(DeviceType type, Kernels* kernels);
 
-// The kernels that serve `device`: the registered ones, else the host kernels for cpu
-// and sim (whose memory is host accessible). Throws UnsupportedDeviceError naming `op`
+// The kernels that serve `device`: the registered ones, else the host kernels for cpu,
+// cpu_pinned and sim (whose memory is host accessible). Throws UnsupportedDeviceError naming `op`
 // and the device when there are none.
 Kernels& KernelsFor(DeviceId device, std::string_view op);
 

@@ -30,7 +30,8 @@ inline KernelContext ContextFor(DeviceId device) {
 
 // True for the devices the host kernels serve (their memory is host accessible).
 inline bool IsHostDevice(DeviceId device) {
-  return device.type == DeviceType::kCpu || device.type == DeviceType::kSim;
+  return device.type == DeviceType::kCpu || device.type == DeviceType::kSim ||
+         device.type == DeviceType::kCpuPinned;
 }
 
 // "float32 [2, 3] on sim:0": how messages name a tensor.

@@ -114,7 +114,7 @@ Tensor Tensor::to(DeviceId target, std::source_location loc) const {
   // (the target's when both are sim).
   DeviceId runs_on = target;
   if (IsHostDevice(source) && IsHostDevice(target)) {
-    if (target.type == DeviceType::kCpu) runs_on = source;
+    if (target.type != DeviceType::kSim) runs_on = source;
   } else if (IsHostDevice(target)) {
     runs_on = source;
   }

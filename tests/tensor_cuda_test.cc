@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/device_registry.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
 #include "tensor/random.h"
@@ -162,6 +163,27 @@ TEST_F(TensorCudaTest, CopiesOverAnyStridesMatchTheHost) {
   const Tensor h7 = HostInput({2, 3, 2, 3, 2, 3, 2}, DType::kFloat32, 2);
   const std::vector<int64_t> perm = {6, 0, 5, 1, 4, 2, 3};
   ExpectSame(h7.to(kGpu).permute(perm).clone(), h7.permute(perm).clone(), "7-D permute");
+}
+
+// to() between pageable host memory and the GPU stages through the cpu_pinned pool
+// (cudaHostAlloc memory, reused once the copies that read it completed); a cpu_pinned
+// tensor is copied directly.
+TEST_F(TensorCudaTest, CopiesBetweenHostAndGpuStageThroughThePinnedPool) {
+  const std::shared_ptr<CachingAllocator> pinned =
+      AllocatorFor(DeviceId{DeviceType::kCpuPinned, 0});
+  EXPECT_NE(pinned->backend().info().name.find("cudaHostAlloc"), std::string::npos)
+      << pinned->backend().info().name;
+  const int64_t before = pinned->stats().allocation[kAggregatePool].allocated;
+  const Tensor h = HostInput({256, 256}, DType::kFloat32, 13);
+  std::vector<Tensor> copies;
+  for (int i = 0; i < 4; ++i) copies.push_back(h.to(kGpu));  // queued back to back
+  for (const Tensor& g : copies) ExpectSame(g, h, "a staged copy to the GPU");
+  EXPECT_GE(pinned->stats().allocation[kAggregatePool].allocated, before + 4)
+      << "the copies did not stage through cpu_pinned";
+  const Tensor hp = h.to(DeviceId{DeviceType::kCpuPinned, 0});
+  ExpectSame(hp.to(kGpu), h, "a copy from a cpu_pinned tensor");
+  const Tensor back = copies[0].to(DeviceId{DeviceType::kCpuPinned, 0});
+  EXPECT_EQ(Doubles(back), Doubles(h)) << "a copy into a cpu_pinned tensor";
 }
 
 TEST_F(TensorCudaTest, BroadcastingElementwiseOpsMatchTheHost) {
