@@ -3,7 +3,7 @@
 
     tools/replay_table.py [--memtrace build/bin/memtrace] [--conf C ...]
 
-Runs `memtrace replay TRACE --min-capacity --json [--conf C]` for the four synthetic
+Runs `memtrace replay TRACE --min-capacity --json [--conf C]` for the seven synthetic
 traces in tests/data/traces/ and the two real PyTorch traces in tests/data/traces/real/
 (gzip; a missing trace is an error), and prints one Markdown row per (trace, configuration) with
 the replay targets: peak reserved / peak requested <= 1.3 and the smallest safe
@@ -22,6 +22,9 @@ TRACES = [
     ("transformer step", os.path.join(ROOT, "tests/data/traces/transformer.jsonl")),
     ("fragmentation adversary", os.path.join(ROOT, "tests/data/traces/fragmentation.jsonl")),
     ("multi-stream producer/consumer", os.path.join(ROOT, "tests/data/traces/multistream.jsonl")),
+    ("serving, batch varies", os.path.join(ROOT, "tests/data/traces/serving_varbatch.jsonl")),
+    ("training, sequence varies", os.path.join(ROOT, "tests/data/traces/training_varseq.jsonl")),
+    ("fine-tuning + evaluation", os.path.join(ROOT, "tests/data/traces/finetune_eval.jsonl")),
     ("ResNet-18", os.path.join(ROOT, "tests/data/traces/real/resnet18_train.jsonl.gz")),
     ("MobileNetV2", os.path.join(ROOT, "tests/data/traces/real/mobilenet_v2_train.jsonl.gz")),
 ]
