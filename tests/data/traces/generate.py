@@ -132,15 +132,20 @@ def site_table(file, entries):
             for i, (fn, tag, kind) in enumerate(entries)]
 
 
+def start_trace(name, file, entries):
+    """A TraceWriter for trace `name` with the site table of `entries` (as site_table
+    takes them), and the map from each site's tag to its id."""
+    sites = site_table(file, entries)
+    return TraceWriter(name, sites), {row[4]: row[0] for row in sites}
+
+
 def training_loop(path):
     # tensor/training_loop.cc at scale: float32, batch 512, 2048 features, hidden 4096.
-    sites = site_table("train.cc", [
+    t, s = start_trace("training_loop", "train.cc", [
         ("MakeData", "data", "to_device"), ("init", "params", "alloc"),
         ("linear", "forward", "alloc"), ("relu", "forward", "alloc"),
         ("loss", "loss", "alloc"), ("matmul", "backward", "alloc"),
         ("sum", "grad_bias", "alloc"), ("clone", "best_params", "clone")])
-    t = TraceWriter("training_loop", sites)
-    s = {row[4]: row[0] for row in sites}
     batch, features, hidden, batches, epochs = 512, 2048, 4096, 16, 6
     f32 = 4
     n = batch * batches
@@ -177,13 +182,11 @@ def training_loop(path):
 def transformer(path):
     # A GPT-like block stack: float32, batch 4, sequence 512, width 768, 12 heads, 6
     # layers, Adam; 3 steps (the first allocates the optimizer state).
-    sites = site_table("model.py", [
+    t, s = start_trace("transformer", "model.py", [
         ("init", "params", "alloc"), ("embed", "activations", "alloc"),
         ("attention", "attn_scores", "alloc"), ("mlp", "mlp", "alloc"),
         ("backward", "grad_tmp", "alloc"), ("backward", "grads", "alloc"),
         ("adam", "optimizer_state", "alloc"), ("layernorm", "ln_stats", "alloc")])
-    t = TraceWriter("transformer", sites)
-    s = {row[4]: row[0] for row in sites}
     b, seq, d, heads, layers, steps = 4, 512, 768, 12, 6, 3
     f32 = 4
     vocab = 32000
@@ -251,11 +254,9 @@ def transformer(path):
 
 
 def fragmentation(path):
-    sites = site_table("adversary.cc", [
+    t, s = start_trace("fragmentation", "adversary.cc", [
         ("small", "16MiB", "alloc"), ("large", "32MiB", "alloc"),
         ("survivor", "survivor", "alloc")])
-    t = TraceWriter("fragmentation", sites)
-    s = {row[4]: row[0] for row in sites}
     jitter = lambda: t.rng.randint(0, 8) * KiB  # noqa: E731
     survivors_prev = []
     for _ in range(40):
@@ -276,11 +277,9 @@ def fragmentation(path):
 
 
 def multistream(path):
-    sites = site_table("pipeline.cc", [
+    t, s = start_trace("multistream", "pipeline.cc", [
         ("load", "loader", "alloc"), ("compute", "work", "alloc"),
         ("compute", "output", "alloc"), ("init", "weights", "alloc")])
-    t = TraceWriter("multistream", sites)
-    s = {row[4]: row[0] for row in sites}
     loader, compute, copy_out = 1, 2, 3
     weights = [t.alloc(sz * MiB, s["weights"]) for sz in (64, 64, 32, 8)]
     inputs, outputs = [], []
@@ -309,13 +308,11 @@ def serving_varbatch(path):
     # token per tick. The KV cache grows the way Hugging Face's DynamicCache grows it
     # (torch.cat): every new token allocates each layer's keys and values one position
     # longer and frees the old ones.
-    sites = site_table("serve.py", [
+    t, s = start_trace("serving_varbatch", "serve.py", [
         ("load", "weights", "alloc"), ("kv_cache", "kv_cache", "alloc"),
         ("prefill", "activations", "alloc"), ("attention", "attn_scores", "alloc"),
         ("mlp", "mlp", "alloc"), ("decode", "decode_tmp", "alloc"),
         ("lm_head", "logits", "alloc")])
-    t = TraceWriter("serving_varbatch", sites)
-    s = {row[4]: row[0] for row in sites}
     d, heads, layers, vocab, f16, f32 = 1024, 16, 3, 32000, 2, 4
     # Weights load once and live throughout: embedding, per layer qkv, proj, MLP up and
     # down, two layernorms.
@@ -376,13 +373,11 @@ def training_varseq(path):
     # every step (128-1024 tokens, multiples of 64): activations scale with it,
     # attention scores with its square. Gradients are bucketed and all-reduced on a
     # communication stream (1), as data-parallel training does.
-    sites = site_table("train_lm.py", [
+    t, s = start_trace("training_varseq", "train_lm.py", [
         ("init", "params", "alloc"), ("embed", "activations", "alloc"),
         ("attention", "attn_scores", "alloc"), ("mlp", "mlp", "alloc"),
         ("backward", "grad_tmp", "alloc"), ("backward", "grads", "alloc"),
         ("adam", "optimizer_state", "alloc"), ("allreduce", "comm_bucket", "alloc")])
-    t = TraceWriter("training_varseq", sites)
-    s = {row[4]: row[0] for row in sites}
     b, d, heads, layers, steps, vocab, f32 = 8, 768, 12, 6, 9, 32000, 4
     comm = 1
     layer_params = [3 * d * d, 3 * d, d * d, d, 4 * d * d, 4 * d, 4 * d * d, d, 2 * d, 2 * d]
@@ -446,13 +441,11 @@ def finetune_eval(path):
     # step is followed by an evaluation pass without gradients over a batch of varying
     # size (1-64 sequences of 256 tokens), whose activations die layer by layer. Input
     # batches are copied in on a loader stream (1) and freed when the step is done.
-    sites = site_table("finetune.py", [
+    t, s = start_trace("finetune_eval", "finetune.py", [
         ("init", "params", "alloc"), ("loader", "inputs", "alloc"),
         ("forward", "activations", "alloc"), ("attention", "attn_scores", "alloc"),
         ("backward", "grad_tmp", "alloc"), ("backward", "grads", "alloc"),
         ("adam", "optimizer_state", "alloc"), ("evaluate", "eval", "alloc")])
-    t = TraceWriter("finetune_eval", sites)
-    s = {row[4]: row[0] for row in sites}
     d, heads, layers, vocab, steps, f32 = 1024, 16, 4, 32000, 12, 4
     loader = 1
     layer_params = [3 * d * d, d * d, 4 * d * d, 4 * d * d, 4 * d]
