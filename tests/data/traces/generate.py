@@ -60,12 +60,15 @@ reader requires (seq, time_ns, action, device, stream, addr, size, requested, si
 thread). `size` equals `requested` (no allocator has rounded them: these are the
 program's requests); addresses are made-up, unique while live.
 
-Determinism: every random choice comes from random.Random(SEED) (one generator per
-trace, seeded by the trace's name), and output is written with fixed formatting, so
+Determinism: every random choice comes from random.Random(seed) (one generator per
+trace, seeded by the seed and the trace's name), and output is written with fixed formatting, so
 running the script again reproduces the committed files byte for byte; the ctest
 `traces.generated_match` checks that.
 
-Usage: python3 generate.py [--out-dir DIR]   (default: the script's own folder)
+Usage: python3 generate.py [--out-dir DIR] [--seed N] [--only NAME ...]
+(default: every trace, into the script's own folder, from SEED). Another --seed gives
+the same workloads with other random choices (batch sizes, lengths, jitter): new
+workloads to check a policy on (tools/fit_sweep.py does that), not the committed ones.
 """
 import argparse
 import json
@@ -73,7 +76,8 @@ import os
 import random
 import zlib
 
-SEED = 20240605
+SEED = 20240605   # the committed traces' seed
+seed = SEED       # the seed in use (main() sets it from --seed)
 KiB = 1024
 MiB = 1024 * KiB
 
@@ -83,7 +87,7 @@ class TraceWriter:
 
     def __init__(self, name, sites):
         # One generator per trace: changing one workload leaves the others unchanged.
-        self.rng = random.Random(SEED ^ zlib.crc32(name.encode()))
+        self.rng = random.Random(seed ^ zlib.crc32(name.encode()))
         self.sites = sites  # list of (id, file, line, function, tag, kind)
         self.lines = []
         self.seq = 0
@@ -513,10 +517,17 @@ WORKLOADS = {
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out-dir", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--seed", type=int, default=SEED,
+                        help="seed of the random choices (default: the committed traces')")
+    parser.add_argument("--only", action="append", choices=sorted(WORKLOADS),
+                        help="write only this trace (repeatable)")
     args = parser.parse_args()
+    global seed
+    seed = args.seed
     os.makedirs(args.out_dir, exist_ok=True)
     for name, make in WORKLOADS.items():
-        make(os.path.join(args.out_dir, name))
+        if args.only is None or name in args.only:
+            make(os.path.join(args.out_dir, name))
 
 
 if __name__ == "__main__":
