@@ -221,9 +221,13 @@ int Main(int argc, char** argv) {
   std::printf("%-36s %12.1f %12s\n", "tensor_create_ns: empty({64}) sim:0", tensor_create_ns,
               "<= 100");
   std::printf("%-36s %12.2f %12s\n", "intern_256_sites_ns", intern_ns, "<= 15");
-  std::printf("%-36s %12lld %12s   (%lld maps + %lld unmaps; one stream alone: %lld maps)\n",
+  std::printf("%-36s %12lld %12s   (%lld maps + %lld unmaps; %lld in passes of one thread, "
+              "%lld of two; one stream alone: %lld maps)\n",
               "steady_maps_2streams", steady_maps, "0", static_cast<long long>(maps.maps),
-              static_cast<long long>(maps.unmaps), static_cast<long long>(maps.one_stream_maps));
+              static_cast<long long>(maps.unmaps),
+              static_cast<long long>(maps.in_one_thread_passes),
+              static_cast<long long>(maps.in_two_thread_passes),
+              static_cast<long long>(maps.one_stream_maps));
   std::printf("%-36s %12.2f %12s   (a bare atomic inc+dec pair, the floor of any "
               "thread-safe refcount here: %.2f ns)\n",
               "tensor handle copy+destroy ns", tensor_copy_ns, "<= 10", atomic_pair_ns);

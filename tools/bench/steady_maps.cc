@@ -61,7 +61,14 @@ SteadyMapsFigures MeasureSteadyMaps2Streams(const Config& base) {
     phase(true);  // warm-up: each phase once
     phase(false);
     const DeviceCalls before = CallsOf(alloc);
-    for (int r = 0; r < kRepetitions; ++r) phase(/*two=*/r % 2 == 0);
+    for (int r = 0; r < kRepetitions; ++r) {
+      const bool two = r % 2 == 0;
+      const DeviceCalls pass_before = CallsOf(alloc);
+      phase(two);
+      const DeviceCalls pass_after = CallsOf(alloc);
+      (two ? f.in_two_thread_passes : f.in_one_thread_passes) +=
+          pass_after.maps - pass_before.maps + pass_after.unmaps - pass_before.unmaps;
+    }
     const DeviceCalls after = CallsOf(alloc);
     f.maps = after.maps - before.maps;
     f.unmaps = after.unmaps - before.unmaps;

@@ -15,6 +15,8 @@ namespace devmem::devbench {
 struct SteadyMapsFigures {
   int64_t maps = 0;    // segment allocations (maps) during the timed passes
   int64_t unmaps = 0;  // segment frees (unmaps) during the timed passes
+  int64_t in_one_thread_passes = 0;   // maps + unmaps in the passes with thread 1 alone
+  int64_t in_two_thread_passes = 0;   // and in those with both threads
   int64_t one_stream_maps = 0;  // the same passes, one stream only: the reference
 };
 
