@@ -545,7 +545,7 @@ AllocEvent AllocOf(DeviceId device, size_t requested) {
   return e;
 }
 
-TEST(SizeHistogramTest, CountsFromManyThreadsAddUp) {
+TEST(SizeHistogramTest, CountsAddUpAcrossThreads) {
   // Each thread counts into its own shard (no shared read-modify-write on the hot
   // path); counts() must add up every shard, including those of exited threads.
   SizeHistogram h;
@@ -575,7 +575,7 @@ TEST(SizeHistogramTest, CountsFromManyThreadsAddUp) {
   EXPECT_EQ(h.shard_count(), static_cast<size_t>(kThreads));
 }
 
-TEST(SizeHistogramTest, ExitedThreadsShardsAreTakenOverNotGrown) {
+TEST(SizeHistogramTest, PerThreadShardsAreTakenOverAfterExit) {
   // Threads that come and go one at a time (a pool that recycles threads) reuse one
   // shard between them: the memory is bounded by the threads alive at once, and the
   // counts of every exited thread are kept.
@@ -591,7 +591,7 @@ TEST(SizeHistogramTest, ExitedThreadsShardsAreTakenOverNotGrown) {
   EXPECT_EQ(counts[0].sum_bytes, 20u * 1024);
 }
 
-TEST(SizeHistogramTest, AHistogramMayDieBeforeTheThreadsThatRecorded) {
+TEST(SizeHistogramTest, PerThreadShardsOutliveTheirHistogram) {
   // A thread keeps its shard of a destroyed histogram until it exits (ASan: no use
   // after free either way), and a new histogram at the same address is a new one.
   const DeviceId sim0{DeviceType::kSim, 0};

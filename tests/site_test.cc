@@ -397,7 +397,7 @@ std::vector<std::source_location> SitesOf(std::integer_sequence<int, N...>) {
   return {SiteOf<N>()...};
 }
 
-TEST(SiteTest, KnownSitesAreFoundWithoutTheTable) {
+TEST(SiteTest, KnownSitesAreFoundWithoutTheTableAcrossThreads) {
   // Interning a known site is a read-only lookup, however many sites are hot: 256 of
   // them in rotation (a 64-entry per-thread cache missed on every call here and took
   // the table's lock) never reach the table once each was interned.
