@@ -362,18 +362,29 @@ namespace internal {
 uint64_t SiteTableLookups() { return g_table_lookups.load(std::memory_order_relaxed); }
 }  // namespace internal
 
+namespace {
+
+// The first interning of `pointers` (or one past the index's bound): out of line, so
+// that the lookup above stays small (fewer registers to save on every call).
+[[gnu::noinline]] SiteId InternNotIndexed(const PointerKey& pointers, size_t hash) {
+  return Table().InternAndIndex(BoundedKey(SiteKey{pointers.file, pointers.function,
+                                                   pointers.tag, pointers.line,
+                                                   pointers.column, pointers.kind}),
+                                pointers, hash);
+}
+
+}  // namespace
+
 SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
   if (tag.empty()) tag = tls_tag;
   tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the index hits
   const PointerKey pointers{loc.file_name(), loc.function_name(), tag,
                             loc.line(),      loc.column(),        kind};
   const size_t hash = PointerHash(pointers);
-  SiteTable& table = Table();
-  if (const SiteId id = table.Find(pointers, hash); id != kUnknownSite) return id;
-  return table.InternAndIndex(
-      BoundedKey(SiteKey{loc.file_name(), loc.function_name(), tag, loc.line(), loc.column(),
-                         kind}),
-      pointers, hash);
+  if (const SiteId id = Table().Find(pointers, hash); id != kUnknownSite) [[likely]] {
+    return id;
+  }
+  return InternNotIndexed(pointers, hash);
 }
 
 // Takes `tag` literally (an empty tag is no tag, not the thread's current tag): a
