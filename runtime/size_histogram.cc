@@ -6,7 +6,9 @@
 // thread, each counter written by that thread only (relaxed load + relaxed store, no
 // read-modify-write), read by counts() with relaxed loads. A shard's per-device
 // counters are allocated by its owner on the device's first event and published with a
-// release store.
+// release store. A thread remembers where it counted last (tls_last), so a steady
+// stream of allocations on one device costs one thread_local read, two compares and two
+// load/store pairs.
 //
 // Ownership: a shard is shared by the histogram's list and the owning thread's
 // thread_local table (shared_ptr), so either may go first: a thread that exits marks
@@ -41,26 +43,29 @@ struct SizeHistogram::Shard {
     for (auto& d : devices) delete d.load(std::memory_order_relaxed);
   }
 
-  // Owner only.
-  void add(int device, int bucket, size_t bytes) {
-    if (shared) return add_shared(device, bucket, bytes);
+  // Counts one request into `c`, which belongs to a shard the calling thread owns.
+  static void Bump(DeviceCounts& c, int bucket, size_t bytes) {
+    auto bump = [](std::atomic<uint64_t>& a, uint64_t n) {
+      a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    };
+    bump(c.buckets[static_cast<size_t>(bucket)], 1);
+    bump(c.sum_bytes, bytes);
+  }
+
+  // Owner only (not the shared shard): the counters of `device`, made on first use.
+  DeviceCounts& owned_counts(int device) {
     DeviceCounts* c = devices[device].load(std::memory_order_relaxed);
     if (c == nullptr) {
       c = new DeviceCounts();
       devices[device].store(c, std::memory_order_release);  // publishes the zeroes
     }
-    auto bump = [](std::atomic<uint64_t>& a, uint64_t n) {
-      a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-    };
-    bump(c->buckets[static_cast<size_t>(bucket)], 1);
-    bump(c->sum_bytes, bytes);
+    return *c;
   }
 
   // True for the one shard of a histogram that every thread may write (with
   // read-modify-writes): for threads whose thread_local table is already destroyed.
   bool shared = false;
 
- private:
   void add_shared(int device, int bucket, size_t bytes) {
     DeviceCounts* c = devices[device].load(std::memory_order_acquire);
     if (c == nullptr) {
@@ -89,6 +94,16 @@ struct ThreadShards {
   ~ThreadShards();
 };
 thread_local ThreadShards tls_shards;
+// Where this thread counted last (histogram, device): record()'s fast path, one
+// thread_local read and two compares. Trivially destructible and constant-initialized
+// (no guard). `counts` lies in a shard this thread owns; it is only used while the
+// histogram `histogram_id` lives (ids are never reused), which keeps that shard.
+struct LastCounts {
+  uint64_t histogram_id = 0;
+  uint32_t device_key = 0;
+  SizeHistogram::Shard::DeviceCounts* counts = nullptr;
+};
+constinit thread_local LastCounts tls_last;
 // Set when this thread's tls_shards is destroyed (a thread_local destructor that runs
 // later may still allocate). Trivially destructible, so it stays readable until the
 // thread is gone.
@@ -96,17 +111,11 @@ thread_local bool tls_shards_destroyed = false;
 
 ThreadShards::~ThreadShards() {
   tls_shards_destroyed = true;
+  tls_last = LastCounts{};  // the shards go back: no fast path into them any more
   for (Ref& r : refs) r.shard->in_use.store(false, std::memory_order_release);
 }
 
 }  // namespace
-
-int SizeHistogram::BucketOf(size_t bytes) {
-  if (bytes <= UpperBound(0)) return 0;
-  // The smallest n with 2^n >= bytes.
-  const int log2_ceil = static_cast<int>(std::bit_width(static_cast<uint64_t>(bytes) - 1));
-  return std::min(log2_ceil - kMinLog2, kNumFiniteBuckets);
-}
 
 SizeHistogram::SizeHistogram()
     : id_(g_next_histogram_id.fetch_add(1, std::memory_order_relaxed)) {
@@ -120,12 +129,6 @@ SizeHistogram::~SizeHistogram() = default;
 SizeHistogram& SizeHistogram::Process() {
   static SizeHistogram* const instance = new SizeHistogram();
   return *instance;
-}
-
-uint32_t SizeHistogram::EncodeDevice(DeviceId device) {
-  // type in the top byte, index + 1 below it, so that no device encodes to 0.
-  return (static_cast<uint32_t>(device.type) << 24) |
-         ((static_cast<uint32_t>(device.index) + 1) & 0xFFFFFF);
 }
 
 DeviceId SizeHistogram::DecodeDevice(uint32_t key) {
@@ -186,12 +189,29 @@ void SizeHistogram::on_event(const AllocEvent& event) {
 }
 
 void SizeHistogram::record(DeviceId device, size_t requested) {
+  const uint32_t key = EncodeDevice(device);
+  const LastCounts& last = tls_last;
+  if (last.histogram_id == id_ && last.device_key == key) [[likely]] {
+    Shard::Bump(*last.counts, BucketOf(requested), requested);
+    return;
+  }
+  record_slow(device, requested);
+}
+
+void SizeHistogram::record_slow(DeviceId device, size_t requested) {
   const int index = device_index(device);
   if (index < 0) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  thread_shard().add(index, BucketOf(requested), requested);
+  Shard& shard = thread_shard();
+  if (shard.shared) {
+    shard.add_shared(index, BucketOf(requested), requested);
+    return;
+  }
+  Shard::DeviceCounts& counts = shard.owned_counts(index);
+  Shard::Bump(counts, BucketOf(requested), requested);
+  tls_last = LastCounts{id_, EncodeDevice(device), &counts};
 }
 
 std::vector<SizeHistogram::Counts> SizeHistogram::counts() const {

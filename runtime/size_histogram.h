@@ -39,8 +39,10 @@
 // while threads that recorded into it still run (their shards die with them).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -66,8 +68,14 @@ class SizeHistogram : public AllocatorObserver {
 
   // The upper bound of finite bucket i (0 <= i < kNumFiniteBuckets): 2^(kMinLog2 + i).
   static constexpr uint64_t UpperBound(int i) { return uint64_t{1} << (kMinLog2 + i); }
-  // The bucket a request of `bytes` falls in (kNumFiniteBuckets for +Inf).
-  static int BucketOf(size_t bytes);
+  // The bucket a request of `bytes` falls in (kNumFiniteBuckets for +Inf). Inline: it
+  // runs on every allocation.
+  static int BucketOf(size_t bytes) {
+    if (bytes <= UpperBound(0)) return 0;
+    // The smallest n with 2^n >= bytes.
+    const int log2_ceil = static_cast<int>(std::bit_width(static_cast<uint64_t>(bytes) - 1));
+    return std::min(log2_ceil - kMinLog2, kNumFiniteBuckets);
+  }
 
   // Per device: per-bucket (not cumulative) counts, their total and the byte sum.
   struct Counts {
@@ -103,11 +111,18 @@ class SizeHistogram : public AllocatorObserver {
   struct Shard;
 
  private:
-  static uint32_t EncodeDevice(DeviceId device);
+  // Type in the top byte, index + 1 below it, so that no device encodes to 0.
+  static uint32_t EncodeDevice(DeviceId device) {
+    return (static_cast<uint32_t>(device.type) << 24) |
+           ((static_cast<uint32_t>(device.index) + 1) & 0xFFFFFF);
+  }
   static DeviceId DecodeDevice(uint32_t key);
   // The index of `device`'s key in keys_ (claimed on first use), or -1 when all
   // kMaxDevices keys belong to other devices.
   int device_index(DeviceId device);
+  // record() when the calling thread last counted elsewhere (another histogram or
+  // device), or never.
+  void record_slow(DeviceId device, size_t requested);
   // The calling thread's shard, given it (a freed shard, or a new one) on first use.
   Shard& thread_shard();
   Shard& claim_shard() ABSL_LOCKS_EXCLUDED(mu_);
