@@ -22,6 +22,7 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       recycle_threshold_(config.expandable_recycle_threshold),
       granularity_(backend_->caps().virtual_memory ? backend_->granularity() : 0),
       memory_fraction_(config.per_process_memory_fraction),
+      events_(*backend_),
       acct_(device_, config.max_split_size),
       free_(acct_) {
   if (config.expandable_segments == ExpandableMode::kOn && !use_expandable_) {
@@ -96,7 +97,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     allocated_.reserve(allocated_.size() + 1);
     acct_.reserve_site(site);
     free_.reserve_spare();
-    if (!events_.empty()) process_events_locked(/*wait=*/false);
+    if (!events_.empty()) process_events_locked(/*wait=*/false, kAllocationEventPollBudget);
     Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
     if (b != nullptr) {
       acct_.count_cache_hit();
@@ -242,7 +243,7 @@ void DevicePool::free(void* ptr) {
   // record (or the memory for an entry) throws, the events recorded so far are
   // released and the block stays allocated, its stats and site counts untouched, so
   // the caller may free it again. Past this point nothing throws.
-  const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(*backend_, b);
+  const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(b);
   allocated_.erase(it);
   acct_.block_freed_by_user(b);
   if (b->stream_uses.empty()) {
@@ -289,8 +290,8 @@ void DevicePool::process_events() {
   if (!events_.empty()) process_events_locked(/*wait=*/false);
 }
 
-void DevicePool::process_events_locked(bool wait) {
-  events_.poll(*backend_, wait, [this](Block* b) {
+void DevicePool::process_events_locked(bool wait, size_t budget) {
+  events_.poll(wait, budget, [this](Block* b) {
     acct_.block_free_completed(b);
     release_block(b);
   });

@@ -150,9 +150,11 @@ class DevicePool {
   // Marks a block (allocated or pending, out of any set) free, coalesces it with free
   // neighbours and inserts the result into its free set.
   void release_block(Block* block) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves blocks whose events completed to the cache. With `wait`, synchronizes every
-  // pending event first (so nothing stays pending).
-  void process_events_locked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves blocks whose events completed to the cache, polling at most `budget` events
+  // (EventQueues::poll). With `wait` (and no budget), synchronizes every pending event
+  // first (so nothing stays pending).
+  void process_events_locked(bool wait, size_t budget = kPollAllEvents)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- releasing segments ----------------------------------------------------------
   bool segment_unused(const Segment* s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
