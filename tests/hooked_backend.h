@@ -33,6 +33,7 @@ class HookedBackend : public Backend {
   // Run before the forwarded call.
   std::function<void(Stream)> before_synchronize_stream;
   std::function<void(Event)> before_synchronize_event;
+  std::function<void()> before_mem_info;
   // Events: creations (record_event), reuses, queries and releases, for counting them.
   std::function<void(Stream)> before_record_event;
   std::function<void(Event, Stream)> before_rerecord_event;
@@ -51,7 +52,10 @@ class HookedBackend : public Backend {
     return inner_->allocate_segment(bytes);
   }
   void free_segment(void* p, size_t bytes) override { inner_->free_segment(p, bytes); }
-  MemInfo mem_info() override { return inner_->mem_info(); }
+  MemInfo mem_info() override {
+    if (before_mem_info) before_mem_info();
+    return inner_->mem_info();
+  }
   absl::StatusOr<Stream> create_stream() override { return inner_->create_stream(); }
   void destroy_stream(Stream s) override { inner_->destroy_stream(s); }
   absl::Status launch_host_fn(Stream s, std::function<void()> fn) override {
