@@ -626,7 +626,7 @@ class CudaBackend final : public Backend {
   }
 
   // The caller synchronizes the stream that owns the range before calling this
-  // (DevicePool::release_segment calls synchronize_stream first): cuMemUnmap does not
+  // (the segment sources' release calls synchronize_stream first): cuMemUnmap does not
   // wait for kernels that may still use the memory, as cudaFree implicitly does.
   void unmap(void* p, size_t bytes) override {
     const auto start = reinterpret_cast<CUdeviceptr>(p);
