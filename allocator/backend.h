@@ -101,6 +101,15 @@ class Backend {
   virtual void synchronize_event(Event event) = 0;
   // Releases an event (done or not); the handle must not be used afterwards.
   virtual void release_event(Event event) = 0;
+  // Records `event` again, on `stream` (cudaEventRecord on an event made once): what
+  // lets an event pool reuse events instead of creating and destroying one per
+  // cross-stream free. `event` came from record_event, is not released, and has
+  // completed (event_done returned true or synchronize_event returned); afterwards it
+  // is as if record_event(stream) had returned it. Returns false, changing nothing,
+  // when this backend cannot reuse events (the default): the caller then releases the
+  // event and records a new one. Otherwise throws what record_event throws, leaving
+  // `event` completed and still the caller's.
+  virtual bool rerecord_event(Event /*event*/, Stream /*stream*/) { return false; }
   // Blocks until all work queued on `stream` has run.
   virtual void synchronize_stream(Stream stream) = 0;
 

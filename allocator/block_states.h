@@ -49,8 +49,8 @@ class BlockStates {
  public:
   using AllocatedTable = absl::flat_hash_map<uintptr_t, Block*>;
 
-  BlockStates(Backend& backend, FreeIndex& free, EventQueues& events, PoolAccounting& acct)
-      : backend_(backend), free_(free), events_(events), acct_(acct) {}
+  BlockStates(FreeIndex& free, EventQueues& events, PoolAccounting& acct)
+      : free_(free), events_(events), acct_(acct) {}
   BlockStates(const BlockStates&) = delete;
   BlockStates& operator=(const BlockStates&) = delete;
 
@@ -90,7 +90,7 @@ class BlockStates {
     auto it = allocated_.find(addr);
     if (it == allocated_.end()) return false;
     Block* b = it->second;
-    const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(backend_, b);
+    const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(b);
     // Past this point nothing throws.
     allocated_.erase(it);
     acct_.block_freed_by_user(b);
@@ -108,9 +108,9 @@ class BlockStates {
   }
 
   // pending -> free for every block whose events completed (with `wait`: synchronizes
-  // every queued event first, so none stays pending).
-  void complete_events(bool wait) {
-    events_.poll(backend_, wait, [this](Block* b) {
+  // every queued event first, so none stays pending), polling at most `budget` events.
+  void complete_events(bool wait, size_t budget) {
+    events_.poll(wait, budget, [this](Block* b) {
       acct_.block_free_completed(b);
       make_free(b);
     });
@@ -148,7 +148,6 @@ class BlockStates {
     if (s->busy_blocks == 0) s->last_used = use_clock_;
   }
 
-  Backend& backend_;
   FreeIndex& free_;
   EventQueues& events_;
   PoolAccounting& acct_;

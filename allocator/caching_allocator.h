@@ -113,8 +113,8 @@ class CachingAllocator {
   // Caps reserved memory at `fraction` (0, 1] of the device total.
   absl::Status set_memory_fraction(double fraction);
 
-  // Polls pending events and moves completed blocks back to the cache. allocate()
-  // does this itself; a background thread may call it to return memory sooner.
+  // Polls every pending event, moving completed blocks back to the cache. allocate() polls
+  // a few (allocator/event_queues.h); the runtime's poller thread calls this for the rest.
   void process_events();
 
   DeviceStats stats() const;

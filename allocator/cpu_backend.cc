@@ -103,6 +103,7 @@ class CpuBackend final : public Backend {
   bool event_done(Event) override { return true; }
   void synchronize_event(Event) override {}
   void release_event(Event) override {}
+  bool rerecord_event(Event, Stream) override { return true; }
   void synchronize_stream(Stream) override {}
  private:
   const DeviceId device_;

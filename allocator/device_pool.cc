@@ -34,9 +34,10 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       config_(config),
       device_total_(backend_->mem_info().total_bytes),
       memory_fraction_(config.per_process_memory_fraction),
+      events_(*backend_),
       acct_(device_, config.max_split_size),
       free_(acct_),
-      blocks_(*backend_, free_, events_, acct_),
+      blocks_(free_, events_, acct_),
       regular_(*backend_, config.max_split_size, segments_, free_, acct_),
       expandable_(MakeExpandable(*backend_, config, device_total_, segments_, free_, acct_)),
       reclaimer_(segments_, regular_, expandable_.get()) {
@@ -101,7 +102,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // What may need host memory comes before the first change, so that a
     // std::bad_alloc leaves the pool as it was.
     blocks_.prepare_allocation(site);
-    poll_locked();
+    poll_locked(kAllocationEventPollBudget);
     Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
     if (b != nullptr) {
       acct_.count_cache_hit();
@@ -237,7 +238,7 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
 
 void DevicePool::process_events() {
   MutexLock lock(&mu_);
-  poll_locked();
+  poll_locked(kPollAllEvents);
 }
 
 // --- giving memory back (the Reclaimer decides what goes) ------------------------------

@@ -111,16 +111,20 @@ class DevicePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GrowRequest grow_request(size_t size, size_t segment_size, bool small, Stream stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves blocks whose events completed to the cache. With `wait`, synchronizes every
-  // pending event first (so nothing stays pending).
-  void process_events_locked(bool wait) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    blocks_.complete_events(wait);
+  // Moves blocks whose events completed to the cache, polling at most `budget` events
+  // (EventQueues::poll). With `wait` (and no budget), synchronizes every pending event
+  // first (so nothing stays pending).
+  void process_events_locked(bool wait, size_t budget = kPollAllEvents)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    blocks_.complete_events(wait, budget);
   }
   // The allocation path's bounded poll: cross-stream frees whose events completed, and
   // deferred recycles whose events completed (one query per stream queue and per
-  // reservation at most; nothing waits). What is not done yet waits for a later call.
-  void poll_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!events_.empty()) process_events_locked(/*wait=*/false);
+  // reservation at most; nothing waits), querying at most `budget` cross-stream
+  // events (kAllocationEventPollBudget on the allocation path, kPollAllEvents for
+  // process_events()). What is not done yet waits for a later call.
+  void poll_locked(size_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!events_.empty()) process_events_locked(/*wait=*/false, budget);
     if (expandable_ != nullptr && expandable_->has_deferred()) {
       expandable_->complete_deferred(/*wait=*/false);
     }

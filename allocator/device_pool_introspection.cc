@@ -12,7 +12,9 @@ namespace devmem::internal {
 
 DeviceStats DevicePool::stats() const {
   MutexLock lock(&mu_);
-  return acct_.stats();
+  DeviceStats stats = acct_.stats();
+  free_.summarize(&stats);
+  return stats;
 }
 
 void DevicePool::reset_peak_stats() {
@@ -44,9 +46,11 @@ AllocatorSnapshot DevicePool::snapshot() const {
   AllocatorSnapshot snap;
   snap.device = device_;
   snap.info = backend_->info();
-  MutexLock lock(&mu_);
+  // A driver call, made before taking the lock (backends are thread-safe).
   snap.mem_info = backend_->mem_info();
+  MutexLock lock(&mu_);
   snap.stats = acct_.stats();
+  free_.summarize(&snap.stats);
   snap.time_ns = CoarseNowNs();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {
@@ -143,14 +147,11 @@ OomReport DevicePool::oom_report(size_t requested, size_t size, Stream stream,
   r->reserved = static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   r->pending = static_cast<size_t>(acct_.stats().pending_bytes[kAggregatePool].current);
   r->reserved_unallocated = r->reserved - r->allocated;
-  size_t total_free = 0;
-  for (const FreeIndex::FreeSet* set : {&free_.set(true), &free_.set(false)}) {
-    for (const Block* b : *set) {
-      total_free += b->size;
-      r->largest_free_block = std::max(r->largest_free_block, b->size);
-      ++r->free_blocks;
-    }
-  }
+  // From the free sets' counters, not a walk over their blocks.
+  const size_t total_free =
+      static_cast<size_t>(free_.free_bytes(true) + free_.free_bytes(false));
+  r->largest_free_block = std::max(free_.largest_free(true), free_.largest_free(false));
+  r->free_blocks = free_.size();
   r->fragmentation =
       total_free == 0 ? 0.0
                       : 1.0 - static_cast<double>(r->largest_free_block) /

@@ -5,13 +5,13 @@
 
 namespace devmem::internal {
 
-size_t EventQueues::enqueue(Backend& backend, Block* b) {
+size_t EventQueues::enqueue(Block* b) {
   size_t queued = 0;
   try {
     for (Stream s : b->stream_uses) {
       std::deque<PendingEvent>& queue = queues_[s];
       queue.push_back(PendingEvent{Event{}, b});
-      queue.back().event = backend.record_event(s);
+      queue.back().event = pool_.record(s);
       ++queued;
     }
   } catch (...) {
@@ -23,7 +23,7 @@ size_t EventQueues::enqueue(Backend& backend, Block* b) {
         continue;
       }
       if (pit->second.back().event.handle != 0) {
-        backend.release_event(pit->second.back().event);
+        pool_.release(pit->second.back().event);
       }
       pit->second.pop_back();
       if (pit->second.empty()) queues_.erase(pit);

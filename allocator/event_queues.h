@@ -5,10 +5,17 @@
 // FIFO per stream they were recorded on: a stream completes its events in order, so
 // only the front of each queue needs polling.
 //
-// It owns the events (recorded through the Backend, released once waited for) and the
-// queues; it does not own the blocks, and it changes nothing about a block except its
+// It owns the queues and, through its EventPool (allocator/event_pool.h), the events:
+// recorded from the pool, and given back to it (completed) or to the backend once waited
+// for. It does not own the blocks, and it changes nothing about a block except its
 // `pending_events` count: when that reaches 0, poll() hands the block to its caller,
 // which makes it free.
+//
+// Bounded polling: the allocation path polls at most kAllocationEventPollBudget events
+// per call, so a backlog of completed events costs an allocation a fixed number of
+// queries rather than one per event; the runtime's poller (process_events) and the
+// staged retry poll without a budget, so no block stays pending once its events have
+// completed.
 //
 // Invariants (validate): every queued event names a pending block; each block has
 // exactly as many queued events as it waits for; size() is the number queued.
@@ -16,19 +23,31 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
+#include <iterator>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "allocator/backend.h"
 #include "allocator/block.h"
+#include "allocator/event_pool.h"
 
 namespace devmem::internal {
 
+// Events the allocation path polls per call (each event_done query counts, done or
+// not): enough to keep up with the cross-stream frees between two allocations of a
+// program without a poller, few enough that an allocation never walks a backlog.
+inline constexpr size_t kAllocationEventPollBudget = 8;
+// A budget that polls every queued event.
+inline constexpr size_t kPollAllEvents = SIZE_MAX;
+
 class EventQueues {
  public:
-  EventQueues() = default;
+  // Records through `backend`, which must outlive this object.
+  explicit EventQueues(Backend& backend, size_t pool_capacity = EventPool::kDefaultCapacity)
+      : backend_(backend), pool_(backend, pool_capacity) {}
   EventQueues(const EventQueues&) = delete;
   EventQueues& operator=(const EventQueues&) = delete;
 
@@ -37,16 +56,20 @@ class EventQueues {
   // recorded so far are released, nothing stays queued, and the exception propagates.
   // Returns the number queued (b->stream_uses.size()); the caller adds it to
   // b->pending_events.
-  size_t enqueue(Backend& backend, Block* b);
+  size_t enqueue(Block* b);
 
   size_t size() const { return count_; }
   bool empty() const { return count_ == 0; }
+  const EventPool& pool() const { return pool_; }
 
-  // Releases the events that completed (with `wait`: synchronizes every queued event
-  // first, so none stays queued) and decrements their blocks' pending_events; calls
-  // done(b) for each block whose count reaches 0, in completion order.
+  // Releases the events that completed (with `wait`: synchronizes queued events first,
+  // so they all complete) and decrements their blocks' pending_events; calls done(b)
+  // for each block whose count reaches 0, in completion order. Queries (or waits for)
+  // at most `budget` events, oldest first on each stream; the poll after one that ran
+  // out starts with the next stream, so streams take turns and none waits behind
+  // another's backlog.
   template <typename Done>
-  void poll(Backend& backend, bool wait, Done&& done);
+  void poll(bool wait, size_t budget, Done&& done);
 
   // The queues' share of validate(): every queued event names a block that
   // `block_at(addr)` finds and that is pending, one event per waited-for event, and
@@ -60,31 +83,48 @@ class EventQueues {
     Event event;
     Block* block;
   };
+  Backend& backend_;
+  // Declared before queues_: queued events go back to it as they complete.
+  EventPool pool_;
   absl::flat_hash_map<Stream, std::deque<PendingEvent>> queues_;
   size_t count_ = 0;
+  // Where the next poll starts (a stream that may no longer have a queue: then the
+  // first in the map's order).
+  Stream resume_{};
 };
 
 template <typename Done>
-void EventQueues::poll(Backend& backend, bool wait, Done&& done) {
-  for (auto it = queues_.begin(); it != queues_.end();) {
+void EventQueues::poll(bool wait, size_t budget, Done&& done) {
+  if (queues_.empty()) return;
+  auto it = queues_.find(resume_);
+  if (it == queues_.end()) it = queues_.begin();
+  // Visits each stream once, from `it` round to the one before it. Erasing an emptied
+  // queue invalidates only its own iterator (and never rehashes), so the order of the
+  // others stays as it was.
+  for (size_t left = queues_.size(); left > 0; --left) {
     std::deque<PendingEvent>& queue = it->second;
     while (!queue.empty()) {
-      PendingEvent pe = queue.front();
+      if (budget == 0) {
+        // The next poll starts with the stream after this one: streams take turns.
+        auto next = std::next(it);
+        resume_ = (next == queues_.end() ? queues_.begin() : next)->first;
+        return;
+      }
+      --budget;
+      const PendingEvent pe = queue.front();
       if (wait) {
-        backend.synchronize_event(pe.event);
-      } else if (!backend.event_done(pe.event)) {
+        backend_.synchronize_event(pe.event);
+      } else if (!backend_.event_done(pe.event)) {
         break;  // later events on this stream cannot be done either
       }
-      backend.release_event(pe.event);
       queue.pop_front();
       --count_;
+      pool_.recycle(pe.event);
       if (--pe.block->pending_events == 0) done(pe.block);
     }
-    if (queue.empty()) {
-      queues_.erase(it++);
-    } else {
-      ++it;
-    }
+    auto next = std::next(it);
+    if (queue.empty()) queues_.erase(it);
+    it = next == queues_.end() ? queues_.begin() : next;
   }
 }
 

@@ -1,6 +1,12 @@
 // allocator/free_index.cc: see free_index.h.
 #include "allocator/free_index.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <tuple>
+#include <utility>
+
 #include "absl/strings/str_format.h"
 
 namespace devmem::internal {
@@ -46,11 +52,73 @@ absl::Status FreeIndex::validate_free_block(const Block* b) const {
   return absl::OkStatus();
 }
 
+std::pair<size_t, size_t> FreeIndex::LargestOf(const FreeSet& set) {
+  size_t largest = 0;
+  size_t count = 0;
+  for (auto it = set.begin(); it != set.end();) {
+    const Stream stream = (*it)->stream;
+    // The first block past this stream; the one before it is the stream's largest.
+    const auto end = set.upper_bound(BlockKey{stream, SIZE_MAX, UINTPTR_MAX});
+    const size_t size = (*std::prev(end))->size;
+    if (size >= largest) {
+      // The stream's blocks of that size are its last ones.
+      const size_t n =
+          static_cast<size_t>(std::distance(set.lower_bound(BlockKey{stream, size, 0}), end));
+      count = size > largest ? n : count + n;
+      largest = size;
+    }
+    it = end;
+  }
+  return {largest, count};
+}
+
+size_t FreeIndex::largest_free(bool small) const {
+  Summary& s = summary_[small];
+  if (s.stale) {
+    std::tie(s.largest, s.at_largest) = LargestOf(set(small));
+    s.stale = false;
+  }
+  return s.largest;
+}
+
+void FreeIndex::summarize(DeviceStats* stats) const {
+  for (const bool small : {true, false}) {
+    const int pool = small ? kSmallPool : kLargePool;
+    stats->free_bytes[pool] = free_bytes(small);
+    stats->free_blocks[pool] = static_cast<int64_t>(set(small).size());
+    stats->largest_free_block[pool] = static_cast<int64_t>(largest_free(small));
+  }
+  stats->free_bytes[kAggregatePool] = stats->free_bytes[kSmallPool] + stats->free_bytes[kLargePool];
+  stats->free_blocks[kAggregatePool] =
+      stats->free_blocks[kSmallPool] + stats->free_blocks[kLargePool];
+  stats->largest_free_block[kAggregatePool] =
+      std::max(stats->largest_free_block[kSmallPool], stats->largest_free_block[kLargePool]);
+}
+
 absl::Status FreeIndex::validate_count(size_t free_blocks) const {
   if (free_blocks != size()) {
     return absl::InternalError(absl::StrFormat(
         "devmem validate(): free sets hold %u blocks but segments hold %u free", size(),
         free_blocks));
+  }
+  for (const bool small : {true, false}) {
+    const char* pool = small ? "small" : "large";
+    int64_t bytes = 0;
+    for (const Block* b : set(small)) bytes += static_cast<int64_t>(b->size);
+    const Summary& s = summary_[small];
+    if (s.bytes != bytes) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): the %s free set's bytes counter is %d but its blocks hold %d",
+          pool, s.bytes, bytes));
+    }
+    if (s.stale) continue;  // recomputed on the next read
+    const auto [largest, count] = LargestOf(set(small));
+    if (s.largest != largest || s.at_largest != count) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): the %s free set's largest block is recorded as %u bytes "
+          "(%u blocks) but is %u bytes (%u blocks)",
+          pool, s.largest, s.at_largest, largest, count));
+    }
   }
   return absl::OkStatus();
 }

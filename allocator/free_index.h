@@ -10,14 +10,24 @@
 //
 // Invariants (validate_free_block, validate_count): the sets hold exactly the free
 // blocks of the pool's segments, each in its pool's set; no two adjacent blocks are
-// both free (coalesce() merges them as a block becomes free).
+// both free (coalesce() merges them as a block becomes free); the per-pool summary
+// (free bytes, largest free block) equals a recount over the sets.
+//
+// The summary is what metrics and OOM reports read instead of walking the blocks: the
+// bytes are a sum kept on every insert and erase; the largest size is kept with the
+// number of blocks that have it, and when the last of those leaves, it is marked stale
+// and recomputed on the next read from each stream's largest block (the sets are
+// ordered by stream, then size: O(streams x log n)). So the hot path pays a few
+// integer operations, and a read never walks the blocks.
 //
 // The hot path (best fit, split, insert, erase, coalesce) is defined here so that it
 // inlines into DevicePool::allocate and free as it did when it was part of DevicePool.
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
+#include <array>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "absl/container/btree_set.h"
@@ -25,6 +35,7 @@
 #include "allocator/block.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/pool_policy.h"
+#include "allocator/stats.h"
 
 namespace devmem::internal {
 
@@ -42,13 +53,24 @@ class FreeIndex {
 
   // A free block (out of any set) enters / leaves its pool's set.
   void insert(Block* b) {
-    (b->segment->small_pool ? small_ : large_).insert(b);
+    const bool small = b->segment->small_pool;
+    (small ? small_ : large_).insert(b);
+    summary_[small].listed(b->size);
     acct_.free_block_listed(b);
   }
   void erase(Block* b) {
-    (b->segment->small_pool ? small_ : large_).erase(b);
+    const bool small = b->segment->small_pool;
+    (small ? small_ : large_).erase(b);
+    summary_[small].unlisted(b->size);
     acct_.free_block_unlisted(b);
   }
+
+  // The summary of a pool's free set: its blocks' bytes and the largest one's size
+  // (0 when empty). O(1), or O(streams x log n) after the largest block left.
+  int64_t free_bytes(bool small) const { return summary_[small].bytes; }
+  size_t largest_free(bool small) const;
+  // Fills stats->free_bytes, free_blocks and largest_free_block from the summary.
+  void summarize(DeviceStats* stats) const;
 
   // Best fit: the smallest block on `stream` that is >= size and may serve it, taken
   // out of its set; nullptr when none. The oversize rule (OversizeBlockServes): blocks
@@ -139,13 +161,43 @@ class FreeIndex {
   // This part's share of validate(): `b`, a free block of a segment, is in its set
   // and has no recorded streams.
   absl::Status validate_free_block(const Block* b) const;
-  // ... and the sets hold no more than the `free_blocks` free blocks the segments hold.
+  // ... and the sets hold no more than the `free_blocks` free blocks the segments hold,
+  // and each pool's summary equals a recount over its set.
   absl::Status validate_count(size_t free_blocks) const;
 
  private:
+  friend class DevicePoolTestPeer;  // corrupts the summary to show validate() notices
+
+  // One pool's summary (see the file comment). Mutable state of a const read: the
+  // recomputation of a stale largest size, guarded like the rest by the pool's mutex.
+  struct Summary {
+    int64_t bytes = 0;
+    size_t largest = 0;     // meaningful unless stale
+    size_t at_largest = 0;  // blocks of that size
+    bool stale = false;
+
+    void listed(size_t size) {
+      bytes += static_cast<int64_t>(size);
+      if (stale) return;
+      if (size > largest) {
+        largest = size;
+        at_largest = 1;
+      } else if (size == largest) {
+        ++at_largest;
+      }
+    }
+    void unlisted(size_t size) {
+      bytes -= static_cast<int64_t>(size);
+      if (!stale && size == largest && --at_largest == 0) stale = true;
+    }
+  };
+  // The largest size in `set` and how many blocks have it, from each stream's last block.
+  static std::pair<size_t, size_t> LargestOf(const FreeSet& set);
+
   PoolAccounting& acct_;
   FreeSet small_;
   FreeSet large_;
+  mutable std::array<Summary, 2> summary_{};  // [0] large, [1] small (indexed by `small`)
   std::vector<Block*> spares_;
 };
 

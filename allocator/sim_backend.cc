@@ -189,6 +189,17 @@ class SimEvent {
     cv_.wait(lock, [this] { return done(); });
   }
 
+  // Makes a completed event pending again for a new marker (rerecord_event): the
+  // marker takes a new reference. The previous marker has run Complete() (the caller
+  // saw the event done), though maybe not yet its Unref(), which then drops only its
+  // own reference.
+  void Rearm() {
+    if (!done()) Fatal("sim backend: rerecord_event of an event that has not completed");
+    refs_.fetch_add(1, std::memory_order_relaxed);
+    MutexLock lock(&mu_);
+    done_.store(false, std::memory_order_relaxed);
+  }
+
   // Drops one owner's reference; the last one deletes the event.
   void Unref() {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
@@ -348,6 +359,7 @@ class SimBackendImpl final : public SimBackend {
   bool event_done(Event event) override { return SimEvent::FromHandle(event)->done(); }
   void synchronize_event(Event event) override { SimEvent::FromHandle(event)->Wait(); }
   void release_event(Event event) override { SimEvent::FromHandle(event)->Unref(); }
+  bool rerecord_event(Event event, Stream stream) override;
   void synchronize_stream(Stream stream) override;
 
   size_t granularity() const override { return options_.granularity; }
@@ -375,6 +387,11 @@ class SimBackendImpl final : public SimBackend {
  private:
   // The worker of `stream`, or nullptr when no such stream exists.
   std::shared_ptr<StreamWorker> FindStream(Stream stream) const;
+  // What record_event and rerecord_event (`call`) do first: finds the stream's worker
+  // (fatal when there is none) and throws when event injection says this record fails.
+  std::shared_ptr<StreamWorker> StartRecord(Stream stream, const char* call);
+  // Queues the marker that completes `event` (and drops the marker's reference).
+  static void EnqueueMarker(StreamWorker& worker, SimEvent* event);
   // Decides whether this request for memory (`what`: "segment allocation" or "map")
   // fails by injection; counts the attempt.
   std::optional<absl::Status> InjectLocked(absl::string_view what, size_t bytes)
@@ -424,7 +441,8 @@ class SimBackendImpl final : public SimBackend {
   uint64_t seed_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t attempts_since_set_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
-  // Event injection: the event_fail_nth_-th record_event since it was set throws.
+  // Event injection: the event_fail_nth_-th record (record_event or rerecord_event)
+  // since it was set throws.
   uint64_t event_fail_nth_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t events_since_set_ ABSL_GUARDED_BY(mu_) = 0;
 
@@ -692,29 +710,44 @@ absl::Status SimBackendImpl::launch_host_fn(Stream stream, std::function<void()>
   return absl::OkStatus();
 }
 
-Event SimBackendImpl::record_event(Stream stream) {
+std::shared_ptr<StreamWorker> SimBackendImpl::StartRecord(Stream stream, const char* call) {
   std::shared_ptr<StreamWorker> worker = FindStream(stream);
   if (worker == nullptr) {
-    Fatal(absl::StrCat(Name(), ": record_event on unknown stream ", stream.handle));
+    Fatal(absl::StrCat(Name(), ": ", call, " on unknown stream ", stream.handle));
   }
-  {
-    MutexLock lock(&mu_);
-    if (event_fail_nth_ != 0 && ++events_since_set_ == event_fail_nth_) {
-      ++injected_;
-      // What a real record can throw (the event and its queue entry are allocated).
-      throw std::runtime_error(absl::StrCat(Name(), ": injected failure of record_event #",
-                                            event_fail_nth_, " (sim event injection)"));
-    }
+  MutexLock lock(&mu_);
+  if (event_fail_nth_ != 0 && ++events_since_set_ == event_fail_nth_) {
+    ++injected_;
+    // What a real record can throw (the event and its queue entry are allocated).
+    throw std::runtime_error(absl::StrCat(Name(), ": injected failure of ", call, " #",
+                                          event_fail_nth_, " (sim event injection)"));
   }
-  SimEvent* event = new SimEvent;
+  return worker;
+}
+
+void SimBackendImpl::EnqueueMarker(StreamWorker& worker, SimEvent* event) {
   // On an idle stream the event is complete at once, as a GPU's would be within
   // microseconds: that keeps replays, whose streams run no work, deterministic.
   auto marker = [event] {
     event->Complete();
     event->Unref();  // the marker's reference; the handle may already be released
   };
-  if (!worker->EnqueueUnlessIdle(marker)) marker();
+  if (!worker.EnqueueUnlessIdle(marker)) marker();
+}
+
+Event SimBackendImpl::record_event(Stream stream) {
+  std::shared_ptr<StreamWorker> worker = StartRecord(stream, "record_event");
+  SimEvent* event = new SimEvent;
+  EnqueueMarker(*worker, event);
   return event->handle();
+}
+
+bool SimBackendImpl::rerecord_event(Event handle, Stream stream) {
+  std::shared_ptr<StreamWorker> worker = StartRecord(stream, "rerecord_event");
+  SimEvent* event = SimEvent::FromHandle(handle);
+  event->Rearm();
+  EnqueueMarker(*worker, event);
+  return true;
 }
 
 void SimBackendImpl::synchronize_stream(Stream stream) {

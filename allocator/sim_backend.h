@@ -42,9 +42,9 @@ class SimBackend : public Backend {
   // every memory request: segment allocations and maps (expandable segments).
   virtual void set_failure_injection(uint64_t fail_nth, double probability,
                                      uint64_t seed) = 0;
-  // Makes the fail_nth-th record_event from now (0: none) throw std::runtime_error, as
-  // a real one may when the event or its queue entry cannot be allocated; for testing
-  // that callers stay consistent when it does.
+  // Makes the fail_nth-th record_event or rerecord_event from now (0: none) throw
+  // std::runtime_error, as a real one may when the event or its queue entry cannot be
+  // allocated; for testing that callers stay consistent when it does.
   virtual void set_event_failure_injection(uint64_t fail_nth) = 0;
   // Bytes charged against the capacity right now (segments + mapped ranges).
   virtual size_t used_bytes() const = 0;

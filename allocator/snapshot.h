@@ -42,7 +42,7 @@ struct SegmentInfo {
 struct AllocatorSnapshot {
   DeviceId device;
   DeviceInfo info;
-  MemInfo mem_info;
+  MemInfo mem_info;  // read just before the lock is taken (a driver call)
   DeviceStats stats;
   std::vector<SegmentInfo> segments;  // address order
   int64_t time_ns = 0;                // monotonic clock when taken

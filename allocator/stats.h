@@ -83,6 +83,14 @@ struct DeviceStats {
   int64_t cache_misses = 0;       // allocations that needed a new segment
   int64_t num_frees = 0;          // user frees
   int64_t max_split_size = 0;     // the configured limit (INT64_MAX when none)
+  // The free sets (free cached blocks, ready for reuse), per pool and in aggregate:
+  // their bytes (equal to cached_bytes(pool)), how many blocks, and the largest block
+  // (in aggregate: the larger pool's). Current values only, kept incrementally
+  // (allocator/free_index.h), so reading them costs no walk over the blocks. Not in the
+  // JSON forms (docs/formats.md): a snapshot's segments hold them.
+  std::array<int64_t, kNumStatPools> free_bytes{};
+  std::array<int64_t, kNumStatPools> free_blocks{};
+  std::array<int64_t, kNumStatPools> largest_free_block{};
 
   // reserved - active, for the aggregate or one pool.
   int64_t cached_bytes(StatPool pool = kAggregatePool) const {

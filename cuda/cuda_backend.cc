@@ -444,6 +444,15 @@ class CudaBackend final : public Backend {
     return Event{reinterpret_cast<uintptr_t>(event)};
   }
 
+  // The CUDA idiom: an event is created once and recorded again for each use.
+  bool rerecord_event(Event event, Stream stream) override {
+    DeviceGuard guard(device_.index);
+    if (cudaError_t err = cudaEventRecord(ToCuda(event), ToCuda(stream)); err != cudaSuccess) {
+      FatalCuda(name_, "cudaEventRecord", err);
+    }
+    return true;
+  }
+
   bool event_done(Event event) override {
     // Events are not tied to a current device for queries; no guard needed.
     cudaError_t err = cudaEventQuery(ToCuda(event));

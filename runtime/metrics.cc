@@ -1,8 +1,9 @@
 // runtime/metrics.cc: turns the allocators' own counters into Prometheus families.
 //
-// One Collect() takes, per allocator, one snapshot() (stats, segments, memory info and
-// device info, consistent with each other: one lock acquisition) and one site_stats()
-// copy, then builds every family from those copies without holding any lock.
+// One Collect() takes, per allocator, one stats() copy (its counters, the free-block
+// summary included: no walk over blocks) and one site_stats() copy, each one short
+// lock acquisition; memory and device info come from the backend outside the lock.
+// Every family is then built from those copies without holding any lock.
 #include "runtime/metrics.h"
 
 #include <algorithm>
@@ -95,26 +96,22 @@ class Family {
 // Everything read from one allocator for one scrape.
 struct DeviceReading {
   std::string device;  // label value
-  AllocatorSnapshot snap;
+  DeviceId id;
+  DeviceStats stats;
+  MemInfo mem_info;
+  DeviceInfo info;
   std::vector<SiteStats> sites;
-  // Per pool (indexed by StatPool; the aggregate slot unused): from snap.segments.
-  size_t largest_free[kNumStatPools] = {};
-  size_t total_free[kNumStatPools] = {};
 };
 
 DeviceReading Read(const CachingAllocator& allocator) {
   DeviceReading r;
-  r.snap = allocator.snapshot();
+  r.id = allocator.device();
+  r.device = SanitizeLabelValue(r.id.ToString());
+  r.stats = allocator.stats();
   r.sites = allocator.site_stats();
-  r.device = SanitizeLabelValue(r.snap.device.ToString());
-  for (const SegmentInfo& seg : r.snap.segments) {
-    const int pool = seg.small_pool ? kSmallPool : kLargePool;
-    for (const BlockInfo& b : seg.blocks) {
-      if (b.state != BlockState::kFree) continue;
-      r.largest_free[pool] = std::max(r.largest_free[pool], b.size);
-      r.total_free[pool] += b.size;
-    }
-  }
+  // Driver calls, made without the device lock (a Backend is thread-safe).
+  r.mem_info = allocator.backend().mem_info();
+  r.info = allocator.backend().info();
   return r;
 }
 
@@ -196,49 +193,54 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
   const PoolGauge pool_gauges[] = {
       {"devmem_allocated_bytes", "Bytes of blocks handed to the program and not yet freed.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.allocated_bytes[p].current); }},
+         return D(r.stats.allocated_bytes[p].current); }},
       {"devmem_reserved_bytes", "Bytes of segments held from the driver.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.reserved_bytes[p].current); }},
+         return D(r.stats.reserved_bytes[p].current); }},
       {"devmem_active_bytes",
        "Bytes of allocated blocks plus blocks freed by the program that still wait for "
        "other streams (pending).",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.active_bytes[p].current); }},
+         return D(r.stats.active_bytes[p].current); }},
       {"devmem_cached_bytes",
        "Reserved minus allocated bytes: free cached blocks plus pending frees (the "
        "allocator's DeviceStats::cached_bytes() is reserved minus active; subtract "
        "devmem_pending_bytes for it).",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.reserved_bytes[p].current -
-                  r.snap.stats.allocated_bytes[p].current); }},
+         return D(r.stats.reserved_bytes[p].current -
+                  r.stats.allocated_bytes[p].current); }},
       {"devmem_pending_bytes",
        "Bytes freed by the program that wait for events on other streams before reuse.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.pending_bytes[p].current); }},
+         return D(r.stats.pending_bytes[p].current); }},
       {"devmem_requested_bytes",
        "Bytes the program asked for (before rounding) of the allocated blocks.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.requested_bytes[p].current); }},
+         return D(r.stats.requested_bytes[p].current); }},
       {"devmem_inactive_split_bytes",
        "Bytes of free blocks inside split segments (a measure of fragmentation).",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.inactive_split_bytes[p].current); }},
+         return D(r.stats.inactive_split_bytes[p].current); }},
       {"devmem_live_buffers", "Allocated blocks (buffers the program holds).",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.allocation[p].current); }},
+         return D(r.stats.allocation[p].current); }},
       {"devmem_segments", "Segments held from the driver.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.segment[p].current); }},
+         return D(r.stats.segment[p].current); }},
+      {"devmem_free_bytes",
+       "Bytes of free cached blocks, ready to be handed out again (cached minus pending).",
+       [](const DeviceReading& r, StatPool p) { return D(r.stats.free_bytes[p]); }},
+      {"devmem_free_blocks", "Free cached blocks.",
+       [](const DeviceReading& r, StatPool p) { return D(r.stats.free_blocks[p]); }},
       {"devmem_largest_free_block_bytes",
        "Size of the largest free cached block (any stream).",
-       [](const DeviceReading& r, StatPool p) { return D(r.largest_free[p]); }},
+       [](const DeviceReading& r, StatPool p) { return D(r.stats.largest_free_block[p]); }},
       {"devmem_fragmentation_ratio",
        "1 - largest free block / total free cached bytes (0 when nothing is free).",
        [](const DeviceReading& r, StatPool p) {
-         return r.total_free[p] == 0
+         return r.stats.free_bytes[p] == 0
                     ? 0.0
-                    : 1.0 - D(r.largest_free[p]) / D(r.total_free[p]); }},
+                    : 1.0 - D(r.stats.largest_free_block[p]) / D(r.stats.free_bytes[p]); }},
   };
   for (const PoolGauge& g : pool_gauges) {
     Family f(g.name, MetricType::Gauge, g.help);
@@ -257,13 +259,13 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
   const PoolCounter pool_counters[] = {
       {"devmem_allocations_total", "Blocks handed to the program.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.allocation[p].allocated); }},
+         return D(r.stats.allocation[p].allocated); }},
       {"devmem_frees_total", "Blocks freed by the program.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.allocation[p].freed); }},
+         return D(r.stats.allocation[p].freed); }},
       {"devmem_allocated_bytes_total", "Bytes of all blocks handed to the program.",
        [](const DeviceReading& r, StatPool p) {
-         return D(r.snap.stats.allocated_bytes[p].allocated); }},
+         return D(r.stats.allocated_bytes[p].allocated); }},
   };
   for (const PoolCounter& c : pool_counters) {
     Family f(c.name, MetricType::Counter, c.help);
@@ -285,36 +287,36 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
        "Highest devmem_allocated_bytes (both pools together) since start or the last "
        "peak reset.",
        [](const DeviceReading& r) {
-         return D(r.snap.stats.allocated_bytes[kAggregatePool].peak); }},
+         return D(r.stats.allocated_bytes[kAggregatePool].peak); }},
       {"devmem_peak_reserved_bytes", MetricType::Gauge,
        "Highest devmem_reserved_bytes (both pools together) since start or the last "
        "peak reset.",
        [](const DeviceReading& r) {
-         return D(r.snap.stats.reserved_bytes[kAggregatePool].peak); }},
+         return D(r.stats.reserved_bytes[kAggregatePool].peak); }},
       {"devmem_device_total_bytes", MetricType::Gauge,
        "Device memory in total, as the driver reports it.",
-       [](const DeviceReading& r) { return D(r.snap.mem_info.total_bytes); }},
+       [](const DeviceReading& r) { return D(r.mem_info.total_bytes); }},
       {"devmem_device_free_bytes", MetricType::Gauge,
        "Device memory free, as the driver reports it (other processes' use included).",
-       [](const DeviceReading& r) { return D(r.snap.mem_info.free_bytes); }},
+       [](const DeviceReading& r) { return D(r.mem_info.free_bytes); }},
       {"devmem_device_allocations_total", MetricType::Counter,
        "Segments taken from the driver (cudaMalloc, or a map of an expandable segment).",
-       [](const DeviceReading& r) { return D(r.snap.stats.num_device_alloc); }},
+       [](const DeviceReading& r) { return D(r.stats.num_device_alloc); }},
       {"devmem_device_frees_total", MetricType::Counter,
        "Segments returned to the driver (cudaFree, or an unmap of an expandable segment).",
-       [](const DeviceReading& r) { return D(r.snap.stats.num_device_free); }},
+       [](const DeviceReading& r) { return D(r.stats.num_device_free); }},
       {"devmem_cache_hits_total", MetricType::Counter,
        "Allocations served from cached blocks.",
-       [](const DeviceReading& r) { return D(r.snap.stats.cache_hits); }},
+       [](const DeviceReading& r) { return D(r.stats.cache_hits); }},
       {"devmem_cache_misses_total", MetricType::Counter,
        "Allocations that needed a new segment.",
-       [](const DeviceReading& r) { return D(r.snap.stats.cache_misses); }},
+       [](const DeviceReading& r) { return D(r.stats.cache_misses); }},
       {"devmem_alloc_retries_total", MetricType::Counter,
        "Times the caches were flushed to retry a failed segment allocation.",
-       [](const DeviceReading& r) { return D(r.snap.stats.num_alloc_retries); }},
+       [](const DeviceReading& r) { return D(r.stats.num_alloc_retries); }},
       {"devmem_ooms_total", MetricType::Counter,
        "Out-of-memory errors thrown after the staged retry.",
-       [](const DeviceReading& r) { return D(r.snap.stats.num_ooms); }},
+       [](const DeviceReading& r) { return D(r.stats.num_ooms); }},
   };
   for (const DeviceValue& v : device_values) {
     Family f(v.name, v.type, v.help);
@@ -327,9 +329,9 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
              "Always 1; labels describe the device (join with dcgm-exporter on uuid).");
     for (const DeviceReading& r : readings) {
       f.Add({{"device", r.device},
-             {"uuid", SanitizeLabelValue(r.snap.info.uuid)},
-             {"name", SanitizeLabelValue(r.snap.info.name)},
-             {"backend", SanitizeLabelValue(r.snap.info.backend)}},
+             {"uuid", SanitizeLabelValue(r.info.uuid)},
+             {"name", SanitizeLabelValue(r.info.name)},
+             {"backend", SanitizeLabelValue(r.info.backend)}},
             1);
     }
     out.push_back(f.Take());
@@ -401,7 +403,7 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
       });
       std::vector<SiteId> largest_first;
       for (const CopySite& c : copies) largest_first.push_back(c.id);
-      const std::vector<SiteId> chosen_list = LabelledCopySites(r.snap.device, largest_first);
+      const std::vector<SiteId> chosen_list = LabelledCopySites(r.id, largest_first);
       const absl::flat_hash_set<SiteId> chosen(chosen_list.begin(), chosen_list.end());
       // (site label, kind) -> (count, bytes); "other" always present, per kind.
       std::map<std::pair<std::string, SiteKind>, std::pair<int64_t, int64_t>> series;
@@ -434,7 +436,7 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
       // Every reported device gets a histogram, empty if it allocated nothing yet.
       SizeHistogram::Counts c;
       for (const SizeHistogram::Counts& x : counts) {
-        if (x.device == r.snap.device) c = x;
+        if (x.device == r.id) c = x;
       }
       ClientMetric& m = f.AddRaw({{"device", r.device}});
       uint64_t cumulative = 0;

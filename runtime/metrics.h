@@ -8,8 +8,9 @@
 //   // or: registry.Register(std::weak_ptr<prometheus::Collectable>(...))
 //
 // A prometheus::Collectable that, on each Collect(), asks every allocator for its own
-// counters (CachingAllocator::snapshot() for stats, segments, memory and device info;
-// site_stats() for the per-site figures) and turns them into metric families. Nothing
+// counters (CachingAllocator::stats(), which includes the free-block summary, and
+// site_stats() for the per-site figures; memory and device info from its backend) and
+// turns them into metric families, never copying a block or a segment. Nothing
 // is updated through prometheus-cpp on the allocation path: the only cost of metrics
 // between scrapes is the allocator's own bookkeeping (and SizeHistogram's relaxed
 // counters, when attached).
@@ -29,8 +30,9 @@
 // up its size.
 //
 // Thread-safety: Collect() and Text() may run concurrently from any threads and with
-// allocation. They take each allocator's device lock only inside snapshot() and
-// site_stats() (a copy), and the collector's own mutex (a leaf) only to update the
+// allocation. They take each allocator's device lock only inside stats() and
+// site_stats() (copies of counters; mem_info() is called outside it), and the
+// collector's own mutex (a leaf) only to update the
 // copy-site label set, never while calling an allocator. Lock order: the collector's
 // mutex is never held while any other lock is taken.
 #pragma once

@@ -27,6 +27,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -421,6 +422,40 @@ TEST_P(BackendConformanceTest, EventCompletesOnlyWhenItsStreamReachesIt) {
   }
 }
 
+// An event pool (allocator/event_pool.h) records a completed event again instead of
+// making a new one: it must then behave as a fresh record on the new stream.
+TEST_P(BackendConformanceTest, RerecordedEventCompletesOnlyWhenItsNewStreamReachesIt) {
+  const Event event = backend_->record_event(Stream{});
+  backend_->synchronize_event(event);
+  ASSERT_TRUE(backend_->event_done(event));
+  const Stream stream = backend_->caps().streams ? SomeStream() : Stream{};
+  std::optional<StreamBlocker> blocker;
+  if (backend_->caps().streams) {
+    blocker.emplace();
+    ASSERT_TRUE(blocker->BlockOn(*backend_, stream).ok());
+  }
+  if (!backend_->rerecord_event(event, stream)) {
+    // Not reusable: nothing changed, the event is still the caller's and completed.
+    EXPECT_TRUE(backend_->event_done(event));
+    if (blocker) blocker->Release();
+    backend_->release_event(event);
+    DoneWith(stream);
+    return;
+  }
+  if (blocker) {
+    EXPECT_FALSE(backend_->event_done(event));  // the stream is held before it
+    blocker->Release();
+  }
+  backend_->synchronize_event(event);
+  EXPECT_TRUE(backend_->event_done(event));
+  // And once more, on the same stream, after it completed there.
+  ASSERT_TRUE(backend_->rerecord_event(event, stream));
+  backend_->synchronize_stream(stream);
+  EXPECT_TRUE(backend_->event_done(event));
+  backend_->release_event(event);
+  DoneWith(stream);
+}
+
 TEST_P(BackendConformanceTest, EventMayBeReleasedBeforeItCompletes) {
   if (!backend_->caps().streams) GTEST_SKIP() << "no streams: events complete at once";
   Stream stream = SomeStream();
@@ -477,6 +512,11 @@ TEST_P(BackendConformanceTest, ConcurrentUseIsSafe) {
         (void)backend_->event_done(event);
         backend_->synchronize_event(event);
         EXPECT_TRUE(backend_->event_done(event));
+        if (backend_->rerecord_event(event, stream)) {  // reused, as an event pool does
+          (void)backend_->event_done(event);
+          backend_->synchronize_event(event);
+          EXPECT_TRUE(backend_->event_done(event));
+        }
         backend_->release_event(event);
         (void)backend_->mem_info();
         backend_->free_segment(*p, bytes);

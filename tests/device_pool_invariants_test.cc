@@ -1,7 +1,8 @@
 // tests/device_pool_invariants_test.cc: DevicePool (allocator/device_pool.h) from the
 // inside, for what the public API cannot reach:
 //   * validate() notices each invariant it promises to check, shown by corrupting one
-//     thing at a time through DevicePoolTestPeer (a friend of DevicePool);
+//     thing at a time through DevicePoolTestPeer (a friend of DevicePool and of its
+//     parts);
 //   * a refused expandable reservation is not asked for again on every miss, only after
 //     empty_cache(), counted through a HookedBackend around the sim.
 #include <gtest/gtest.h>
@@ -43,6 +44,20 @@ class DevicePoolTestPeer {
         if (pe.block == from) pe.block = to;
       }
     }
+  }
+  // Shifts a free set's bytes counter by `delta`.
+  void ShiftFreeBytes(bool small, int64_t delta) {
+    MutexLock lock(&pool_.mu_);
+    pool_.free_.summary_[small].bytes += delta;
+  }
+  // Records `largest` as a free set's largest block size (held by one block), as
+  // current (not stale); with largest == 0, marks it stale, which is always consistent.
+  void SetLargestFree(bool small, size_t largest) {
+    MutexLock lock(&pool_.mu_);
+    FreeIndex::Summary& s = pool_.free_.summary_[small];
+    s.largest = largest;
+    s.at_largest = 1;
+    s.stale = largest == 0;
   }
   // Moves one waited-for event from `from` to `to` (both pending): totals still agree.
   void MovePendingCount(Block* from, Block* to) {
@@ -129,6 +144,35 @@ TEST(DevicePoolValidateTest, QueuedEventsMustNamePendingBlocksOneForOne) {
   pool->backend().synchronize_stream(*s2);
   pool->process_events();
   pool->free(keep);
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+}
+
+// The free sets' summary (bytes, largest block) that metrics and OOM reports read is
+// checked against a recount over the sets.
+TEST(DevicePoolValidateTest, FreeSetSummaryMustMatchItsBlocks) {
+  auto pool = MakePool("");
+  void* a = pool->allocate(4096, Stream{}, kUnknownSite);
+  void* b = pool->allocate(8192, Stream{}, kUnknownSite);
+  void* c = pool->allocate(4096, Stream{}, kUnknownSite);
+  pool->free(b);  // a hole, plus the segment's tail
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+  DevicePoolTestPeer peer(*pool);
+
+  peer.ShiftFreeBytes(/*small=*/true, 512);
+  ExpectViolation(*pool, "small free set's bytes counter");
+  peer.ShiftFreeBytes(/*small=*/true, -512);
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+
+  const DeviceStats st = pool->stats();
+  const size_t tail = 2 * kMiB - 16384;
+  ASSERT_EQ(st.largest_free_block[kSmallPool], static_cast<int64_t>(tail));
+  peer.SetLargestFree(/*small=*/true, 8192);  // the hole, not the tail
+  ExpectViolation(*pool, "small free set's largest block is recorded as 8192 bytes");
+  peer.SetLargestFree(/*small=*/true, 0);  // stale: recomputed on the next read
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+  EXPECT_EQ(pool->stats().largest_free_block[kSmallPool], static_cast<int64_t>(tail));
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+  for (void* p : {a, c}) pool->free(p);
   EXPECT_TRUE(pool->validate().ok()) << pool->validate();
 }
 

@@ -33,6 +33,12 @@ class HookedBackend : public Backend {
   // Run before the forwarded call.
   std::function<void(Stream)> before_synchronize_stream;
   std::function<void(Event)> before_synchronize_event;
+  std::function<void()> before_mem_info;
+  // Events: creations (record_event), reuses, queries and releases, for counting them.
+  std::function<void(Stream)> before_record_event;
+  std::function<void(Event, Stream)> before_rerecord_event;
+  std::function<void(Event)> before_event_done;
+  std::function<void(Event)> before_release_event;
   // Replace the forwarded call when set.
   std::function<absl::StatusOr<void*>(size_t)> reserve_address_instead;
   std::function<absl::StatusOr<void*>(size_t)> allocate_segment_instead;
@@ -46,19 +52,35 @@ class HookedBackend : public Backend {
     return inner_->allocate_segment(bytes);
   }
   void free_segment(void* p, size_t bytes) override { inner_->free_segment(p, bytes); }
-  MemInfo mem_info() override { return inner_->mem_info(); }
+  MemInfo mem_info() override {
+    if (before_mem_info) before_mem_info();
+    return inner_->mem_info();
+  }
   absl::StatusOr<Stream> create_stream() override { return inner_->create_stream(); }
   void destroy_stream(Stream s) override { inner_->destroy_stream(s); }
   absl::Status launch_host_fn(Stream s, std::function<void()> fn) override {
     return inner_->launch_host_fn(s, std::move(fn));
   }
-  Event record_event(Stream s) override { return inner_->record_event(s); }
-  bool event_done(Event e) override { return inner_->event_done(e); }
+  Event record_event(Stream s) override {
+    if (before_record_event) before_record_event(s);
+    return inner_->record_event(s);
+  }
+  bool event_done(Event e) override {
+    if (before_event_done) before_event_done(e);
+    return inner_->event_done(e);
+  }
   void synchronize_event(Event e) override {
     if (before_synchronize_event) before_synchronize_event(e);
     inner_->synchronize_event(e);
   }
-  void release_event(Event e) override { inner_->release_event(e); }
+  void release_event(Event e) override {
+    if (before_release_event) before_release_event(e);
+    inner_->release_event(e);
+  }
+  bool rerecord_event(Event e, Stream s) override {
+    if (before_rerecord_event) before_rerecord_event(e, s);
+    return inner_->rerecord_event(e, s);
+  }
   void synchronize_stream(Stream s) override {
     if (before_synchronize_stream) before_synchronize_stream(s);
     inner_->synchronize_stream(s);

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <condition_variable>
+#include <future>
 #include <latch>
 #include <memory>
 #include <mutex>
@@ -18,6 +20,7 @@
 #include "allocator/errors.h"
 #include "allocator/site.h"
 #include "runtime/size_histogram.h"
+#include "tests/hooked_backend.h"
 #include "tests/metrics_test_util.h"
 #include "tests/test_util.h"
 
@@ -84,6 +87,8 @@ const std::vector<FamilySpec>& Families() {
       {"devmem_inactive_split_bytes", "gauge", {"device", "pool"}},
       {"devmem_live_buffers", "gauge", {"device", "pool"}},
       {"devmem_segments", "gauge", {"device", "pool"}},
+      {"devmem_free_bytes", "gauge", {"device", "pool"}},
+      {"devmem_free_blocks", "gauge", {"device", "pool"}},
       {"devmem_largest_free_block_bytes", "gauge", {"device", "pool"}},
       {"devmem_fragmentation_ratio", "gauge", {"device", "pool"}},
       {"devmem_allocations_total", "counter", {"device", "pool"}},
@@ -153,6 +158,37 @@ TEST(MetricsTest, EveryFamilyIsPresentWithItsTypeAndLabels) {
             1);
   f.alloc->free(p);
   f.alloc->free(q);
+}
+
+// A scrape (and a snapshot) asks the driver for its memory figures without holding the
+// device lock: from inside mem_info, another thread's stats() gets the lock. (Were the
+// lock held, that thread would wait for the scrape: the check gives up after 10 s and
+// fails rather than hang.)
+TEST(MetricsTest, AScrapeCallsMemInfoOutsideTheDeviceLock) {
+  testutil::HookedBackend* hooks = nullptr;
+  testutil::SimAllocator t = testutil::MakeHookedSimAllocator("", &hooks);
+  std::shared_ptr<CachingAllocator> alloc(std::move(t.alloc));
+  CachingAllocator* raw = alloc.get();  // the hook lives in the allocator's backend
+  MetricsCollector collector(
+      [alloc] { return std::vector<std::shared_ptr<CachingAllocator>>{alloc}; },
+      MetricsOptions{});
+  void* p = alloc->allocate(4096, {}, Site(40));
+  int calls = 0;
+  int locked_out = 0;
+  hooks->before_mem_info = [&] {
+    ++calls;
+    std::future<DeviceStats> other =
+        std::async(std::launch::async, [raw] { return raw->stats(); });
+    if (other.wait_for(std::chrono::seconds(10)) != std::future_status::ready) ++locked_out;
+  };
+  const std::vector<Sample> samples = ParsePrometheusText(collector.Text());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(SampleValue(samples, "devmem_device_total_bytes", {{"device", "sim:0"}}), kGiB);
+  (void)alloc->snapshot();
+  EXPECT_EQ(calls, 2);
+  hooks->before_mem_info = nullptr;
+  EXPECT_EQ(locked_out, 0) << "mem_info ran under the device lock";
+  alloc->free(p);
 }
 
 TEST(MetricsTest, PromtoolFindsNothingToComplainAbout) {
@@ -274,15 +310,19 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
     const std::map<std::string, std::string> l = {{"device", "sim:0"},
                                                   {"pool", p == kSmallPool ? "small" : "large"}};
     SCOPED_TRACE(l.at("pool"));
-    size_t largest = 0, free_total = 0;
+    size_t largest = 0, free_total = 0, free_count = 0;
     for (const SegmentInfo& seg : snap.segments) {
       if (seg.small_pool != (p == kSmallPool)) continue;
       for (const BlockInfo& b : seg.blocks) {
         if (b.state != BlockState::kFree) continue;
         largest = std::max(largest, b.size);
         free_total += b.size;
+        ++free_count;
       }
     }
+    ASSERT_GT(free_count, 0u);  // so that a counter stuck at 0 fails
+    check("devmem_free_bytes", l, static_cast<double>(free_total));
+    check("devmem_free_blocks", l, static_cast<double>(free_count));
     check("devmem_allocated_bytes", l, st.allocated_bytes[p].current);
     check("devmem_reserved_bytes", l, st.reserved_bytes[p].current);
     check("devmem_active_bytes", l, st.active_bytes[p].current);
