@@ -33,15 +33,25 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
 }
 
 DevicePool::~DevicePool() {
+  detach_thread_caches();  // before the blocks go (device_pool_tcache.cc)
   MutexLock lock(&mu_);
   process_events_locked(/*wait=*/true);
-  if (!allocated_.empty()) {
-    size_t bytes = 0;
-    for (const auto& [addr, b] : allocated_) bytes += b->size;
+  // Allocated blocks: those in allocated_ and those the thread caches handed out.
+  size_t leaked = 0;
+  size_t bytes = 0;
+  for (const auto& [addr, s] : segments_) {
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kAllocated) {
+        ++leaked;
+        bytes += b->size;
+      }
+    }
+  }
+  if (leaked != 0) {
     std::fprintf(stderr,
                  "devmem: %s: allocator destroyed with %zu blocks (%zu bytes) still "
                  "allocated; their memory is released anyway\n",
-                 device_.ToString().c_str(), allocated_.size(), bytes);
+                 device_.ToString().c_str(), leaked, bytes);
   }
   // As everywhere memory goes back to the device: wait for work queued on the
   // segments' streams first (once per stream).
@@ -89,6 +99,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   AllocatorObserver* observer;
   {
     MutexLock lock(&mu_);
+    fold_own_cache_locked();  // this thread's cache hits first: exact peaks
     // What may need host memory comes before the first change: a slot in allocated_,
     // the site's counters, and a spare Block for the split, so that a std::bad_alloc
     // leaves the pool as it was (the free sets' own nodes are the exception: a btree
@@ -135,7 +146,14 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
       case RetryStage::kGrow:
         break;
       case RetryStage::kReleaseForSegment:
-        // Give back cached segments nobody uses (no waiting), enough for this one.
+        // First every thread's cache (an OOM must not happen while one holds enough),
+        // then cached segments nobody uses (no waiting), enough for this one.
+        if (drain_thread_caches_locked() > 0) {
+          if (Block* b = free_.take_best_fit(size, stream, config_.max_split_size)) {
+            acct_.count_cache_hit();
+            return b;
+          }
+        }
         if (release_unused(segment_size) == 0) continue;
         break;
       case RetryStage::kWaitAndReleaseAll:
@@ -230,8 +248,12 @@ Block* DevicePool::try_new_segment(size_t size, size_t segment_size, bool small,
 
 void DevicePool::free(void* ptr) {
   if (ptr == nullptr) return;
-  const auto addr = reinterpret_cast<uintptr_t>(ptr);
   MutexLock lock(&mu_);
+  free_locked(ptr);
+}
+
+void DevicePool::free_locked(void* ptr) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
   auto it = allocated_.find(addr);
   if (it == allocated_.end()) {
     throw InvalidArgumentError(describe_bad_pointer("free", ptr));
@@ -272,11 +294,10 @@ void DevicePool::release_block(Block* b) {
 
 void DevicePool::record_stream(void* ptr, Stream stream) {
   MutexLock lock(&mu_);
-  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == allocated_.end()) {
+  Block* b = find_allocated_locked(reinterpret_cast<uintptr_t>(ptr));
+  if (b == nullptr) {
     throw InvalidArgumentError(describe_bad_pointer("record_stream", ptr));
   }
-  Block* b = it->second;
   if (stream == b->stream) return;  // stream order already protects it
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) ==
       b->stream_uses.end()) {
@@ -363,6 +384,7 @@ void DevicePool::garbage_collect(size_t incoming) {
 
 void DevicePool::empty_cache() {
   MutexLock lock(&mu_);
+  drain_thread_caches_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/true);
   release_unused(SIZE_MAX);
   release_empty_reservations();
@@ -371,6 +393,7 @@ void DevicePool::empty_cache() {
 
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
+  drain_thread_caches_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.
@@ -397,26 +420,31 @@ absl::Status DevicePool::set_memory_fraction(double fraction) {
 
 DeviceStats DevicePool::stats() const {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   return acct_.stats();
 }
 
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   acct_.reset_peak();
 }
 
 void DevicePool::reset_accumulated_stats() {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   acct_.reset_accumulated();
 }
 
 std::vector<SiteStats> DevicePool::site_stats() const {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   return acct_.site_stats();
 }
 
 std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   return acct_.top_sites(k);
 }
 
@@ -425,6 +453,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
   snap.device = device_;
   snap.info = backend_->info();
   MutexLock lock(&mu_);
+  drain_for_read_locked();  // no thread-cached block in a snapshot (snapshot.h)
   snap.mem_info = backend_->mem_info();
   snap.stats = acct_.stats();
   snap.time_ns = CoarseNowNs();
@@ -446,9 +475,8 @@ AllocatorSnapshot DevicePool::snapshot() const {
 
 std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
   MutexLock lock(&mu_);
-  auto it = allocated_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == allocated_.end()) return std::nullopt;
-  const Block* b = it->second;
+  const Block* b = find_allocated_locked(reinterpret_cast<uintptr_t>(ptr));
+  if (b == nullptr) return std::nullopt;
   return BlockInfo{b->addr, b->size, b->requested, b->state, b->stream, b->site,
                    b->alloc_time_ns};
 }

@@ -23,9 +23,13 @@ absl::Status Violation(const std::string& what) {
 
 absl::Status DevicePool::validate() const {
   MutexLock lock(&mu_);
+  // Thread caches stay out while the lock is held, their hits folded in.
+  quiesce_for_read_locked();
   StatRecount rc;
   size_t free_blocks = 0;
-  size_t allocated_blocks = 0;
+  size_t allocated_blocks = 0;        // in allocated_
+  size_t cache_owned_allocated = 0;   // handed out by a thread cache
+  size_t thread_cached_blocks = 0;
   int64_t pending_events = 0;
   std::vector<SiteStats>& site_recount = rc.sites;
   site_recount.resize(acct_.site_stats().size());
@@ -101,12 +105,16 @@ absl::Status DevicePool::validate() const {
       switch (b->state) {
         case BlockState::kAllocated: {
           ++busy;
-          ++allocated_blocks;
           auto it = allocated_.find(b->addr);
-          if (it == allocated_.end() || it->second != b) {
+          const bool in_table = it != allocated_.end() && it->second == b;
+          const bool in_map = block_map_.find(b->addr) == b;
+          if (in_table == in_map) {
             return Violation(absl::StrFormat(
-                "allocated block %#x is missing from the allocated table", b->addr));
+                "allocated block %#x is %s", b->addr,
+                in_table ? "both in the allocated table and owned by the thread caches"
+                         : "missing from the allocated table"));
           }
+          ++(in_table ? allocated_blocks : cache_owned_allocated);
           if (b->requested == 0 || b->requested > b->size) {
             return Violation(absl::StrFormat("allocated block %#x: requested %u of %u",
                                              b->addr, b->requested, b->size));
@@ -135,6 +143,17 @@ absl::Status DevicePool::validate() const {
           StatRecount::add(rc.active, small, 1);
           StatRecount::add(rc.active_bytes, small, size);
           StatRecount::add(rc.pending_bytes, small, size);
+          break;
+        case BlockState::kThreadCached:
+          ++busy;
+          ++thread_cached_blocks;
+          if (!small || !b->stream_uses.empty()) {
+            return Violation(absl::StrFormat(
+                "thread-cached block %#x is in the large pool or has recorded streams",
+                b->addr));
+          }
+          StatRecount::add(rc.thread_cached, small, 1);
+          StatRecount::add(rc.thread_cached_bytes, small, size);
           break;
         case BlockState::kFree: {
           ++free_blocks;
@@ -180,6 +199,10 @@ absl::Status DevicePool::validate() const {
     }
   }
   if (absl::Status st = free_.validate_count(free_blocks); !st.ok()) return st;
+  if (absl::Status st = validate_caches_locked(thread_cached_blocks, cache_owned_allocated);
+      !st.ok()) {
+    return st;
+  }
   if (allocated_blocks != allocated_.size()) {
     return Violation(absl::StrFormat("allocated table holds %u blocks, segments hold %u",
                                      allocated_.size(), allocated_blocks));
