@@ -3,13 +3,13 @@
 // quiescing, folding and draining the caches (allocator/thread_cache.h has the
 // protocol; docs/architecture.md, "Thread caches", the design).
 //
-// Who owns a small block: the pool (free sets, allocated_, pending queues) or the
+// Who owns a small block: the pool (free sets, the allocated table, pending queues) or the
 // thread caches ("cache-owned": an entry in block_map_; in a bin, kThreadCached, or
 // handed out from one, kAllocated). A block becomes cache-owned when a user frees it
 // into a cache (adopt: the first free of a pool-allocated block) and stops being so
 // when a cache gives it back (flush, drain) or when a free cannot keep it in a cache
 // (record_stream'd, no cache on the freeing thread): then it turns pool-owned
-// allocated (allocated_) and free_locked() frees it as usual.
+// allocated (the allocated table) and free_locked() frees it as usual.
 #include <algorithm>
 #include <cstdio>
 
@@ -202,14 +202,13 @@ void DevicePool::cache_free_slow(ThreadCache* tc, void* ptr) {
       } else {
         // It leaves the caches: pool-owned allocated, then freed as any other block
         // (events for record_stream uses, statistics, trace).
-        allocated_.emplace(addr, b);  // may throw; nothing changed yet
+        blocks_.cache_owned_to_table(b);  // may throw; nothing changed yet
         block_map_.clear(addr);
         free_locked(ptr);
         return;
       }
     } else {
-      auto it = allocated_.find(addr);
-      Block* p = it == allocated_.end() ? nullptr : it->second;
+      Block* p = blocks_.allocated(addr);
       ThreadCache::Bin* bin = nullptr;
       if (p != nullptr && BlockMap::Mappable(addr) && p->segment->small_pool &&
           p->size <= cache_limits_.max_size && p->stream_uses.empty()) {
@@ -221,11 +220,7 @@ void DevicePool::cache_free_slow(ThreadCache* tc, void* ptr) {
         return;
       }
       // Adopt: the user's free, then the block enters the bin.
-      allocated_.erase(it);
-      acct_.block_freed_by_user(p);
-      acct_.block_inactive(p);
-      acct_.block_to_thread_cache(p);
-      p->state = BlockState::kThreadCached;
+      blocks_.allocated_to_thread_cache(p);
       tc->push(*bin, p);
       return;  // block_freed_by_user reported the free
     }
@@ -258,17 +253,8 @@ void DevicePool::fold_cache_locked(ThreadCache* tc) {
 }
 
 void DevicePool::release_cached_block(Block* b) {
-  Segment* s = b->segment;
   block_map_.clear(b->addr);
-  acct_.block_from_thread_cache(b);
-  b->state = BlockState::kFree;
-  b->requested = 0;
-  b->site = kUnknownSite;
-  b->alloc_time_ns = 0;
-  b->tc_next = nullptr;
-  --s->busy_blocks;
-  free_.coalesce(b);
-  if (s->busy_blocks == 0) s->last_used = use_clock_;
+  blocks_.thread_cached_to_free(b);
 }
 
 void DevicePool::flush_cache_locked(ThreadCache* tc, size_t keep_bytes, size_t keep_blocks,
@@ -340,7 +326,7 @@ void DevicePool::detach_thread_caches() {
 // --- lookups ------------------------------------------------------------------------------
 
 Block* DevicePool::find_allocated_locked(uintptr_t addr) const {
-  if (auto it = allocated_.find(addr); it != allocated_.end()) return it->second;
+  if (Block* b = blocks_.allocated(addr)) return b;
   Block* b = block_map_.find(addr);
   return b != nullptr && b->state == BlockState::kAllocated ? b : nullptr;
 }
