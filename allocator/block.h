@@ -9,15 +9,25 @@
 //   kFree       in exactly one free set (small or large pool, FreeIndex), ordered by
 //               (stream, size, address), ready for reuse on its stream;
 //   kPending    in no set: freed by the user, waiting for `pending_events` events
-//               recorded on other streams (queued in EventQueues).
+//               recorded on other streams (queued in EventQueues);
+//   kThreadCached  in one thread cache's bin (allocator/thread_cache.h). Blocks the
+//               thread caches own have an entry in DevicePool's BlockMap, in a bin
+//               (kThreadCached) and after a cache hit handed them out (kAllocated, and
+//               then not in DevicePool::allocated_).
 // Invariants (DevicePool::validate checks them):
 //   - prev/next link the blocks of one segment in address order, with no gaps;
 //   - two adjacent blocks are never both kFree (they are coalesced at once);
 //   - a segment with no allocated or pending block is one single free block.
 //
-// Thread-safety: none here; every field is guarded by the owning DevicePool's mutex.
+// Thread-safety: every field is guarded by the owning DevicePool's mutex, except for
+// blocks the thread caches own: their owner thread changes `state` (kThreadCached <->
+// kAllocated), `requested`, `site`, `alloc_time_ns` and `tc_next` without the lock.
+// `state` is therefore a relaxed atomic (the pool reads neighbours' states while
+// coalescing); the other fields are read under the lock only with the caches
+// quiesced (allocator/thread_cache.h).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -31,6 +41,28 @@ namespace devmem::internal {
 
 struct Segment;
 
+// A BlockState that may be read and written concurrently: relaxed atomic loads and
+// stores, which compile to plain moves; it reads and assigns like a BlockState.
+class AtomicBlockState {
+ public:
+  AtomicBlockState(BlockState s = BlockState::kFree) : s_(s) {}  // NOLINT: implicit
+  AtomicBlockState(const AtomicBlockState& o) : s_(o.load()) {}
+  AtomicBlockState& operator=(const AtomicBlockState& o) {
+    store(o.load());
+    return *this;
+  }
+  AtomicBlockState& operator=(BlockState s) {
+    store(s);
+    return *this;
+  }
+  operator BlockState() const { return load(); }  // NOLINT: implicit
+  BlockState load() const { return s_.load(std::memory_order_relaxed); }
+  void store(BlockState s) { s_.store(s, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<BlockState> s_;
+};
+
 struct Block {
   uintptr_t addr = 0;
   size_t size = 0;
@@ -39,7 +71,7 @@ struct Block {
   Block* prev = nullptr;      // the block just below in the same segment
   Block* next = nullptr;      // the block just above in the same segment
   Stream stream;              // the stream it was allocated on (== segment->stream)
-  BlockState state = BlockState::kFree;
+  AtomicBlockState state = BlockState::kFree;
   SiteId site = kUnknownSite;
   int pending_events = 0;     // events still to complete before it is free
   int64_t alloc_time_ns = 0;
@@ -51,6 +83,8 @@ struct Block {
   // Streams other than `stream` that use the block (record_stream). Almost always
   // empty or one entry, so inline.
   absl::InlinedVector<Stream, 1> stream_uses;
+  // The next block of the same thread-cache bin (kThreadCached only).
+  Block* tc_next = nullptr;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };

@@ -21,12 +21,16 @@ absl::Status BlockStates::validate_block(const Block* b, StatRecount* rc,
   const int64_t size = static_cast<int64_t>(b->size);
   switch (b->state) {
     case BlockState::kAllocated: {
-      ++tally->allocated_blocks;
       auto it = allocated_.find(b->addr);
-      if (it == allocated_.end() || it->second != b) {
+      const bool in_table = it != allocated_.end() && it->second == b;
+      const bool in_map = cache_map_ != nullptr && cache_map_->find(b->addr) == b;
+      if (in_table == in_map) {
         return Violation(absl::StrFormat(
-            "allocated block %#x is missing from the allocated table", b->addr));
+            "allocated block %#x is %s", b->addr,
+            in_table ? "both in the allocated table and owned by the thread caches"
+                     : "missing from the allocated table"));
       }
+      ++(in_table ? tally->allocated_blocks : tally->cache_owned_allocated);
       if (b->requested == 0 || b->requested > b->size) {
         return Violation(absl::StrFormat("allocated block %#x: requested %u of %u",
                                          b->addr, b->requested, b->size));
@@ -53,6 +57,16 @@ absl::Status BlockStates::validate_block(const Block* b, StatRecount* rc,
       StatRecount::add(rc->active, small, 1);
       StatRecount::add(rc->active_bytes, small, size);
       StatRecount::add(rc->pending_bytes, small, size);
+      break;
+    case BlockState::kThreadCached:
+      ++tally->thread_cached_blocks;
+      if (!small || !b->stream_uses.empty()) {
+        return Violation(absl::StrFormat(
+            "thread-cached block %#x is in the large pool or has recorded streams",
+            b->addr));
+      }
+      StatRecount::add(rc->thread_cached, small, 1);
+      StatRecount::add(rc->thread_cached_bytes, small, size);
       break;
     case BlockState::kFree: {
       ++tally->free_blocks;

@@ -32,6 +32,7 @@
 #include "absl/status/status.h"
 #include "allocator/backend.h"
 #include "allocator/block.h"
+#include "allocator/block_map.h"
 #include "allocator/event_queues.h"
 #include "allocator/free_index.h"
 #include "allocator/pool_accounting.h"
@@ -41,7 +42,9 @@ namespace devmem::internal {
 // What validate_block counts besides the statistics.
 struct BlockTally {
   size_t free_blocks = 0;
-  size_t allocated_blocks = 0;
+  size_t allocated_blocks = 0;         // in the allocated table
+  size_t cache_owned_allocated = 0;    // handed out by a thread cache
+  size_t thread_cached_blocks = 0;
   int64_t pending_events = 0;  // summed over pending blocks
 };
 
@@ -126,6 +129,34 @@ class BlockStates {
   // The free sequence number: ticks each time a block becomes free (Block::free_seq).
   uint64_t free_seq() const { return free_seq_; }
 
+  // --- thread caches (allocator/thread_cache.h, device_pool_tcache.cc) ----------------
+  // The map of cache-owned blocks, for validate_block (set once by DevicePool).
+  void set_cache_map(const BlockMap* map) { cache_map_ = map; }
+  // allocated (in the table) -> thread-cached: the user freed it into a thread cache.
+  void allocated_to_thread_cache(Block* b) {
+    allocated_.erase(b->addr);
+    acct_.block_freed_by_user(b);
+    acct_.block_inactive(b);
+    acct_.block_to_thread_cache(b);
+    b->state = BlockState::kThreadCached;
+  }
+  // A cache-owned allocated block leaves the caches: into the allocated table, to be
+  // freed by free() next (may throw std::bad_alloc, changing nothing).
+  void cache_owned_to_table(Block* b) { allocated_.emplace(b->addr, b); }
+  // thread-cached -> free (coalesced into its free set).
+  void thread_cached_to_free(Block* b) {
+    Segment* s = b->segment;
+    acct_.block_from_thread_cache(b);
+    b->state = BlockState::kFree;
+    b->requested = 0;
+    b->site = kUnknownSite;
+    b->alloc_time_ns = 0;
+    b->tc_next = nullptr;
+    --s->busy_blocks;
+    free_.coalesce(b);
+    if (s->busy_blocks == 0) s->last_used = use_clock_;
+  }
+
   // This part's share of validate(): `b`, a block of a segment, against the allocated
   // table and its state's rules; adds it to the recount and the tally.
   absl::Status validate_block(const Block* b, StatRecount* rc, BlockTally* tally) const;
@@ -154,6 +185,7 @@ class BlockStates {
   AllocatedTable allocated_;
   uint64_t use_clock_ = 0;
   uint64_t free_seq_ = 0;
+  const BlockMap* cache_map_ = nullptr;
 };
 
 }  // namespace devmem::internal

@@ -1,6 +1,7 @@
 // allocator/caching_allocator.cc: the public face of one device's allocator. Every
 // method forwards to the DevicePool behind the device lock (allocator/device_pool.h),
-// which keeps the header free of container and mutex types.
+// which keeps the header free of container and mutex types; allocate and free go to
+// its thread-cache front end first.
 #include "allocator/caching_allocator.h"
 
 #include <string>
@@ -33,13 +34,19 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Confi
 
 CachingAllocator::~CachingAllocator() = default;
 
+// allocate and free go through the thread caches (device_pool_tcache.cc), which take
+// the device lock only on a miss.
 void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
-  return pool_->allocate(bytes, stream, site);
+  return pool_->allocate_front(bytes, stream, site);
 }
 void CachingAllocator::free(void* ptr) {
   RefuseInStreamCallback(*pool_, "free");
-  pool_->free(ptr);
+  pool_->free_front(ptr, 0);
+}
+void CachingAllocator::free(void* ptr, size_t size) {
+  RefuseInStreamCallback(*pool_, "free");
+  pool_->free_front(ptr, size);
 }
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
   RefuseInStreamCallback(*pool_, "record_stream");
@@ -98,6 +105,7 @@ absl::Status CachingAllocator::validate() const {
 void CachingAllocator::set_observer(AllocatorObserver* observer) {
   RefuseInStreamCallback(*pool_, "set_observer");
   pool_->set_observer(observer);
+  pool_->set_front_observer(observer);
 }
 // These take no lock: safe anywhere.
 DeviceId CachingAllocator::device() const { return pool_->device(); }

@@ -41,8 +41,17 @@
 //     released before a new segment is taken, while reserved exceeds the threshold;
 //   * per_process_memory_fraction caps reserved bytes at that share of the device.
 //
+// Thread caches (thread_cache key, on by default; docs/architecture.md, "Thread
+// caches"): requests up to thread_cache_max_size are served from a per-(thread,
+// device) cache of free blocks without the device lock; frees go to the freeing
+// thread's cache when it caches that stream. Blocks with record_stream uses bypass
+// them. Caches are bounded (thread_cache_max_bytes, _max_blocks) and drained at thread
+// exit, by empty_cache(), trim() and snapshot(), and first when memory runs out.
+// Statistics count the blocks they hold as thread_cached (not allocated, not active).
+//
 // Thread-safety: every public method may be called concurrently from any thread. One
-// mutex (the device lock) guards all state. Lock order: device lock, then the
+// mutex (the device lock) guards all state except the thread caches (their owner
+// thread's, quiesced by the lock holder when it needs them). Lock order: device lock, then the
 // backend's internal locks, then the observer's, then the site registry's (a leaf,
 // taken only to read site kinds for OOM reports). Public methods never call other
 // public methods. The exception to "any thread": a stream callback (a launch_host_fn
@@ -97,14 +106,18 @@ class CachingAllocator {
   // pointer, when it is not the start of an allocated block (unknown, interior, or
   // already freed); nothing changes then. free(nullptr) is a no-op.
   void free(void* ptr);
+  // The same, with the size the caller asked allocate() for (as PyTorch's pluggable
+  // free passes it): frees of blocks too large for the thread caches skip their lookup.
+  // A wrong size is harmless (it is only a hint); the pointer is checked as by free().
+  void free(void* ptr, size_t size);
 
   // Declares that work on `stream` uses the allocated block at `ptr` (which must be
   // the pointer allocate() returned). The block's free will wait for that work.
   // Throws InvalidArgumentError for a pointer that is not allocated.
   void record_stream(void* ptr, Stream stream);
 
-  // Waits for every pending cross-stream free, then returns every unused cached
-  // segment to the backend.
+  // Gives back every thread cache's blocks, waits for every pending cross-stream free,
+  // then returns every unused cached segment to the backend.
   void empty_cache();
   // Returns unused cached segments, largest first, until at most `keep_bytes` of
   // cached (reserved but unallocated) memory remains.
@@ -131,8 +144,9 @@ class CachingAllocator {
 
   // Recounts everything and checks the invariants of docs/architecture.md: the
   // blocks of each segment tile it; no allocated blocks overlap; no two adjacent free
-  // blocks of a segment are uncoalesced; free lists hold exactly the free blocks;
-  // every statistic equals its recount; reserved == allocated + pending + cached.
+  // blocks of a segment are uncoalesced; free lists hold exactly the free blocks and
+  // thread caches exactly the thread-cached ones; every statistic equals its recount;
+  // reserved == allocated + pending + cached (free sets and thread caches).
   // Returns an InternalError describing the first violation.
   absl::Status validate() const;
 

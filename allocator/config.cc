@@ -342,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 21>& Keys() {
-  static const std::array<KeySpec, 21> keys = {{
+const std::array<KeySpec, 25>& Keys() {
+  static const std::array<KeySpec, 25> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -480,6 +480,46 @@ const std::array<KeySpec, 21>& Keys() {
          return "";
        },
        [](const Config& c) { return FormatDouble(c.per_process_memory_fraction); }},
+      {"thread_cache", "bool", "true",
+       "Serve small requests from per-(thread, device) caches without the device lock "
+       "(see thread_cache_max_size); false sends every request to the device's pool.",
+       [](std::string_view v, Config* c) { return ParseBool(v, &c->thread_cache); },
+       [](const Config& c) -> std::string { return c.thread_cache ? "true" : "false"; }},
+      {"thread_cache_max_size", "size", "256KiB",
+       "Largest request, 512B .. 1MiB and a multiple of 512B, that the thread caches "
+       "serve; larger ones always go to the device's pool.",
+       [](std::string_view v, Config* c) -> std::string {
+         size_t bytes = 0;
+         std::string why = ParseSizeImpl(v, &bytes);
+         if (!why.empty()) return why;
+         if (bytes < 512 || bytes > kMiB) return "is out of range (512B .. 1MiB)";
+         if (bytes % 512 != 0) return "is not a multiple of 512B";
+         c->thread_cache_max_size = bytes;
+         return "";
+       },
+       [](const Config& c) { return FormatSizeExact(c.thread_cache_max_size); }},
+      {"thread_cache_max_bytes", "size", "4MiB",
+       "Bytes of free blocks each thread's cache may hold per device, 512B .. 1GiB; a free "
+       "that would exceed it first gives half back to the pool.",
+       [](std::string_view v, Config* c) -> std::string {
+         size_t bytes = 0;
+         std::string why = ParseSizeImpl(v, &bytes);
+         if (!why.empty()) return why;
+         if (bytes < 512 || bytes > kGiB) return "is out of range (512B .. 1GiB)";
+         c->thread_cache_max_bytes = bytes;
+         return "";
+       },
+       [](const Config& c) { return FormatSizeExact(c.thread_cache_max_bytes); }},
+      {"thread_cache_max_blocks", "integer", "256",
+       "Free blocks each thread's cache may hold per device, 1 .. 65536.",
+       [](std::string_view v, Config* c) -> std::string {
+         uint64_t n = 0;
+         std::string why = ParseUnsignedInRange(v, 1, 65536, &n);
+         if (!why.empty()) return why;
+         c->thread_cache_max_blocks = static_cast<size_t>(n);
+         return "";
+       },
+       [](const Config& c) { return absl::StrCat(c.thread_cache_max_blocks); }},
       {"trace_entries", "integer", "0",
        "Size of the event trace ring, 0 .. 100000000 events (0 = no trace).",
        [](std::string_view v, Config* c) -> std::string {

@@ -69,6 +69,20 @@ struct Config {
   // per_process_memory_fraction (0 .. 1, exclusive of 0).
   double per_process_memory_fraction = 1.0;
 
+  // --- per-thread caches (allocator/thread_cache.h) -----------------------------------
+  // Small requests are served from per-(thread, device) caches without the device
+  // lock. key thread_cache (bool).
+  bool thread_cache = true;
+  // Largest request a thread cache serves. key thread_cache_max_size (size, 512 B ..
+  // 1 MiB, a multiple of 512 B).
+  size_t thread_cache_max_size = size_t{256} << 10;
+  // Bytes each thread's cache may hold per device. key thread_cache_max_bytes (size,
+  // 512 B .. 1 GiB).
+  size_t thread_cache_max_bytes = size_t{4} << 20;
+  // Blocks each thread's cache may hold per device. key thread_cache_max_blocks
+  // (1 .. 65536).
+  size_t thread_cache_max_blocks = 256;
+
   // --- observability (runtime layer) -------------------------------------------------
   size_t trace_entries = 0;       // key trace_entries: event ring size (0 = off, <= 10^8)
   std::string http;               // key http: "ADDRESS:PORT" to serve on ("" = off)

@@ -41,6 +41,7 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       regular_(*backend_, config.max_split_size, segments_, free_, acct_),
       expandable_(MakeExpandable(*backend_, config, device_total_, segments_, free_, acct_)),
       reclaimer_(segments_, regular_, expandable_.get()) {
+  blocks_.set_cache_map(&block_map_);  // thread caches (device_pool_tcache.cc)
   if (config.expandable_segments == ExpandableMode::kOn && expandable_ == nullptr) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
@@ -50,15 +51,25 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
 }
 
 DevicePool::~DevicePool() {
+  detach_thread_caches();  // before the blocks go (device_pool_tcache.cc)
   MutexLock lock(&mu_);
   process_events_locked(/*wait=*/true);
-  if (const auto& allocated = blocks_.allocated_table(); !allocated.empty()) {
-    size_t bytes = 0;
-    for (const auto& [addr, b] : allocated) bytes += b->size;
+  // Allocated blocks: those in the allocated table and those thread caches handed out.
+  size_t leaked = 0;
+  size_t bytes = 0;
+  for (const auto& [addr, s] : segments_) {
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->state == BlockState::kAllocated) {
+        ++leaked;
+        bytes += b->size;
+      }
+    }
+  }
+  if (leaked != 0) {
     std::fprintf(stderr,
                  "devmem: %s: allocator destroyed with %zu blocks (%zu bytes) still "
                  "allocated; their memory is released anyway\n",
-                 device_.ToString().c_str(), allocated.size(), bytes);
+                 device_.ToString().c_str(), leaked, bytes);
   }
   // As everywhere memory goes back to the device: wait for work queued on the
   // segments' streams first (once per stream).
@@ -99,6 +110,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   AllocatorObserver* observer;
   {
     MutexLock lock(&mu_);
+    fold_own_cache_locked();  // this thread's cache hits first: exact peaks
     // What may need host memory comes before the first change, so that a
     // std::bad_alloc leaves the pool as it was.
     blocks_.prepare_allocation(site);
@@ -151,7 +163,14 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
       case RetryStage::kGrow:
         break;
       case RetryStage::kReleaseForSegment:
-        // Give back cached segments nobody uses (no waiting), enough for this one.
+        // First every thread's cache (an OOM must not happen while one holds enough),
+        // then cached segments nobody uses (no waiting), enough for this one.
+        if (drain_thread_caches_locked() > 0) {
+          if (Block* b = free_.take_best_fit(size, stream, config_.max_split_size)) {
+            acct_.count_cache_hit();
+            return b;
+          }
+        }
         if (reclaimer_.reclaim(segment_size, Urgency::kRetryRelease) == 0) continue;
         break;
       case RetryStage::kWaitAndReleaseAll:
@@ -218,6 +237,10 @@ Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream
 void DevicePool::free(void* ptr) {
   if (ptr == nullptr) return;
   MutexLock lock(&mu_);
+  free_locked(ptr);
+}
+
+void DevicePool::free_locked(void* ptr) {
   if (!blocks_.free(reinterpret_cast<uintptr_t>(ptr))) {
     throw InvalidArgumentError(describe_bad_pointer("free", ptr));
   }
@@ -225,7 +248,7 @@ void DevicePool::free(void* ptr) {
 
 void DevicePool::record_stream(void* ptr, Stream stream) {
   MutexLock lock(&mu_);
-  Block* b = blocks_.allocated(reinterpret_cast<uintptr_t>(ptr));
+  Block* b = find_allocated_locked(reinterpret_cast<uintptr_t>(ptr));
   if (b == nullptr) {
     throw InvalidArgumentError(describe_bad_pointer("record_stream", ptr));
   }
@@ -245,12 +268,14 @@ void DevicePool::process_events() {
 
 void DevicePool::empty_cache() {
   MutexLock lock(&mu_);
+  drain_thread_caches_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/true);
   reclaimer_.reclaim(SIZE_MAX, Urgency::kEmptyCache);
 }
 
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
+  drain_thread_caches_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.

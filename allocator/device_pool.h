@@ -48,6 +48,7 @@
 #include "absl/status/status.h"
 #include "allocator/backend.h"
 #include "allocator/block.h"
+#include "allocator/block_map.h"
 #include "allocator/block_states.h"
 #include "allocator/config.h"
 #include "allocator/event_queues.h"
@@ -62,6 +63,7 @@
 #include "allocator/segment_table.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
+#include "allocator/thread_cache.h"
 
 namespace devmem::internal {
 
@@ -91,6 +93,23 @@ class DevicePool {
   DeviceId device() const { return device_; }
   Backend& backend() const { return *backend_; }
   const Config& config() const { return config_; }
+
+  // --- thread caches: the front end (device_pool_tcache.cc, thread_cache.h) -------------
+  // allocate() and free() behind this thread's cache: a hit takes no lock.
+  // `size_hint` is what the caller asked allocate() for (0: unknown); it lets frees of
+  // large blocks skip the cache lookup.
+  void* allocate_front(size_t bytes, Stream stream, SiteId site);
+  void free_front(void* ptr, size_t size_hint);
+  // Folds every cache's counted hits into the statistics (stats exact when quiescent).
+  void sync_thread_caches();
+  // Gives every block in every thread cache back to the pool.
+  void drain_thread_caches();
+  // The observer the front end reports cache hits to (the same as set_observer's).
+  void set_front_observer(AllocatorObserver* observer) {
+    front_observer_.store(observer, std::memory_order_release);
+  }
+  // Thread exit (thread_cache.cc, registry mutex held): drains `cache` and unlists it.
+  void release_thread_cache(ThreadCache* cache);
 
  private:
   // tests/device_pool_invariants_test.cc corrupts a pool on purpose to show that
@@ -130,6 +149,52 @@ class DevicePool {
     }
   }
 
+  // --- thread caches (device_pool_tcache.cc) ------------------------------------------
+  // The device lock held by the caller, the rest of free(): `ptr` as free() takes it.
+  void free_locked(void* ptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The allocated block at `addr`, pool-owned (the allocated table) or cache-owned, or
+  // nullptr.
+  Block* find_allocated_locked(uintptr_t addr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ThreadCache* create_thread_cache();
+  // Slow paths of the front end.
+  void* cache_allocate_slow(ThreadCache* tc, size_t requested, Stream stream, SiteId site);
+  void cache_free_slow(ThreadCache* tc, void* ptr);
+  // The owner, device lock held: its cache is usable again and its window folded.
+  void resume_cache_locked(ThreadCache* tc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A bin of `tc` that may take `b` (claiming a stream slot, making room), or nullptr.
+  ThreadCache::Bin* bin_for_free_locked(ThreadCache* tc, const Block* b)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Quiesces every cache (thread_cache.h): afterwards their owners stay out until they
+  // take the device lock.
+  void quiesce_caches_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void fold_cache_locked(ThreadCache* tc) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Folds the calling thread's own cache (its owner may, without quiescing it), so
+  // that the pool's statistics change after its hits: peaks exact for one thread.
+  void fold_own_cache_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (ThreadCache* tc = tcache::Find(pool_id_)) fold_cache_locked(tc);
+  }
+  // Returns blocks from `tc`'s bins (all slots, or slot `only`) to the free sets until
+  // it holds at most `keep_bytes` and `keep_blocks`.
+  void flush_cache_locked(ThreadCache* tc, size_t keep_bytes, size_t keep_blocks,
+                          int only = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Quiesces, folds and empties every cache; returns the bytes given back.
+  size_t drain_thread_caches_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For the const readers (snapshot, validate): the caches' state is not part of the
+  // pool's logical value, so draining or quiescing them is allowed there.
+  size_t drain_for_read_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return const_cast<DevicePool*>(this)->drain_thread_caches_locked();
+  }
+  void quiesce_for_read_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A block of a bin goes back to the free sets (coalescing).
+  void release_cached_block(Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ~DevicePool: detaches every cache (their threads delete them) and counts the
+  // cache-owned blocks still allocated.
+  void detach_thread_caches();
+  // validate()'s share for the caches (device lock held, caches quiesced).
+  absl::Status validate_caches_locked(size_t thread_cached_blocks,
+                                      size_t cache_owned_allocated) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t reserved_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -164,6 +229,15 @@ class DevicePool {
   // memory.
   const std::unique_ptr<ExpandableSegments> expandable_ ABSL_PT_GUARDED_BY(mu_);
   Reclaimer reclaimer_ ABSL_GUARDED_BY(mu_);
+
+  // --- thread caches -----------------------------------------------------------------
+  const ThreadCacheLimits cache_limits_ = ThreadCacheLimitsFor(config_);
+  const uint64_t pool_id_ = tcache::NewPoolId();
+  // Cache-owned blocks by address: written under mu_, read by any thread.
+  BlockMap block_map_;
+  // Every live thread cache of this pool.
+  std::vector<ThreadCache*> caches_ ABSL_GUARDED_BY(mu_);
+  std::atomic<AllocatorObserver*> front_observer_{nullptr};
 };
 
 }  // namespace devmem::internal

@@ -12,6 +12,7 @@ namespace devmem::internal {
 
 DeviceStats DevicePool::stats() const {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   DeviceStats stats = acct_.stats();
   free_.summarize(&stats);
   return stats;
@@ -19,6 +20,7 @@ DeviceStats DevicePool::stats() const {
 
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   // The recycle trigger keeps its own high-water mark: resetting the user's peak must
   // not change how much is recycled.
   if (expandable_ != nullptr) {
@@ -29,16 +31,19 @@ void DevicePool::reset_peak_stats() {
 
 void DevicePool::reset_accumulated_stats() {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   acct_.reset_accumulated();
 }
 
 std::vector<SiteStats> DevicePool::site_stats() const {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   return acct_.site_stats();
 }
 
 std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
   MutexLock lock(&mu_);
+  quiesce_for_read_locked();  // fold the thread caches' hits
   return acct_.top_sites(k);
 }
 
@@ -49,6 +54,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
   // A driver call, made before taking the lock (backends are thread-safe).
   snap.mem_info = backend_->mem_info();
   MutexLock lock(&mu_);
+  drain_for_read_locked();  // no thread-cached block in a snapshot (snapshot.h)
   snap.stats = acct_.stats();
   free_.summarize(&snap.stats);
   snap.time_ns = CoarseNowNs();
@@ -70,7 +76,7 @@ AllocatorSnapshot DevicePool::snapshot() const {
 
 std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
   MutexLock lock(&mu_);
-  const Block* b = blocks_.allocated(reinterpret_cast<uintptr_t>(ptr));
+  const Block* b = find_allocated_locked(reinterpret_cast<uintptr_t>(ptr));
   if (b == nullptr) return std::nullopt;
   return BlockInfo{b->addr, b->size, b->requested, b->state, b->stream, b->site,
                    b->alloc_time_ns};

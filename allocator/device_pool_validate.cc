@@ -12,6 +12,8 @@ namespace devmem::internal {
 
 absl::Status DevicePool::validate() const {
   MutexLock lock(&mu_);
+  // Thread caches stay out while the lock is held, their hits folded in.
+  quiesce_for_read_locked();
   StatRecount rc;
   BlockTally tally;
   rc.sites.resize(acct_.site_stats().size());
@@ -38,6 +40,10 @@ absl::Status DevicePool::validate() const {
   }
   if (st = free_.validate_count(tally.free_blocks); !st.ok()) return st;
   if (st = blocks_.validate_count(tally.allocated_blocks); !st.ok()) return st;
+  if (st = validate_caches_locked(tally.thread_cached_blocks, tally.cache_owned_allocated);
+      !st.ok()) {
+    return st;
+  }
   // Every queued event belongs to a pending block of this pool, and each block has as
   // many queued events as it waits for (not only the totals agree).
   if (st = events_.validate(

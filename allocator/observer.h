@@ -4,9 +4,11 @@
 // allocator/ never includes runtime/.
 //
 // Thread-safety and cost: callbacks run on the allocating thread, WHILE THE
-// ALLOCATOR'S DEVICE LOCK IS HELD (so events are seen in the order they happened).
-// They must be short and non-blocking, must not throw, and must never call back into
-// any allocator. on_oom is the exception: it runs after the lock is released, just
+// ALLOCATOR'S DEVICE LOCK IS HELD (so events are seen in the order they happened),
+// except kAlloc and kFree of thread-cache hits (allocator/thread_cache.h), which run
+// without it, concurrently from several threads: on_event must be thread-safe. They
+// must be short and non-blocking, must not throw, and must never call back into any
+// allocator. on_oom is the exception: it runs after the lock is released, just
 // before OutOfMemoryError is thrown, and may take its time (write a dump file).
 #pragma once
 

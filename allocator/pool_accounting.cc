@@ -37,7 +37,46 @@ absl::Status CompareStat(const char* name, const StatArray& stat,
   return absl::OkStatus();
 }
 
+// Applies a window to the small pool's and the aggregate's entries of `a`. With
+// `sign` +1 the stat follows the window's running total (allocated, active,
+// requested); with -1 its negation (thread_cached). The peak moves to the window's
+// highest point above the current value, as if each change had been applied in turn.
+void ApplyWindow(StatArray& a, const WindowCounter& w, int sign) {
+  const int64_t up = sign > 0 ? w.up : w.down;
+  const int64_t down = sign > 0 ? w.down : w.up;
+  const int64_t hi = sign > 0 ? w.hi : -w.lo;
+  for (const int p : {static_cast<int>(kAggregatePool), static_cast<int>(kSmallPool)}) {
+    Stat& s = a[p];
+    const int64_t peak_at = s.current + hi;
+    if (peak_at > s.peak) s.peak = peak_at;
+    s.current += up - down;
+    s.allocated += up;
+    s.freed += down;
+  }
+}
+
 }  // namespace
+
+void PoolAccounting::fold_thread_cache(const CacheCounters& c) {
+  ApplyWindow(stats_.allocated_bytes, c.bytes, +1);
+  ApplyWindow(stats_.active_bytes, c.bytes, +1);
+  ApplyWindow(stats_.thread_cached_bytes, c.bytes, -1);
+  ApplyWindow(stats_.allocation, c.count, +1);
+  ApplyWindow(stats_.active, c.count, +1);
+  ApplyWindow(stats_.thread_cached, c.count, -1);
+  ApplyWindow(stats_.requested_bytes, c.requested, +1);
+  stats_.cache_hits += c.hits;
+  stats_.num_frees += c.frees;
+  for (const SiteId id : c.dirty) {
+    const SiteWindow& w = c.sites[id];
+    SiteStats& ss = site_stats_[id];
+    ss.peak_live_bytes = std::max(ss.peak_live_bytes, ss.live_bytes + w.hi_bytes);
+    ss.live_bytes += w.live_bytes;
+    ss.live_count += w.live_count;
+    ss.total_bytes += w.total_bytes;
+    ss.total_count += w.total_count;
+  }
+}
 
 PoolAccounting::PoolAccounting(DeviceId device, size_t max_split_size) : device_(device) {
   stats_.max_split_size = max_split_size >= static_cast<size_t>(INT64_MAX)
@@ -158,7 +197,9 @@ absl::Status PoolAccounting::validate(const StatRecount& rc) const {
            {"reserved_bytes", &stats_.reserved_bytes, &rc.reserved_bytes},
            {"inactive_split", &stats_.inactive_split, &rc.inactive_split},
            {"inactive_split_bytes", &stats_.inactive_split_bytes,
-            &rc.inactive_split_bytes}}) {
+            &rc.inactive_split_bytes},
+           {"thread_cached", &stats_.thread_cached, &rc.thread_cached},
+           {"thread_cached_bytes", &stats_.thread_cached_bytes, &rc.thread_cached_bytes}}) {
     if (absl::Status st = CompareStat(name, *stat, *recount); !st.ok()) return st;
   }
   if (stats_.oversize_allocations.current != rc.oversize_allocations ||
@@ -166,12 +207,13 @@ absl::Status PoolAccounting::validate(const StatRecount& rc) const {
     return Violation("oversize counters differ from a recount");
   }
   for (int p = 0; p < kNumStatPools; ++p) {
-    if (rc.reserved_bytes[p] !=
-        rc.allocated_bytes[p] + rc.pending_bytes[p] + rc.free_bytes[p]) {
+    if (rc.reserved_bytes[p] != rc.allocated_bytes[p] + rc.pending_bytes[p] +
+                                    rc.free_bytes[p] + rc.thread_cached_bytes[p]) {
       return Violation(absl::StrFormat(
-          "reserved %d != allocated %d + pending %d + cached %d (pool %d)",
+          "reserved %d != allocated %d + pending %d + cached %d + thread-cached %d "
+          "(pool %d)",
           rc.reserved_bytes[p], rc.allocated_bytes[p], rc.pending_bytes[p],
-          rc.free_bytes[p], p));
+          rc.free_bytes[p], rc.thread_cached_bytes[p], p));
     }
   }
   for (size_t id = 0; id < site_stats_.size(); ++id) {

@@ -23,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "allocator/block.h"
+#include "allocator/cache_counters.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/stats.h"
@@ -34,7 +35,7 @@ struct StatRecount {
   using PerPool = std::array<int64_t, kNumStatPools>;
   PerPool allocation{}, allocated_bytes{}, requested_bytes{}, active{}, active_bytes{},
       pending_bytes{}, segment{}, reserved_bytes{}, inactive_split{},
-      inactive_split_bytes{}, free_bytes{};
+      inactive_split_bytes{}, free_bytes{}, thread_cached{}, thread_cached_bytes{};
   int64_t oversize_allocations = 0, oversize_segments = 0;
   std::vector<SiteStats> sites;  // live_bytes and live_count only
 
@@ -116,6 +117,26 @@ class PoolAccounting {
     DecreaseStat(stats_.inactive_split_bytes, b->segment->small_pool,
                  static_cast<int64_t>(b->size));
   }
+
+  // --- thread caches (allocator/thread_cache.h) ---------------------------------------
+  // A free block (out of its free set) or a user-freed block (after block_freed_by_user
+  // and block_inactive) entered a thread cache's bin.
+  void block_to_thread_cache(const Block* b) {
+    IncreaseStat(stats_.thread_cached, b->segment->small_pool, 1);
+    IncreaseStat(stats_.thread_cached_bytes, b->segment->small_pool,
+                 static_cast<int64_t>(b->size));
+  }
+  // A block left a thread cache's bin for the free sets.
+  void block_from_thread_cache(const Block* b) {
+    DecreaseStat(stats_.thread_cached, b->segment->small_pool, 1);
+    DecreaseStat(stats_.thread_cached_bytes, b->segment->small_pool,
+                 static_cast<int64_t>(b->size));
+  }
+  // Adds a thread cache's window of hits (cache_counters.h): allocations from its bins
+  // are allocations (allocated, active, requested, site live and total counts) and
+  // leave thread_cached; frees into them the reverse. The sites' counters exist
+  // (reserve_site of the largest dirty site).
+  void fold_thread_cache(const CacheCounters& c);
 
   // --- segment state changes -------------------------------------------------------
   // A regular segment was allocated from the backend.

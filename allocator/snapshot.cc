@@ -11,6 +11,7 @@ std::string_view BlockStateName(BlockState state) {
     case BlockState::kAllocated: return "allocated";
     case BlockState::kFree: return "free";
     case BlockState::kPending: return "pending";
+    case BlockState::kThreadCached: return "thread_cached";
   }
   return "unknown";
 }

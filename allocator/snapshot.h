@@ -17,6 +17,9 @@ enum class BlockState : uint8_t {
   kAllocated = 0,  // held by the user
   kFree = 1,       // cached: ready for reuse on its stream
   kPending = 2,    // freed by the user, waiting for events on other streams
+  // Internal: in a thread cache (allocator/thread_cache.h). Never in a snapshot:
+  // snapshot() first gives every thread-cached block back to the pool.
+  kThreadCached = 3,
 };
 std::string_view BlockStateName(BlockState state);
 

@@ -83,6 +83,7 @@ std::string DeviceStats::ToString() const {
   AppendStat(&out, "Reserved memory", reserved_bytes, Bytes);
   AppendStat(&out, "Inactive split memory", inactive_split_bytes, Bytes);
   AppendStat(&out, "Pending memory", pending_bytes, Bytes);
+  AppendStat(&out, "Thread-cached memory", thread_cached_bytes, Bytes);
   AppendStat(&out, "Allocations", allocation, Count);
   AppendStat(&out, "Active allocs", active, Count);
   AppendStat(&out, "Reserved segments", segment, Count);

@@ -10,9 +10,18 @@
 //   inactive_split  free blocks that are part of a split segment (fragmentation)
 //   requested       bytes the user asked for (before 512 B rounding) of allocated blocks
 //   reserved        segment bytes held from the driver
+//   thread_cached   free blocks held in per-thread caches (allocator/thread_cache.h);
+//                   not allocated, not active
 //   cached          reserved - active: free blocks, ready to be handed out again
+//                   (those in the free sets and those in thread caches)
 // Invariant (checked by CachingAllocator::validate()):
-//   reserved == allocated + pending + cached, every value equals a recount.
+//   reserved == allocated + pending + free-set bytes + thread_cached, every value
+//   equals a recount.
+// With thread caches, cache hits are counted per thread and folded in when stats are
+// read (CachingAllocator::stats() quiesces the caches), so every current value and
+// total is exact whenever no allocation or free runs concurrently; a peak is exact
+// for one thread, and with several may be off by what the others' caches served
+// between two folds (docs/architecture.md, "Thread caches").
 #pragma once
 
 #include <array>
@@ -70,6 +79,8 @@ struct DeviceStats {
   StatArray inactive_split_bytes;
   StatArray requested_bytes;
   StatArray pending_bytes;        // freed by the user, waiting for events
+  StatArray thread_cached;        // blocks in thread caches (small pool only)
+  StatArray thread_cached_bytes;
   // blocks and segments of oversize segments (made for requests >= max_split_size)
   Stat oversize_allocations;
   Stat oversize_segments;
@@ -107,7 +118,8 @@ void ForEachStat(DeviceStats& stats, Fn&& fn) {
   for (StatArray* a : {&stats.allocation, &stats.segment, &stats.active,
                        &stats.inactive_split, &stats.allocated_bytes, &stats.reserved_bytes,
                        &stats.active_bytes, &stats.inactive_split_bytes,
-                       &stats.requested_bytes, &stats.pending_bytes}) {
+                       &stats.requested_bytes, &stats.pending_bytes,
+                       &stats.thread_cached, &stats.thread_cached_bytes}) {
     for (Stat& s : *a) fn(s);
   }
   fn(stats.oversize_allocations);

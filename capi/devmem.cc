@@ -279,7 +279,9 @@ void* devmem_torch_alloc(ssize_t size, int device, void* stream) {
 void devmem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   if (ptr == nullptr) return;
   const int rc = Guard([&] {
-    devmem::AllocatorFor(device).free(ptr);
+    // PyTorch passes the size it asked for: a hint that skips the thread caches'
+    // lookup for large blocks (a negative one means unknown).
+    devmem::AllocatorFor(device).free(ptr, size > 0 ? static_cast<size_t>(size) : 0);
     return DEVMEM_OK;
   });
   if (rc != DEVMEM_OK) devmem::ReportOnStderr("devmem_torch_free");

@@ -121,8 +121,9 @@ TEST(CachingAllocatorErrorsTest, FreeOfUnknownPointer) {
   EXPECT_VALID(*t);
 }
 
+// The pool's messages (thread-cached double frees: thread_cache_test.cc).
 TEST(CachingAllocatorErrorsTest, DoubleFree) {
-  SimAllocator t = MakeSimAllocator();
+  SimAllocator t = MakeSimAllocator("thread_cache:false");
   void* p = t->allocate(4096);
   void* q = t->allocate(4096);  // keeps the segment split
   t->free(p);
@@ -169,7 +170,7 @@ TEST(CachingAllocatorErrorsTest, FreeOfInteriorPointer) {
 // not reported as a plain double free; at the end of a segment too, where no block
 // starts at it.
 TEST(CachingAllocatorErrorsTest, FreeOfPointerOnePastTheEnd) {
-  SimAllocator t = MakeSimAllocator("expandable_segments:false");
+  SimAllocator t = MakeSimAllocator("expandable_segments:false,thread_cache:false");
   void* p = t->allocate(8192);  // the rest of its 2 MiB segment stays free
   void* end = Ptr(p) + 8192;
   std::string msg = ExpectInvalidArgument(t, [&] { t->free(end); });
@@ -263,7 +264,7 @@ TEST(CachingAllocatorErrorsTest, FreeOfPendingBlock) {
 }
 
 TEST(CachingAllocatorErrorsTest, RecordStreamOnBadPointers) {
-  SimAllocator t = MakeSimAllocator();
+  SimAllocator t = MakeSimAllocator("thread_cache:false");
   Stream B = NewStream(*t);
   void* p = t->allocate(4096);
   void* q = t->allocate(4096);

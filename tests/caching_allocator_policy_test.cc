@@ -391,8 +391,9 @@ TEST(CachingAllocatorPolicyTest, BestFitLargePool) {
   EXPECT_VALID(*t);
 }
 
+// The pool's best fit (thread caches off: they would serve the frees below).
 TEST(CachingAllocatorPolicyTest, BestFitSmallPool) {
-  SimAllocator t = MakeSimAllocator();
+  SimAllocator t = MakeSimAllocator("thread_cache:false");
   void* A = t->allocate(8 * kKiB);
   void* s1 = t->allocate(512);
   void* C = t->allocate(32 * kKiB);
@@ -418,7 +419,8 @@ TEST(CachingAllocatorPolicyTest, BestFitSmallPool) {
 TEST(CachingAllocatorPolicyTest, BestFitPrefersLowestAddressAmongEqualSizes) {
   for (bool free_low_first : {true, false}) {
     SCOPED_TRACE(free_low_first ? "low freed first" : "high freed first");
-    SimAllocator t = MakeSimAllocator();
+    // The pool's order (a thread cache would hand back the last block freed).
+    SimAllocator t = MakeSimAllocator("thread_cache:false");
     void* lo = t->allocate(3 * kMiB);
     void* s1 = t->allocate(2 * kMiB);
     void* hi = t->allocate(3 * kMiB);
@@ -1171,8 +1173,10 @@ TEST(CachingAllocatorStatsTest, FreshAllocatorIsEmpty) {
   EXPECT_VALID(*t);
 }
 
+// The pool's statistics, block by block (thread caches off; thread_cache_test.cc
+// checks them with caches on).
 TEST(CachingAllocatorStatsTest, SmallPoolLifecycle) {
-  SimAllocator t = MakeSimAllocator();
+  SimAllocator t = MakeSimAllocator("thread_cache:false");
   void* p1 = t->allocate(1000);
   DeviceStats s = t->stats();
   for (int pool : {kAggregatePool, kSmallPool}) {

@@ -471,8 +471,8 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
   }
 }
 
-void TwoThreadsThreeStreams(const std::string& conf, uint64_t default_seed,
-                            uint64_t ops) {
+void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_t ops,
+                         int threads) {
   const uint64_t seed = testutil::TestSeed(default_seed);
   const bool expandable = conf.find("expandable_segments:true") != std::string::npos;
   SCOPED_TRACE(absl::StrCat("seed=", seed, " ops/thread=", ops, " conf=", conf,
@@ -490,13 +490,16 @@ void TwoThreadsThreeStreams(const std::string& conf, uint64_t default_seed,
   sh.seed = seed;
   sh.streams = {Stream{}, NewStream(*t), NewStream(*t)};
 
-  ThreadResult results[2];
-  results[0].site = InternNamedSite("random_test.cc", 1, "thread0", SiteKind::kAlloc);
-  results[1].site = InternNamedSite("random_test.cc", 2, "thread1", SiteKind::kClone);
-  std::thread th0(RunThread, std::ref(sh), 0, ops, size_t{300}, &results[0]);
-  std::thread th1(RunThread, std::ref(sh), 1, ops, size_t{200}, &results[1]);
-  th0.join();
-  th1.join();
+  std::vector<ThreadResult> results(static_cast<size_t>(threads));
+  std::vector<std::thread> workers;
+  for (int i = 0; i < threads; ++i) {
+    results[i].site = InternNamedSite("random_test.cc", i + 1, absl::StrCat("thread", i),
+                                      i % 2 == 0 ? SiteKind::kAlloc : SiteKind::kClone);
+    // 500 live buffers in all, as the two-thread runs always had.
+    const size_t max_live = threads == 2 ? (i == 0 ? 300 : 200) : 500 / threads;
+    workers.emplace_back(RunThread, std::ref(sh), i, ops, max_live, &results[i]);
+  }
+  for (std::thread& w : workers) w.join();
   // Buffers still in the mailbox: free them here (the pattern must be intact).
   for (const Buf& b : sh.mailbox) {
     EXPECT_EQ(CheckPattern(b.p, b.n, b.id), SIZE_MAX) << "mailbox buffer " << b.id;
@@ -513,18 +516,20 @@ void TwoThreadsThreeStreams(const std::string& conf, uint64_t default_seed,
   EXPECT_EQ(model.violation(), "") << "the allocator's own event stream broke the model";
   EXPECT_EQ(model.pending(), 0u) << "pending frees never completed";
 
-  int64_t allocs = 0, frees = 0, ooms = 0, records = 0;
+  int64_t allocs = 0, frees = 0, ooms = 0, records = 0, validates = 0, handed_off = 0;
   for (const ThreadResult& r : results) {
     allocs += r.allocs;
     frees += r.frees;
     ooms += r.ooms;
     records += r.record_streams;
+    validates += r.validates;
+    handed_off += r.handed_off;
   }
   std::cout << "[ random ] seed=" << seed << " allocs=" << allocs << " ooms=" << ooms
             << " record_streams=" << records << " validates="
-            << results[0].validates + results[1].validates
+            << validates
             << " pending_completed=" << model.completed()
-            << " handed_off=" << results[0].handed_off + results[1].handed_off
+            << " handed_off=" << handed_off
             << " events=" << model.events() << std::endl;
   if (!sh.failed) {
     // The run exercised what it claims to.
@@ -532,6 +537,10 @@ void TwoThreadsThreeStreams(const std::string& conf, uint64_t default_seed,
     EXPECT_GT(records, static_cast<int64_t>(ops / 100));
     EXPECT_GT(model.completed(), static_cast<int64_t>(ops / 200)) << "few pending frees";
     EXPECT_GT(allocs, static_cast<int64_t>(ops / 2));
+    if (conf.find("thread_cache:false") == std::string::npos) {
+      EXPECT_GT(t->stats().thread_cached[kAggregatePool].allocated, 0)
+          << "no block ever entered a thread cache";
+    }
   }
   EXPECT_EQ(allocs, frees);
 
@@ -569,29 +578,51 @@ void TwoThreadsThreeStreams(const std::string& conf, uint64_t default_seed,
 }
 
 TEST(CachingAllocatorRandomTest, TwoThreadsThreeStreamsFrequentOom) {
-  TwoThreadsThreeStreams(
+  ThreadsThreeStreams(
       "sim_capacity:256MiB", 0x5eed0001,
-      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread));
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread), 2);
 }
 
 TEST(CachingAllocatorRandomTest, TwoThreadsMaxSplitAndGc) {
-  TwoThreadsThreeStreams(
+  ThreadsThreeStreams(
       "sim_capacity:256MiB,max_split_size_mb:24,garbage_collection_threshold:0.6", 0x5eed0003,
-      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4);
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2);
 }
 
 TEST(CachingAllocatorRandomTest, TwoThreadsExpandableSegments) {
-  TwoThreadsThreeStreams(
+  ThreadsThreeStreams(
       "sim_capacity:256MiB,expandable_segments:true", 0x5eed0004,
-      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4);
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2);
 }
 
 // Recycling on every growth (threshold 0) on a small device: runs split around holes
 // and merge again all the time, across three streams, with frequent OOMs.
 TEST(CachingAllocatorRandomTest, TwoThreadsExpandableRecycling) {
-  TwoThreadsThreeStreams(
+  ThreadsThreeStreams(
       "sim_capacity:96MiB,expandable_segments:true,expandable_recycle_threshold:0",
-      0x5eed0006, testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4);
+      0x5eed0006, testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2);
+}
+
+// The same model with the thread caches off: the pool alone.
+TEST(CachingAllocatorRandomTest, TwoThreadsNoThreadCaches) {
+  ThreadsThreeStreams(
+      "sim_capacity:256MiB,thread_cache:false", 0x5eed0008,
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2);
+}
+
+// Four threads with thread caches (the default), buffers freed on other threads than
+// their own, a small device (frequent OOMs, so the retry drains other threads' caches
+// while they run) and small cache bounds (frequent flushes).
+TEST(CachingAllocatorRandomTest, FourThreadsThreadCachesSmallDevice) {
+  ThreadsThreeStreams(
+      "sim_capacity:128MiB,thread_cache_max_blocks:16,thread_cache_max_bytes:512KiB",
+      0x5eed0009, testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 8, 4);
+}
+
+TEST(CachingAllocatorRandomTest, FourThreadsThreadCachesExpandable) {
+  ThreadsThreeStreams(
+      "sim_capacity:128MiB,expandable_segments:true", 0x5eed000a,
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 8, 4);
 }
 
 // One thread, so the model can predict the allocation statistics exactly after every

@@ -209,6 +209,11 @@ const std::set<std::string_view> kRuntimeKeys = {
     "http_metrics_token",   // runtime_http_test.cc (HttpMetricsTokenGuardsMetricsToo)
     "oom_dump_dir",         // runtime_oom_test.cc
     "site_top_k",           // runtime_metrics_test.cc
+    // Reached through CachingAllocator, tested where they act: thread_cache_test.cc
+    // (OffMeansNoThreadCachedBlocks, CountsAndBytesAreBounded,
+    // LargeRequestsAndRecordStreamBypassTheCache).
+    "thread_cache", "thread_cache_max_size", "thread_cache_max_bytes",
+    "thread_cache_max_blocks",
 };
 
 TEST(ConfigReachTest, KeysAreAllCovered) {

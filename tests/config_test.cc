@@ -140,6 +140,22 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
        [](const Config& c) { return c.per_process_memory_fraction == 1; }},
       {"per_process_memory_fraction:0.0001",
        [](const Config& c) { return c.per_process_memory_fraction == 0.0001; }},
+      {"thread_cache:false", [](const Config& c) { return !c.thread_cache; }},
+      {"thread_cache:on", [](const Config& c) { return c.thread_cache; }},
+      {"thread_cache_max_size:512",
+       [](const Config& c) { return c.thread_cache_max_size == 512; }},
+      {"thread_cache_max_size:1MiB",
+       [](const Config& c) { return c.thread_cache_max_size == kMiB; }},
+      {"thread_cache_max_size:32K",
+       [](const Config& c) { return c.thread_cache_max_size == 32 * kKiB; }},
+      {"thread_cache_max_bytes:512",
+       [](const Config& c) { return c.thread_cache_max_bytes == 512; }},
+      {"thread_cache_max_bytes:1GiB",
+       [](const Config& c) { return c.thread_cache_max_bytes == kGiB; }},
+      {"thread_cache_max_blocks:1",
+       [](const Config& c) { return c.thread_cache_max_blocks == 1; }},
+      {"thread_cache_max_blocks:65536",
+       [](const Config& c) { return c.thread_cache_max_blocks == 65536; }},
       {"trace_entries:0", [](const Config& c) { return c.trace_entries == 0; }},
       {"trace_entries:100000000",
        [](const Config& c) { return c.trace_entries == 100'000'000; }},
@@ -277,6 +293,18 @@ TEST(ParseConfigTest, EveryKeyRejectsBadValuesNamingKeyAndValue) {
       {"per_process_memory_fraction", "inf", "not a finite number"},
       {"per_process_memory_fraction", "NaN", "not a finite number"},
       {"per_process_memory_fraction", "50%", "is not a number"},
+      {"thread_cache", "maybe", "is not a boolean"},
+      {"thread_cache_max_size", "0", "out of range (512B .. 1MiB)"},
+      {"thread_cache_max_size", "511", "out of range (512B .. 1MiB)"},
+      {"thread_cache_max_size", "2MiB", "out of range (512B .. 1MiB)"},
+      {"thread_cache_max_size", "1000", "not a multiple of 512B"},
+      {"thread_cache_max_size", "big", "is not a size"},
+      {"thread_cache_max_bytes", "100", "out of range (512B .. 1GiB)"},
+      {"thread_cache_max_bytes", "2GiB", "out of range (512B .. 1GiB)"},
+      {"thread_cache_max_bytes", "-1", "is negative"},
+      {"thread_cache_max_blocks", "0", "out of range (1 .. 65536)"},
+      {"thread_cache_max_blocks", "65537", "out of range (1 .. 65536)"},
+      {"thread_cache_max_blocks", "1.5", "is not an integer"},
       {"trace_entries", "100000001", "out of range (0 .. 100000000)"},
       {"trace_entries", "-1", "is negative"},
       {"trace_entries", "x", "is not an integer"},
@@ -494,7 +522,9 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "sim_free_latency_us:0,sim_fail_nth:0,sim_fail_probability:0,sim_seed:0,"
             "sim_devices:64,max_split_size_mb:none,garbage_collection_threshold:0,"
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
-            "per_process_memory_fraction:1,trace_entries:0,"
+            "per_process_memory_fraction:1,thread_cache:true,"
+            "thread_cache_max_size:256KiB,thread_cache_max_bytes:4MiB,"
+            "thread_cache_max_blocks:256,trace_entries:0,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
             "http_metrics_token:false,oom_dump_dir:,site_top_k:10");
 }
@@ -564,6 +594,10 @@ TEST(ToStringTest, RoundTripsRandomValidConfigs) {
     c.expandable_recycle_threshold =
         i % 4 == 0 ? std::numeric_limits<double>::infinity() : 4 * real();
     c.per_process_memory_fraction = 1.0 - real();  // (0, 1]
+    c.thread_cache = uniform(0, 1);
+    c.thread_cache_max_size = uniform(1, 2048) * 512;
+    c.thread_cache_max_bytes = uniform(512, kGiB);
+    c.thread_cache_max_blocks = uniform(1, 65536);
     c.trace_entries = uniform(0, 100'000'000);
     c.http = addresses[uniform(0, addresses.size() - 1)];
     c.http_token_file = random_string();
@@ -786,6 +820,10 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.expandable_segments = ExpandableMode::kOn;
   base.expandable_recycle_threshold = 0.5;
   base.per_process_memory_fraction = 0.5;
+  base.thread_cache = false;
+  base.thread_cache_max_size = 512;
+  base.thread_cache_max_bytes = 512;
+  base.thread_cache_max_blocks = 1;
   base.trace_entries = 1;
   base.http = "localhost:1";
   base.http_token_file = "x";

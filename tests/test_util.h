@@ -162,6 +162,8 @@ inline ::testing::AssertionResult StatsEqual(const DeviceStats& a, const DeviceS
   arr("inactive_split_bytes", a.inactive_split_bytes, b.inactive_split_bytes);
   arr("requested_bytes", a.requested_bytes, b.requested_bytes);
   arr("pending_bytes", a.pending_bytes, b.pending_bytes);
+  arr("thread_cached", a.thread_cached, b.thread_cached);
+  arr("thread_cached_bytes", a.thread_cached_bytes, b.thread_cached_bytes);
   one("oversize_allocations", a.oversize_allocations, b.oversize_allocations);
   one("oversize_segments", a.oversize_segments, b.oversize_segments);
   num("num_alloc_retries", a.num_alloc_retries, b.num_alloc_retries);
@@ -206,6 +208,8 @@ inline ::testing::AssertionResult StatIdentitiesHold(const DeviceStats& s) {
   arr("inactive_split_bytes", s.inactive_split_bytes);
   arr("requested_bytes", s.requested_bytes);
   arr("pending_bytes", s.pending_bytes);
+  arr("thread_cached", s.thread_cached);
+  arr("thread_cached_bytes", s.thread_cached_bytes);
   check("oversize_allocations", 0, s.oversize_allocations);
   check("oversize_segments", 0, s.oversize_segments);
   for (int i = 0; i < kNumStatPools; ++i) {

@@ -208,6 +208,7 @@ std::string_view TorchState(BlockState s) {
     case BlockState::kAllocated: return "active_allocated";
     case BlockState::kPending: return "active_pending_free";
     case BlockState::kFree: return "inactive";
+    case BlockState::kThreadCached: return "inactive";  // never in a snapshot
   }
   return "inactive";
 }

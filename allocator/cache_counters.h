@@ -1,0 +1,64 @@
+// allocator/cache_counters.h: what a thread cache counts between two folds into its
+// pool's statistics (internal; allocator/thread_cache.h, pool_accounting.h).
+//
+// A cache hit (allocation from a thread cache, or a free into one) takes no lock, so it
+// cannot change DeviceStats; it counts here instead, in fields only the owning thread
+// writes. PoolAccounting::fold_thread_cache adds a window of counts to the statistics
+// with the device lock held and the cache quiesced (thread_cache.h), after which the
+// window starts again from zero. `hi`/`lo` are the highest and lowest running totals
+// within the window, so that a fold can move each Stat's peak exactly as if every hit
+// had been applied at once: exact for one thread; with several, each thread's window is
+// applied on top of the others' folded totals (docs/architecture.md, "Thread caches").
+//
+// Thread-safety: none; the owner writes during an operation, the pool reads and resets
+// while the cache is quiesced.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "allocator/site.h"
+
+namespace devmem::internal {
+
+// A running total within a window: up (added), down (taken), and its extremes.
+struct WindowCounter {
+  int64_t up = 0;
+  int64_t down = 0;
+  int64_t hi = 0;  // max of up - down within the window (>= 0)
+  int64_t lo = 0;  // min of up - down within the window (<= 0)
+  void add(int64_t n) {
+    up += n;
+    if (up - down > hi) hi = up - down;
+  }
+  void sub(int64_t n) {
+    down += n;
+    if (up - down < lo) lo = up - down;
+  }
+  bool empty() const { return up == 0 && down == 0; }
+};
+
+// One site's share of a window.
+struct SiteWindow {
+  int64_t live_bytes = 0;  // allocated minus freed, bytes
+  int64_t live_count = 0;
+  int64_t total_bytes = 0;  // allocated
+  int64_t total_count = 0;
+  int64_t hi_bytes = 0;    // max of live_bytes within the window
+  bool dirty = false;       // listed in CacheCounters::dirty
+};
+
+struct CacheCounters {
+  // Allocations from the cache add, frees into it subtract (all small-pool blocks).
+  WindowCounter bytes;      // block bytes: allocated and active (+), thread-cached (-)
+  WindowCounter count;      // blocks, likewise
+  WindowCounter requested;  // requested bytes
+  int64_t hits = 0;         // allocations served (DeviceStats::cache_hits)
+  int64_t frees = 0;        // user frees taken (DeviceStats::num_frees)
+  std::vector<SiteWindow> sites;  // by SiteId; grown under the device lock only
+  std::vector<SiteId> dirty;      // sites touched in this window (capacity reserved)
+
+  bool empty() const { return bytes.empty() && count.empty() && hits == 0 && frees == 0; }
+};
+
+}  // namespace devmem::internal
