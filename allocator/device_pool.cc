@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "allocator/arena_internal.h"
 #include "allocator/errors.h"
 
 namespace devmem::internal {
@@ -135,7 +136,9 @@ Block* DevicePool::new_segment_with_retry(size_t requested, size_t size, Stream 
       case RetryStage::kGrow:
         break;
       case RetryStage::kReleaseForSegment:
-        // Give back cached segments nobody uses (no waiting), enough for this one.
+        // Give back cached segments nobody uses (no waiting), enough for this one,
+        // after freeing the arenas' empty retained chunks, which pin segments.
+        take_back_arena_chunks();
         if (release_unused(segment_size) == 0) continue;
         break;
       case RetryStage::kWaitAndReleaseAll:
@@ -545,6 +548,7 @@ void DevicePool::fill_oom_report(size_t requested, size_t size, size_t segment_s
   r->segment_count = segments_.size();
   r->top_sites = acct_.top_sites(10);
   r->copy_bytes = acct_.copy_bytes();
+  if (arena_hook_ != nullptr) arena_hook_->describe(r);
   ChooseRemedy(r, config_.max_split_size, use_expandable_,
                backend_->caps().virtual_memory && granularity_ > 0);
 }

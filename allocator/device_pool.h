@@ -47,6 +47,8 @@
 
 namespace devmem::internal {
 
+class ArenaPoolHook;  // allocator/arena_internal.h
+
 class DevicePool {
  public:
   DevicePool(std::unique_ptr<Backend> backend, const Config& config);
@@ -69,6 +71,9 @@ class DevicePool {
   std::optional<BlockInfo> find_allocation(const void* ptr) const;
   absl::Status validate() const;  // defined in device_pool_validate.cc
   void set_observer(AllocatorObserver* observer);
+  // The arenas of this allocator (allocator/arena_internal.h): the staged retry takes
+  // their retained chunks back, and OOM reports say what they hold. nullptr: none.
+  void set_arena_hook(ArenaPoolHook* hook);  // device_pool_arena.cc
 
   DeviceId device() const { return device_; }
   Backend& backend() const { return *backend_; }
@@ -170,6 +175,10 @@ class DevicePool {
   // reserved + incoming fits under the threshold.
   void garbage_collect(size_t incoming) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Frees the arenas' retained chunks (allocated blocks to the pool) so that the
+  // staged retry can release their segments. Returns how many (device_pool_arena.cc).
+  size_t take_back_arena_chunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void fill_oom_report(size_t requested, size_t size, size_t segment_size,
@@ -210,6 +219,7 @@ class DevicePool {
   // The free sets and spare Block objects (reports to acct_, so declared after it).
   FreeIndex free_ ABSL_GUARDED_BY(mu_);
   uint64_t use_clock_ ABSL_GUARDED_BY(mu_) = 0;  // ticks once per allocation
+  ArenaPoolHook* arena_hook_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace devmem::internal

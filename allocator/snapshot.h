@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "allocator/arena.h"
 #include "allocator/site.h"
 #include "allocator/stats.h"
 #include "allocator/types.h"
@@ -45,6 +46,9 @@ struct AllocatorSnapshot {
   MemInfo mem_info;
   DeviceStats stats;
   std::vector<SegmentInfo> segments;  // address order
+  // Live buffers of scoped arenas, by chunk (each chunk is one allocated block above,
+  // of an arena site).
+  std::vector<ArenaBufferInfo> arena_buffers;
   int64_t time_ns = 0;                // monotonic clock when taken
 };
 
