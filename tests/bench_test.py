@@ -18,7 +18,8 @@ import sys
 bench = sys.argv[1]
 FIGURES = ["pair_ns_small", "jemalloc_pair_ns_small", "ratio_small", "pair_ns_mixed",
            "jemalloc_pair_ns_mixed", "ratio_mixed", "tensor_copy_ns", "slice_ns",
-           "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio"]
+           "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio",
+           "arena_pair_ns", "arena_pool_pair_ns", "arena_step_ns", "pool_step_ns"]
 
 
 def fail(why):

@@ -19,6 +19,8 @@
 // workload on one allocator, passes alternating between a TraceRing attached (two
 // events per pair) with a call site interned per allocation (InternSite), and neither;
 // the ratio is of the medians. Target <= 1.25.
+// Scoped arenas: arena_pair_ns, arena_pool_pair_ns, arena_step_ns, pool_step_ns
+// (tools/bench_arena.h says what each measures).
 // Absolute numbers depend on the machine; the ratios are what to compare.
 // Exit status: 0; 1 when a segment was allocated while timing (the figures are printed,
 // then a message); 2 bad arguments or a malformed DEVMEM_CONF (whose policy keys apply;
@@ -43,6 +45,7 @@
 #include "allocator/site.h"
 #include "runtime/trace.h"
 #include "tensor/bench_kernels.h"
+#include "tools/bench_arena.h"
 
 namespace devmem {
 namespace {
@@ -196,6 +199,7 @@ int Main(int argc, char** argv) {
   const double atomic_pair_ns = bench::AtomicPairNs();
   const TracingFigures tracing = MeasureTracing(LogUniformSizes(512, kMiB, 1), *env);
   const double tracing_ratio = tracing.traced_ns / tracing.plain_ns;
+  const bench::ArenaFigures arena = bench::MeasureArena(*env);  // tools/bench_arena.h
   const long long timed_segment_allocs = static_cast<long long>(
       small.timed_segment_allocs + mixed.timed_segment_allocs + tracing.timed_segment_allocs);
   // The figures are of cache hits only: a segment allocated while timing means some
@@ -223,6 +227,9 @@ int Main(int argc, char** argv) {
     std::printf(", \"untraced_pair_ns\": %.1f, \"traced_pair_ns\": %.1f, "
                 "\"tracing_overhead_ratio\": %.3f",
                 tracing.plain_ns, tracing.traced_ns, tracing_ratio);
+    std::printf(", \"arena_pair_ns\": %.1f, \"arena_pool_pair_ns\": %.1f, \"arena_step_ns\": %.2f, "
+                "\"pool_step_ns\": %.2f", arena.arena_pair_ns, arena.pool_pair_ns,
+                arena.arena_step_ns, arena.pool_step_ns);
     std::printf("}\n");
     return check_cache_hits();
   }
