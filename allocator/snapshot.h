@@ -47,7 +47,8 @@ struct AllocatorSnapshot {
   DeviceStats stats;
   std::vector<SegmentInfo> segments;  // address order
   // Live buffers of scoped arenas, by chunk (each chunk is one allocated block above,
-  // of an arena site).
+  // of an arena site). Read just after `segments`, under the arenas' locks rather than
+  // the device lock: with arena frees running meanwhile the two may differ by those.
   std::vector<ArenaBufferInfo> arena_buffers;
   int64_t time_ns = 0;                // monotonic clock when taken
 };

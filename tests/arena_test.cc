@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "allocator/arena.h"
+#include "allocator/arena_internal.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/errors.h"
 #include "allocator/oom_report.h"
@@ -457,6 +458,35 @@ TEST(Arena, NamesAreBoundedForLabels) {
   EXPECT_EQ(r.arenas.size(), kMaxArenaNames + 1);
   EXPECT_EQ(r.arenas.back().name, "other");
   EXPECT_EQ(r.arenas.back().scopes_closed, 5);
+}
+
+TEST(Arena, ValidateNoticesLiveCountsAndSideTablesThatDisagree) {
+  SimAllocator t = MakeSimAllocator();
+  ArenaScope arena(*t, "step");
+  void* a = t->allocate(1000);
+  void* b = t->allocate(1000);
+  ASSERT_VALID(*t);
+  // Reach the chunk as the owning thread sees it (the internal header's thread-local).
+  internal::ArenaChunk* c = internal::t_arena_top->current;
+  ASSERT_NE(c, nullptr);
+  c->live.fetch_add(internal::LivePack(1, 0));  // one buffer too many
+  absl::Status s = t->validate();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("live count"), std::string::npos) << s;
+  c->live.fetch_sub(internal::LivePack(1, 0));
+  ASSERT_VALID(*t);
+  // A slot claiming 3 units at +0 overlaps the buffer at +1024.
+  const uint64_t saved = c->slots[0].load();
+  c->slots[0].store((uint64_t{3} << 32) | (saved & 0xffffffffu));
+  c->live.fetch_add(1);  // keep the units in step, so the overlap is what is caught
+  s = t->validate();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.ToString().find("overlaps"), std::string::npos) << s;
+  c->slots[0].store(saved);
+  c->live.fetch_sub(1);
+  ASSERT_VALID(*t);
+  t->free(a);
+  t->free(b);
 }
 
 // --- randomized model test -------------------------------------------------------------
