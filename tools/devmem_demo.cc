@@ -19,6 +19,7 @@
 // Exit status: 0 on success, 1 if a check fails or a file cannot be written, 2 on a bad
 // command line or DEVMEM_CONF, 3 when training runs out of device memory (a valid but
 // small sim_capacity, say): the OOM report goes to stderr.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -198,6 +199,9 @@ int Main(int argc, char** argv) {
   options.batch_size = batch;
   options.hidden = width;
   options.batches_per_epoch = 4;
+  // The seed's 0.5 is for 3 hidden units: the output layer's update grows with the
+  // width (a mean gradient per weight, summed over `width` weights), so scale it down.
+  options.learning_rate = 0.5 * std::min(1.0, 32.0 / width);
   const size_t activation_bytes = size_t{static_cast<size_t>(batch)} * width * sizeof(float);
   std::printf("devmem-demo: %d steps per epoch of batch %d x width %d: %s per activation\n",
               options.batches_per_epoch, batch, width, FormatBytes(activation_bytes).c_str());
