@@ -72,8 +72,9 @@ struct ArenaFrame;
 // The default chunk: 4 MiB. Chunks come from the large pool (requests above 1 MiB),
 // where a 4 MiB block splits a standard 20 MiB segment without waste, and the largest
 // request an arena serves (chunk_size / 4 = 1 MiB) is exactly the small pool's bound,
-// so every request the small pool would have served is a bump. tools/bench_arena.cc
-// (arena_step_ns) was used to compare 1, 4 and 16 MiB on the demo's step shape.
+// so every request the small pool would have served is a bump. (Chosen by that
+// reasoning; tools/bench_arena.cc measures the default only. A step whose temporaries
+// are larger sets chunk_size: the demo uses 4x its largest activation.)
 inline constexpr size_t kDefaultArenaChunkSize = 4 * kMiB;
 inline constexpr size_t kMinArenaChunkSize = 64 * kKiB;
 inline constexpr size_t kMaxArenaChunkSize = 1 * kGiB;
