@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/arena_internal.h"
 #include "allocator/device_pool.h"
 #include "allocator/errors.h"
 
@@ -30,34 +31,47 @@ void RefuseInStreamCallback(const internal::DevicePool& pool, const char* op) {
 }  // namespace
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
-    : pool_(std::make_unique<internal::DevicePool>(std::move(backend), config)) {}
+    : pool_(std::make_unique<internal::DevicePool>(std::move(backend), config)),
+      arenas_(std::make_unique<internal::Arenas>(pool_.get(), pool_->device())) {
+  pool_->set_arena_hook(arenas_.get());
+}
 
-CachingAllocator::~CachingAllocator() = default;
+CachingAllocator::~CachingAllocator() {
+  pool_->set_arena_hook(nullptr);
+  arenas_.reset();
+}
 
 // allocate and free go through the thread caches (device_pool_tcache.cc), which take
 // the device lock only on a miss.
 void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
+  // Scoped arenas come first: an arena buffer must never reach a thread cache.
+  if (void* p = arenas_->allocate(bytes, stream, site)) return p;
   return pool_->allocate_front(bytes, stream, site);
 }
 void CachingAllocator::free(void* ptr) {
   RefuseInStreamCallback(*pool_, "free");
+  if (arenas_->free(ptr)) return;
   pool_->free_front(ptr, 0);
 }
 void CachingAllocator::free(void* ptr, size_t size) {
   RefuseInStreamCallback(*pool_, "free");
+  if (arenas_->free(ptr)) return;
   pool_->free_front(ptr, size);
 }
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
   RefuseInStreamCallback(*pool_, "record_stream");
+  if (arenas_->record_stream(ptr, stream)) return;
   pool_->record_stream(ptr, stream);
 }
 void CachingAllocator::empty_cache() {
   RefuseInStreamCallback(*pool_, "empty_cache");
+  arenas_->release_retained();
   pool_->empty_cache();
 }
 void CachingAllocator::trim(size_t keep_bytes) {
   RefuseInStreamCallback(*pool_, "trim");
+  arenas_->release_retained();
   pool_->trim(keep_bytes);
 }
 absl::Status CachingAllocator::set_memory_fraction(double fraction) {
@@ -92,20 +106,33 @@ std::vector<SiteUsage> CachingAllocator::top_sites(size_t k) const {
 }
 AllocatorSnapshot CachingAllocator::snapshot() const {
   RefuseInStreamCallback(*pool_, "snapshot");
-  return pool_->snapshot();
+  AllocatorSnapshot snap = pool_->snapshot();
+  snap.arena_buffers = arenas_->buffers();
+  return snap;
 }
 std::optional<BlockInfo> CachingAllocator::find_allocation(const void* ptr) const {
   RefuseInStreamCallback(*pool_, "find_allocation");
+  if (auto b = arenas_->find(ptr)) return b;
   return pool_->find_allocation(ptr);
 }
 absl::Status CachingAllocator::validate() const {
   if (InStreamCallback()) return absl::InvalidArgumentError(InCallbackMessage(*pool_, "validate"));
-  return pool_->validate();
+  if (absl::Status s = pool_->validate(); !s.ok()) return s;
+  return arenas_->validate(pool_->snapshot());
+}
+ArenaReport CachingAllocator::arena_report() const {
+  RefuseInStreamCallback(*pool_, "arena_report");
+  return arenas_->report();
+}
+std::vector<ArenaBufferInfo> CachingAllocator::arena_buffers() const {
+  RefuseInStreamCallback(*pool_, "arena_buffers");
+  return arenas_->buffers();
 }
 void CachingAllocator::set_observer(AllocatorObserver* observer) {
   RefuseInStreamCallback(*pool_, "set_observer");
   pool_->set_observer(observer);
   pool_->set_front_observer(observer);
+  arenas_->set_observer(observer);
 }
 // These take no lock: safe anywhere.
 DeviceId CachingAllocator::device() const { return pool_->device(); }

@@ -68,6 +68,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "allocator/arena.h"
 #include "allocator/backend.h"
 #include "allocator/config.h"
 #include "allocator/errors.h"
@@ -81,6 +82,7 @@ namespace devmem {
 
 namespace internal {
 class DevicePool;  // the state behind the device lock (allocator/device_pool.h)
+class Arenas;      // the state behind ArenaScope (allocator/arena_internal.h)
 }
 
 class CachingAllocator {
@@ -142,13 +144,21 @@ class CachingAllocator {
   // The allocated block starting at `ptr`, if any (for the tensor layer and tools).
   std::optional<BlockInfo> find_allocation(const void* ptr) const;
 
-  // Recounts everything and checks the invariants of docs/architecture.md: the
+  // Recounts everything and checks the invariants of docs/architecture.md (and the
+  // arenas': their chunks are exactly the pool's arena-site blocks, and each chunk's
+  // live count matches its side table; exact only while no arena buffer is being
+  // allocated or freed): the
   // blocks of each segment tile it; no allocated blocks overlap; no two adjacent free
   // blocks of a segment are uncoalesced; free lists hold exactly the free blocks and
   // thread caches exactly the thread-cached ones; every statistic equals its recount;
   // reserved == allocated + pending + cached (free sets and thread caches).
   // Returns an InternalError describing the first violation.
   absl::Status validate() const;
+
+  // What the scoped arenas of this allocator hold (allocator/arena.h), and every
+  // live arena buffer (snapshot() has them too).
+  ArenaReport arena_report() const;
+  std::vector<ArenaBufferInfo> arena_buffers() const;
 
   // Observer for every event (allocator/observer.h). Set at most once, before or
   // after use; nullptr removes it. The observer must outlive the allocator or be
@@ -160,7 +170,10 @@ class CachingAllocator {
   const Config& config() const;
 
  private:
+  friend class ArenaScope;
   std::unique_ptr<internal::DevicePool> pool_;
+  // Declared after pool_: destroyed first, giving its retained chunks back.
+  std::unique_ptr<internal::Arenas> arenas_;
 };
 
 }  // namespace devmem

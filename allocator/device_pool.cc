@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "allocator/arena_internal.h"
 #include "allocator/errors.h"
 
 namespace devmem::internal {
@@ -171,6 +172,8 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
             return b;
           }
         }
+        // The arenas' empty retained chunks pin segments: free them first.
+        take_back_arena_chunks();
         if (reclaimer_.reclaim(segment_size, Urgency::kRetryRelease) == 0) continue;
         break;
       case RetryStage::kWaitAndReleaseAll:

@@ -67,6 +67,8 @@
 
 namespace devmem::internal {
 
+class ArenaPoolHook;  // allocator/arena_internal.h
+
 class DevicePool {
  public:
   DevicePool(std::unique_ptr<Backend> backend, const Config& config);
@@ -89,6 +91,9 @@ class DevicePool {
   std::optional<BlockInfo> find_allocation(const void* ptr) const;
   absl::Status validate() const;  // defined in device_pool_validate.cc
   void set_observer(AllocatorObserver* observer);
+  // The arenas of this allocator (allocator/arena_internal.h): the staged retry takes
+  // their retained chunks back, and OOM reports say what they hold. nullptr: none.
+  void set_arena_hook(ArenaPoolHook* hook);  // device_pool_arena.cc
 
   DeviceId device() const { return device_; }
   Backend& backend() const { return *backend_; }
@@ -195,6 +200,10 @@ class DevicePool {
                                       size_t cache_owned_allocated) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Frees the arenas' retained chunks (allocated blocks to the pool) so that the
+  // staged retry can release their segments. Returns how many (device_pool_arena.cc).
+  size_t take_back_arena_chunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   size_t reserved_bytes() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -238,6 +247,7 @@ class DevicePool {
   // Every live thread cache of this pool.
   std::vector<ThreadCache*> caches_ ABSL_GUARDED_BY(mu_);
   std::atomic<AllocatorObserver*> front_observer_{nullptr};
+  ArenaPoolHook* arena_hook_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace devmem::internal

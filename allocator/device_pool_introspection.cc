@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
+#include "allocator/arena_internal.h"
 #include "allocator/device_pool.h"
 
 namespace devmem::internal {
@@ -165,6 +166,7 @@ OomReport DevicePool::oom_report(size_t requested, size_t size, Stream stream,
   r->segment_count = segments_.size();
   r->top_sites = acct_.top_sites(10);
   r->copy_bytes = acct_.copy_bytes();
+  if (arena_hook_ != nullptr) arena_hook_->describe(r);
   ChooseRemedy(r, config_.max_split_size, expandable_ != nullptr,
                backend_->caps().virtual_memory && backend_->granularity() > 0);
   return report;

@@ -229,6 +229,12 @@ std::string OomReport::ToString() const {
   }
   absl::StrAppend(&out, "  created by clone/contiguous/to: ", FormatBytes(copy_bytes), " (",
                   Percent(Share(copy_bytes, allocated)), " of allocated)\n");
+  if (arena_live_bytes + arena_retained_bytes > 0) {
+    absl::StrAppend(&out, "  scoped arenas hold: ", FormatBytes(arena_live_bytes),
+                    " live (", FormatBytes(arena_escaped_bytes),
+                    " escaped their scope), ", FormatBytes(arena_retained_bytes),
+                    " in empty retained chunks\n");
+  }
   absl::StrAppend(&out, "  cause: ", std::string(OomCauseName(cause)), "\n");
   absl::StrAppend(&out, "  remedy: ", remedy);
   return out;

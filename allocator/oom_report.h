@@ -56,6 +56,13 @@ struct OomReport {
   size_t segment_count = 0;
   std::vector<SiteUsage> top_sites;  // largest live holders first (at most 10)
   size_t copy_bytes = 0;  // live bytes created by clone/contiguous/to
+  // What scoped arenas hold (allocator/arena.h), inside `allocated`: bytes of live
+  // arena buffers, of which escaped (their scope closed), and empty chunks retained
+  // for the next scope (the staged retry gave those back before failing, so this is
+  // normally 0 in a report).
+  size_t arena_live_bytes = 0;
+  size_t arena_escaped_bytes = 0;
+  size_t arena_retained_bytes = 0;
   OomCause cause = OomCause::kRealUse;
   std::string remedy;  // one or two sentences chosen from the numbers above
 

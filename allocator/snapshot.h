@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "allocator/arena.h"
 #include "allocator/site.h"
 #include "allocator/stats.h"
 #include "allocator/types.h"
@@ -48,6 +49,10 @@ struct AllocatorSnapshot {
   MemInfo mem_info;  // read just before the lock is taken (a driver call)
   DeviceStats stats;
   std::vector<SegmentInfo> segments;  // address order
+  // Live buffers of scoped arenas, by chunk (each chunk is one allocated block above,
+  // of an arena site). Read just after `segments`, under the arenas' locks rather than
+  // the device lock: with arena frees running meanwhile the two may differ by those.
+  std::vector<ArenaBufferInfo> arena_buffers;
   int64_t time_ns = 0;                // monotonic clock when taken
 };
 

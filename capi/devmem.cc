@@ -248,6 +248,17 @@ void* Allocate(size_t size, int device, void* stream, EntryPoint entry) {
   return a.allocate(size, s, CurrentSite(entry));
 }
 
+// devmem_arena_push/pop: this thread's scopes, innermost last. Closed innermost first
+// when the thread exits (a vector would destroy them outer first: a nesting misuse).
+constexpr size_t kMaxArenaDepth = 64;
+struct ArenaStack {
+  std::vector<std::unique_ptr<ArenaScope>> scopes;
+  ~ArenaStack() {
+    while (!scopes.empty()) scopes.pop_back();
+  }
+};
+thread_local ArenaStack tls_arenas;
+
 char* MallocCopy(const std::string& text) {
   char* out = static_cast<char*>(std::malloc(text.size() + 1));
   if (out == nullptr) throw std::bad_alloc();
@@ -410,6 +421,39 @@ int devmem_pop_tag(void) {
                               "devmem_pop_tag: this thread has no tag pushed");
     }
     devmem::tls_tags.pop_back();
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_arena_push(int device, const char* name) {
+  return Guard([&] {
+    if (name == nullptr || *name == '\0') {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              "devmem_arena_push: the name is NULL or empty");
+    }
+    if (devmem::tls_arenas.scopes.size() >= devmem::kMaxArenaDepth) {
+      throw devmem::CapiError(
+          DEVMEM_ERR_INVALID,
+          absl::StrCat("devmem_arena_push: this thread's arena stack is full (",
+                       devmem::kMaxArenaDepth,
+                       " scopes pushed and not popped); pop a scope for each one pushed"));
+    }
+    devmem::CachingAllocator& a = devmem::AllocatorFor(device);
+    const std::string_view text(name, strnlen(name, devmem::kMaxArenaNameBytes));
+    devmem::tls_arenas.scopes.reserve(devmem::tls_arenas.scopes.size() + 1);
+    devmem::tls_arenas.scopes.push_back(std::make_unique<devmem::ArenaScope>(a, text));
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_arena_pop(void) {
+  return Guard([&] {
+    if (devmem::tls_arenas.scopes.empty()) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              "devmem_arena_pop: this thread has no arena scope pushed");
+    }
+    devmem::tls_arenas.scopes.back()->close();  // throws on misuse: nothing changes
+    devmem::tls_arenas.scopes.pop_back();
     return DEVMEM_OK;
   });
 }

@@ -187,6 +187,23 @@ int devmem_push_tag(const char* tag);
  * Thread-safe. */
 int devmem_pop_tag(void);
 
+/* ---- Scoped step arenas (allocator/arena.h) --------------------------------------- */
+
+/* Opens an arena scope named `name` on `device` for this thread: until the matching
+ * devmem_arena_pop, this thread's allocations through this API on that device (default
+ * stream, at most 1 MiB each) are bump allocations in 4 MiB chunks the arena takes from
+ * the device's pool; their frees (from any thread) are O(1). Buffers that outlive the
+ * scope stay valid ("escaped"; counted per arena name in devmem_stats_json). Scopes
+ * nest; the innermost of a device wins. A thread's stack holds at most 64 scopes.
+ * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID for a NULL or empty name, a bad device or a
+ * full stack (the last error says so). Thread-safe. */
+int devmem_arena_push(int device, const char* name);
+
+/* Closes this thread's innermost arena scope. Empty chunks are kept for the next scope
+ * (devmem_empty_cache gives them back). Returns DEVMEM_OK, or DEVMEM_ERR_INVALID when
+ * this thread has no scope pushed. Thread-safe. */
+int devmem_arena_pop(void);
+
 /* ---- Version, and what PyTorch's torch.cuda memory functions do ------------------- */
 /* Added for python/devmem (README.md, "Python"), which gives them PyTorch's names. */
 

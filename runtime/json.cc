@@ -187,6 +187,21 @@ ojson DeviceToJson(const AllocatorSnapshot& d, const BufferAnnotations* annotati
   }
   j["segments"] = std::move(segments);
   j["live_buffers"] = std::move(live);
+  // Scoped arenas' buffers: inside allocated chunk blocks of kind-arena sites above.
+  ojson arena = ojson::array();
+  for (const ArenaBufferInfo& b : d.arena_buffers) {
+    ojson a;
+    a["addr"] = static_cast<uint64_t>(b.addr);
+    a["size"] = static_cast<uint64_t>(b.size);
+    a["site"] = b.site;
+    a["arena"] = b.arena;
+    a["chunk"] = static_cast<uint64_t>(b.chunk);
+    a["escaped"] = b.escaped;
+    PutAnnotation(a, b.addr, annotations);
+    if (b.site != kUnknownSite) sites->insert(b.site);
+    arena.push_back(std::move(a));
+  }
+  j["arena_buffers"] = std::move(arena);
   return j;
 }
 
@@ -441,6 +456,27 @@ AllocatorSnapshot DeviceFrom(const json& v, const std::string& path) {
     }
     d.segments.push_back(std::move(seg));
   }
+  // Optional (files written before scoped arenas have none).
+  if (auto ab = v.find("arena_buffers"); ab != v.end()) {
+    const std::string ap = Sub(path, "arena_buffers");
+    Array(*ab, ap);
+    for (size_t i = 0; i < ab->size(); ++i) {
+      const std::string p = Idx(ap, i);
+      const json& a = Object((*ab)[i], p);
+      ArenaBufferInfo b;
+      b.addr = static_cast<uintptr_t>(U64F(a, "addr", p));
+      b.size = static_cast<size_t>(U64F(a, "size", p));
+      b.site = static_cast<SiteId>(U64F(a, "site", p));
+      b.arena = StrF(a, "arena", p);
+      b.chunk = static_cast<uintptr_t>(U64F(a, "chunk", p));
+      b.escaped = Bool(Field(a, "escaped", p), Sub(p, "escaped"));
+      if (b.addr < b.chunk) {
+        throw ReadError{absl::StrCat(Sub(p, "addr"), ": ", b.addr,
+                                     " lies below its chunk at ", b.chunk)};
+      }
+      d.arena_buffers.push_back(std::move(b));
+    }
+  }
   return d;
 }
 
@@ -513,6 +549,9 @@ ojson OomToJson(const OomReport& r) {
   j["copy_share"] = r.allocated == 0 ? 0.0
                                      : static_cast<double>(r.copy_bytes) /
                                            static_cast<double>(r.allocated);
+  j["arena_live_bytes"] = static_cast<uint64_t>(r.arena_live_bytes);
+  j["arena_escaped_bytes"] = static_cast<uint64_t>(r.arena_escaped_bytes);
+  j["arena_retained_bytes"] = static_cast<uint64_t>(r.arena_retained_bytes);
   j["cause"] = std::string(OomCauseName(r.cause));
   j["remedy"] = r.remedy;
   j["message"] = r.ToString();

@@ -16,6 +16,7 @@
 #include "prometheus/client_metric.h"
 #include "prometheus/metric_type.h"
 #include "prometheus/text_serializer.h"
+#include "runtime/metrics_arena.h"
 
 namespace devmem {
 namespace {
@@ -452,6 +453,7 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
     }
     out.push_back(f.Take());
   }
+  AppendArenaFamilies(allocators_(), &out);  // devmem_arena_* (metrics_arena.cc)
   return out;
 }
 

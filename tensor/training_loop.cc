@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "tensor/device_registry.h"
 #include "tensor/errors.h"
@@ -92,6 +93,9 @@ TrainingResult RunTrainingLoop(const TrainingOptions& o,
     const int64_t blocks_at_start = AllocatedBlocks(*allocator);
     double loss_sum = 0;
     for (int batch_id = 0; batch_id < o.batches_per_epoch; ++batch_id) {
+      // One step; declared first so that every temporary below dies before it closes.
+      std::optional<ArenaScope> step;
+      if (o.step_arena) step.emplace(*allocator, "step", *o.step_arena);
       const int64_t offset = int64_t{batch_id} * o.batch_size;
       const int64_t before = AllocatedBlocks(*allocator);
       const Tensor x = data.x.slice(0, offset, offset + o.batch_size);       // a view

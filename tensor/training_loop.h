@@ -14,7 +14,7 @@
 // semantics: a two-layer network learns y = x0 xor x1 from synthetic, seeded data.
 //
 //   for epoch:
-//     for batch_id in 0 ..< batches_per_epoch:
+//     for batch_id in 0 ..< batches_per_epoch:     # optionally in an ArenaScope
 //       x      = x_train.slice(0, offset, offset + batch_size)   # a view: no copy
 //       target = y.slice(0, offset, offset + batch_size)         # a view: no copy
 //       n1 = relu(linear(x, w1, b1)); n2 = linear(n1, w2, b2)
@@ -37,6 +37,7 @@
 #include <optional>
 #include <vector>
 
+#include "allocator/arena.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/site.h"
 #include "allocator/stats.h"
@@ -54,6 +55,10 @@ struct TrainingOptions {
   uint64_t seed = 42;          // data and initial weights
   DType dtype = DType::kFloat32;
   std::optional<DeviceId> device;  // DefaultDevice() when unset
+  // When set, each batch (one training step) runs inside an ArenaScope named "step"
+  // with these options (allocator/arena.h): its temporaries are bump allocations and
+  // the per-epoch clone, taken outside the steps, is not.
+  std::optional<ArenaOptions> step_arena;
 };
 
 struct EpochReport {

@@ -26,8 +26,9 @@ FIGURES = ["pair_ns_small", "jemalloc_pair_ns_small", "ratio_small", "pair_ns_mi
            "jemalloc_pair_ns_mixed", "ratio_mixed", "tensor_copy_ns", "slice_ns",
            "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio",
            "tcache_pair_ns", "jemalloc_pair_ns_tcache", "threads2_speedup", "tensor_create_ns",
-           "intern_256_sites_ns"]
-MIMALLOC_FIGURES = ["mimalloc_pair_ns_tcache", "ratio_tcache_mimalloc"]
+           "intern_256_sites_ns", "arena_pair_ns", "arena_pool_pair_ns", "arena_step_ns",
+           "pool_step_ns"]
+MIMALLOC_FIGURES = ["mimalloc_pair_ns_tcache", "ratio_tcache_mimalloc", "ratio_arena_mimalloc"]
 
 
 def fail(why):

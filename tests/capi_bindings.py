@@ -35,6 +35,8 @@ _SIGNATURES = {
     "devmem_string_free": (None, [ctypes.c_void_p]),
     "devmem_push_tag": (ctypes.c_int, [ctypes.c_char_p]),
     "devmem_pop_tag": (ctypes.c_int, []),
+    "devmem_arena_push": (ctypes.c_int, [ctypes.c_int, ctypes.c_char_p]),
+    "devmem_arena_pop": (ctypes.c_int, []),
 }
 
 

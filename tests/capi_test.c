@@ -262,6 +262,30 @@ static void test_bad_conf(void) {
   CHECK(devmem_torch_alloc(1024, 0, NULL) == NULL);
 }
 
+static void test_arena_scopes(void) {
+  void* a = NULL;
+  void* b = NULL;
+  void* big = NULL;
+  CHECK(devmem_arena_pop() == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "no arena scope pushed"));
+  CHECK(devmem_arena_push(0, NULL) == DEVMEM_ERR_INVALID);
+  CHECK(devmem_arena_push(0, "") == DEVMEM_ERR_INVALID);
+  CHECK(devmem_arena_push(-1, "step") == DEVMEM_ERR_INVALID);
+  CHECK(devmem_arena_push(0, "step") == DEVMEM_OK);
+  CHECK(devmem_alloc(&a, 1000, 0, NULL) == DEVMEM_OK);
+  CHECK(devmem_alloc(&b, 1000, 0, NULL) == DEVMEM_OK);
+  CHECK((char*)b - (char*)a == 1024); /* two bumps in one chunk */
+  CHECK(devmem_alloc(&big, 2 * MiB, 0, NULL) == DEVMEM_OK); /* too large: the pool */
+  CHECK(devmem_free(a) == DEVMEM_OK);
+  CHECK(devmem_free(a) == DEVMEM_ERR_INVALID); /* freed twice: named, nothing changes */
+  CHECK(contains(devmem_last_error(), "arena 'step'"));
+  CHECK(devmem_arena_pop() == DEVMEM_OK);
+  CHECK(devmem_arena_pop() == DEVMEM_ERR_INVALID);
+  CHECK(devmem_free(b) == DEVMEM_OK); /* escaped the scope, still valid */
+  CHECK(devmem_free(big) == DEVMEM_OK);
+  CHECK(devmem_empty_cache(0) == DEVMEM_OK);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--bad-conf") == 0) {
     test_bad_conf();
@@ -272,6 +296,7 @@ int main(int argc, char** argv) {
     test_oom_names_tags();
     test_framework_entry_points();
     test_threads();
+    test_arena_scopes();
     test_hostile_input();
     test_two_devices(); /* last: from here on devmem has used two devices */
   }

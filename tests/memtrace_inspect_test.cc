@@ -122,6 +122,30 @@ TEST(SnapshotReaderTest, KeepsTensorAnnotationsOfLiveBuffers) {
   EXPECT_EQ(groups[0].shapes, "");
 }
 
+TEST(SnapshotReaderTest, ReadsWhichArenaEachArenaBufferSitsIn) {
+  SiteId a, c;
+  nlohmann::json j = nlohmann::json::parse(RuntimeWrittenSnapshot(&a, &c));
+  EXPECT_TRUE(j["devices"][0]["arena_buffers"].empty());
+  j["devices"][0]["arena_buffers"] = {
+      {{"addr", 0x100000200u}, {"size", 1024}, {"site", c}, {"arena", "step"},
+       {"chunk", 0x100000000u}, {"escaped", true}}};
+  absl::StatusOr<Snapshot> snap = ParseSnapshot(j.dump(), "mem.json");
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  ASSERT_EQ(snap->devices[0].arena_buffers.size(), 1u);
+  const SnapArenaBuffer& b = snap->devices[0].arena_buffers[0];
+  EXPECT_EQ(b.arena, "step");
+  EXPECT_EQ(b.addr, 0x100000200u);
+  EXPECT_EQ(b.chunk, 0x100000000u);
+  EXPECT_TRUE(b.escaped);
+  EXPECT_EQ(b.site, c);
+  // A mistyped field is named.
+  j["devices"][0]["arena_buffers"][0]["escaped"] = "yes";
+  absl::StatusOr<Snapshot> bad = ParseSnapshot(j.dump(), "mem.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("arena_buffers[0].escaped"), std::string::npos)
+      << bad.status();
+}
+
 TEST(SnapshotReaderTest, RefusesOtherMajorsAcceptsMinors) {
   SiteId a, c;
   std::string json = RuntimeWrittenSnapshot(&a, &c);

@@ -114,6 +114,22 @@ class Controls(unittest.TestCase):
         free(p)
         self.assertLessEqual(free1, free0 - 8 * MiB)  # the sim: capacity - reserved
 
+    def test_arena_scope(self):
+        with devmem.arena("step"):
+            a = alloc(1000)
+            b = alloc(1000)
+            self.assertEqual(b - a, 1024)  # bumps in one chunk
+            free(a)
+        free(b)  # escaped the block: still valid
+        with self.assertRaises(TypeError):
+            with devmem.arena(3):
+                pass
+        with self.assertRaises(devmem.DevmemError) as e:
+            with devmem.arena("x", device=-1):
+                pass
+        self.assertIn("device -1", str(e.exception))
+        devmem.empty_cache()
+
     def test_empty_cache(self):
         free(alloc(4 * MiB))
         self.assertGreater(devmem.memory_reserved(), 0)

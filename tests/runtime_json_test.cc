@@ -58,6 +58,15 @@ void ExpectSnapshotsEq(const RuntimeSnapshot& a, const RuntimeSnapshot& b) {
     EXPECT_EQ(x.mem_info.free_bytes, y.mem_info.free_bytes);
     EXPECT_EQ(x.mem_info.total_bytes, y.mem_info.total_bytes);
     ExpectStatsEq(x.stats, y.stats);
+    ASSERT_EQ(x.arena_buffers.size(), y.arena_buffers.size());
+    for (size_t k = 0; k < x.arena_buffers.size(); ++k) {
+      EXPECT_EQ(x.arena_buffers[k].addr, y.arena_buffers[k].addr);
+      EXPECT_EQ(x.arena_buffers[k].size, y.arena_buffers[k].size);
+      EXPECT_EQ(x.arena_buffers[k].site, y.arena_buffers[k].site);
+      EXPECT_EQ(x.arena_buffers[k].arena, y.arena_buffers[k].arena);
+      EXPECT_EQ(x.arena_buffers[k].chunk, y.arena_buffers[k].chunk);
+      EXPECT_EQ(x.arena_buffers[k].escaped, y.arena_buffers[k].escaped);
+    }
     ASSERT_EQ(x.segments.size(), y.segments.size());
     for (size_t s = 0; s < x.segments.size(); ++s) {
       const SegmentInfo& p = x.segments[s];
@@ -217,6 +226,35 @@ TEST_F(SnapshotJsonTest, DocumentShape) {
   EXPECT_EQ(d["live_buffers"][0]["requested"], 2 * kMiB - 3);
   EXPECT_EQ(j["devices"][1]["live_buffers"].size(), 2u);  // p_ and q_
   EXPECT_FALSE(j.contains("trace"));
+}
+
+TEST_F(SnapshotJsonTest, ArenaBuffersSayWhichArenaTheySitIn) {
+  void* kept;
+  void* open;
+  ArenaScope outer(alloc_, "outer");
+  {
+    ArenaScope step(alloc_, "step");
+    kept = alloc_.allocate(1000, {}, site_a_);
+  }
+  open = alloc_.allocate(3000, {}, site_b_);
+  RuntimeSnapshot snap;
+  snap.devices.push_back(alloc_.snapshot());
+  const nlohmann::json j = nlohmann::json::parse(SnapshotToJson(snap));
+  const nlohmann::json& ab = j["devices"][0]["arena_buffers"];
+  ASSERT_EQ(ab.size(), 2u);
+  std::map<std::string, nlohmann::json> by_arena;
+  for (const auto& b : ab) by_arena[b["arena"].get<std::string>()] = b;
+  EXPECT_EQ(by_arena["step"]["addr"].get<uint64_t>(), reinterpret_cast<uintptr_t>(kept));
+  EXPECT_EQ(by_arena["step"]["escaped"], true);
+  EXPECT_EQ(by_arena["outer"]["size"], 3072);
+  EXPECT_EQ(by_arena["outer"]["escaped"], false);
+  EXPECT_EQ(by_arena["outer"]["site"], site_b_);
+  SiteMap sites;
+  absl::StatusOr<RuntimeSnapshot> back = SnapshotFromJson(SnapshotToJson(snap), &sites, nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ExpectSnapshotsEq(snap, *back);
+  alloc_.free(kept);
+  alloc_.free(open);
 }
 
 TEST_F(SnapshotJsonTest, TraceTravelsWithTheSnapshot) {

@@ -110,6 +110,17 @@ const std::vector<FamilySpec>& Families() {
       {"devmem_clones_total", "counter", {"device", "site", "kind"}},
       {"devmem_clone_bytes_total", "counter", {"device", "site", "kind"}},
       {"devmem_allocation_size_bytes", "histogram", {"device"}},
+      {"devmem_arena_live_bytes", "gauge", {"device", "arena"}},
+      {"devmem_arena_escaped_bytes", "gauge", {"device", "arena"}},
+      {"devmem_arena_chunk_bytes", "gauge", {"device", "arena"}},
+      {"devmem_arena_open_scopes", "gauge", {"device", "arena"}},
+      {"devmem_arena_scopes_total", "counter", {"device", "arena"}},
+      {"devmem_arena_allocations_total", "counter", {"device", "arena"}},
+      {"devmem_arena_allocated_bytes_total", "counter", {"device", "arena"}},
+      {"devmem_arena_escapes_total", "counter", {"device", "arena"}},
+      {"devmem_arena_pool_chunks_total", "counter", {"device", "arena"}},
+      {"devmem_arena_retained_bytes", "gauge", {"device"}},
+      {"devmem_arena_chunks_returned_total", "counter", {"device"}},
   };
   return *families;
 }
@@ -118,6 +129,11 @@ TEST(MetricsTest, EveryFamilyIsPresentWithItsTypeAndLabels) {
   Fixture f;
   void* p = f.alloc->allocate(4096, {}, Site(10));
   void* q = f.alloc->allocate(3 * kMiB, {}, Site(11, SiteKind::kClone));
+  void* escaped;
+  {
+    ArenaScope step(*f.alloc, "step");  // the devmem_arena_* families have a series
+    escaped = f.alloc->allocate(1000, {}, Site(12));
+  }
   const std::string text = f.collector->Text();
   const std::vector<Sample> samples = ParsePrometheusText(text);
   for (const FamilySpec& family : Families()) {
@@ -158,6 +174,37 @@ TEST(MetricsTest, EveryFamilyIsPresentWithItsTypeAndLabels) {
             1);
   f.alloc->free(p);
   f.alloc->free(q);
+  f.alloc->free(escaped);
+}
+
+TEST(MetricsTest, ArenaFamiliesFollowTheArenas) {
+  Fixture f;
+  void* kept;
+  {
+    ArenaScope step(*f.alloc, "step");
+    f.alloc->free(f.alloc->allocate(5000, {}, Site(20)));
+    kept = f.alloc->allocate(1000, {}, Site(21));
+  }
+  const std::map<std::string, std::string> step = {{"device", "sim:0"}, {"arena", "step"}};
+  std::vector<Sample> s = f.Scrape();
+  EXPECT_EQ(SampleValue(s, "devmem_arena_live_bytes", step), 1024);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_escaped_bytes", step), 1024);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_chunk_bytes", step), kDefaultArenaChunkSize);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_scopes_total", step), 1);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_allocations_total", step), 2);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_allocated_bytes_total", step), 5120 + 1024);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_escapes_total", step), 1);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_open_scopes", step), 0);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_pool_chunks_total", step), 1);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_retained_bytes", {{"device", "sim:0"}}), 0);
+  f.alloc->free(kept);
+  s = f.Scrape();
+  EXPECT_EQ(SampleValue(s, "devmem_arena_escaped_bytes", step), 0);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_chunk_bytes", step), 0);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_retained_bytes", {{"device", "sim:0"}}),
+            kDefaultArenaChunkSize);
+  f.alloc->empty_cache();
+  EXPECT_EQ(SampleValue(f.Scrape(), "devmem_arena_chunks_returned_total", {{"device", "sim:0"}}), 1);
 }
 
 // A scrape (and a snapshot) asks the driver for its memory figures without holding the
@@ -401,6 +448,10 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
   EXPECT_EQ(SampleValue(samples, "devmem_allocation_size_bytes_count", dev), counts[0].count);
   EXPECT_EQ(SampleValue(samples, "devmem_allocation_size_bytes_sum", dev), counts[0].sum_bytes);
 
+  // The devmem_arena_* values are checked one by one in ArenaFamiliesFollowTheArenas.
+  for (const FamilySpec& family : Families()) {
+    if (std::string_view(family.name).starts_with("devmem_arena_")) checked.insert(family.name);
+  }
   for (const FamilySpec& family : Families()) {
     EXPECT_TRUE(checked.contains(family.name)) << family.name << " has no value check here";
   }

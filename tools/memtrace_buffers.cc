@@ -25,6 +25,62 @@ struct BuffersOptions {
   bool list = false, json = false;
 };
 
+// The live buffers of scoped arenas on the selected devices, largest first.
+std::vector<std::pair<const SnapDevice*, const SnapArenaBuffer*>> ArenaBuffers(
+    const Snapshot& snap, const BufferQuery& q) {
+  std::vector<std::pair<const SnapDevice*, const SnapArenaBuffer*>> out;
+  for (const SnapDevice& d : snap.devices) {
+    if (!q.device.empty() && d.device != q.device) continue;
+    for (const SnapArenaBuffer& b : d.arena_buffers) {
+      if (b.size < q.min_bytes) continue;
+      if (!q.site.empty() && snap.Site(b.site).where.find(q.site) == std::string::npos) continue;
+      out.emplace_back(&d, &b);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& x, const auto& y) {
+    return x.second->size > y.second->size;
+  });
+  return out;
+}
+
+ojson ArenaBuffersJson(const Snapshot& snap, const BufferQuery& q, size_t top) {
+  ojson rows = ojson::array();
+  const auto buffers = ArenaBuffers(snap, q);
+  for (size_t i = 0; i < std::min(top, buffers.size()); ++i) {
+    const SnapArenaBuffer& b = *buffers[i].second;
+    rows.push_back(ojson{{"device", buffers[i].first->device}, {"arena", b.arena},
+                         {"addr", b.addr}, {"size", b.size}, {"chunk", b.chunk},
+                         {"escaped", b.escaped}, {"site", b.site},
+                         {"where", snap.Site(b.site).where}});
+  }
+  return rows;
+}
+
+// Scoped arenas' buffers sit inside chunk blocks (sites of kind arena) of the tables
+// above; this one says which arena holds what, and what escaped its scope.
+void PrintArenaBuffers(const Snapshot& snap, const BufferQuery& q, size_t top) {
+  const auto buffers = ArenaBuffers(snap, q);
+  if (buffers.empty()) return;
+  uint64_t bytes = 0, escaped = 0;
+  for (const auto& [d, b] : buffers) {
+    bytes += b->size;
+    if (b->escaped) escaped += b->size;
+  }
+  const size_t n = std::min(top, buffers.size());
+  std::printf("\narena buffers (inside the arena chunks above), largest first: %zu of %zu "
+              "(%s; %s escaped their scope)\n",
+              n, buffers.size(), Bytes(bytes).c_str(), Bytes(escaped).c_str());
+  TextTable t({"<DEVICE", "<ARENA", "<ADDRESS", "SIZE", "<ESCAPED", "<SITE"});
+  for (size_t i = 0; i < n; ++i) {
+    const SnapArenaBuffer& b = *buffers[i].second;
+    char addr[24];
+    std::snprintf(addr, sizeof(addr), "0x%llx", static_cast<unsigned long long>(b.addr));
+    t.Add({buffers[i].first->device, b.arena, addr, Bytes(b.size), b.escaped ? "yes" : "no",
+           snap.Site(b.site).where});
+  }
+  std::printf("%s", t.Render().c_str());
+}
+
 ojson DevicesJson(const Snapshot& snap) {
   ojson devices = ojson::array();
   for (const SnapDevice& d : snap.devices) {
@@ -108,7 +164,8 @@ int RunBuffers(const BuffersOptions& o) {
       }
       ojson out{{"source", o.source}, {"matched", totals.matched},
                 {"matched_bytes", totals.matched_bytes}, {"copy_bytes", totals.copy_bytes},
-                {"returned", n}, {"devices", DevicesJson(snap)}, {"buffers", std::move(rows)}};
+                {"returned", n}, {"devices", DevicesJson(snap)}, {"buffers", std::move(rows)},
+                {"arena_buffers", ArenaBuffersJson(snap, q, top)}};
       std::printf("%s\n", out.dump(1).c_str());
       return kExitOk;
     }
@@ -137,6 +194,7 @@ int RunBuffers(const BuffersOptions& o) {
     std::printf("%s", t.Render().c_str());
     if (n < totals.matched) std::printf("(%llu more; --top 0 lists all)\n",
                                         static_cast<unsigned long long>(totals.matched - n));
+    PrintArenaBuffers(snap, q, top);
     return kExitOk;
   }
   const std::vector<SiteGroup> groups = GroupBySite(snap, q, &totals);
@@ -159,7 +217,7 @@ int RunBuffers(const BuffersOptions& o) {
     ojson out{{"source", o.source}, {"matched", totals.matched},
               {"matched_bytes", totals.matched_bytes}, {"copy_bytes", totals.copy_bytes},
               {"sites_matched", groups.size()}, {"returned", n}, {"devices", DevicesJson(snap)},
-              {"sites", std::move(rows)}};
+              {"sites", std::move(rows)}, {"arena_buffers", ArenaBuffersJson(snap, q, top)}};
     std::printf("%s\n", out.dump(1).c_str());
     return kExitOk;
   }
@@ -180,6 +238,7 @@ int RunBuffers(const BuffersOptions& o) {
   }
   std::printf("%s", t.Render().c_str());
   if (n < groups.size()) std::printf("(%zu more sites; --top 0 shows all)\n", groups.size() - n);
+  PrintArenaBuffers(snap, q, top);
   return kExitOk;
 }
 

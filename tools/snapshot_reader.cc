@@ -229,6 +229,31 @@ void ReadAnnotations(const simdjson::dom::object& device, const Path& p, SnapDev
   }
 }
 
+// The optional "arena_buffers" (files older than scoped arenas have none).
+void ReadArenaBuffers(const simdjson::dom::object& device, const Path& p, SnapDevice* d) {
+  simdjson::dom::element ab;
+  if (device.at_key("arena_buffers").get(ab) != simdjson::SUCCESS) return;
+  const Path ap = p.Field("arena_buffers");
+  size_t k = 0;
+  for (simdjson::dom::element be : Arr(ab, ap)) {
+    const Path bp = ap.At(k++);
+    const simdjson::dom::object bo = Obj(be, bp);
+    SnapArenaBuffer b;
+    b.addr = U64F(bo, "addr", bp);
+    b.size = U64F(bo, "size", bp);
+    b.chunk = U64F(bo, "chunk", bp);
+    const uint64_t site = U64F(bo, "site", bp);
+    if (site > UINT32_MAX) {
+      throw ReadError{bp.Field("site").ToString() + ": expected a site id, got " +
+                      std::to_string(site)};
+    }
+    b.site = static_cast<uint32_t>(site);
+    b.arena = StrF(bo, "arena", bp);
+    b.escaped = Bool(Get(bo, "escaped", bp), bp.Field("escaped"));
+    d->arena_buffers.push_back(std::move(b));
+  }
+}
+
 // The "current" of stats.<name>.all.
 int64_t StatAll(const simdjson::dom::object& stats, const char* name, const Path& p) {
   const Path sp = p.Field(name);
@@ -311,6 +336,7 @@ void ReadDevice(const simdjson::dom::element& e, const Path& p, SnapDevice* d) {
     d->segments.push_back(seg);
   }
   ReadAnnotations(o, p, d);
+  ReadArenaBuffers(o, p, d);
 }
 
 std::string WhereOf(const SnapSite& s) {

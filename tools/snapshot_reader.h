@@ -59,6 +59,15 @@ struct SnapSegment {
   size_t num_blocks = 0;
 };
 
+// A live buffer of a scoped arena ("arena_buffers": it sits inside the allocated
+// chunk block at `chunk`).
+struct SnapArenaBuffer {
+  uint64_t addr = 0, size = 0, chunk = 0;
+  uint32_t site = 0;
+  std::string arena;
+  bool escaped = false;  // its scope had closed
+};
+
 struct SnapDevice {
   std::string device;  // "sim:0"
   int64_t time_ns = 0;
@@ -69,6 +78,7 @@ struct SnapDevice {
   std::vector<SnapSegment> segments;
   std::vector<SnapBlock> blocks;  // every block of every segment, in segment order
   std::vector<TensorInfo> tensors;
+  std::vector<SnapArenaBuffer> arena_buffers;  // optional in the file
 };
 
 struct SnapSite {

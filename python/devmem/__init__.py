@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DevmemError", "OutOfMemoryError", "library_path", "library_version",
     "memory_stats", "stats_json", "memory_summary", "reset_peak_memory_stats",
-    "reset_accumulated_memory_stats", "mem_get_info", "empty_cache", "snapshot", "tag",
+    "reset_accumulated_memory_stats", "mem_get_info", "empty_cache", "snapshot", "tag", "arena",
     "set_per_process_memory_fraction", "memory_allocated", "max_memory_allocated",
     "memory_reserved", "max_memory_reserved",
 ]
@@ -163,6 +163,20 @@ def tag(name):
         yield
     finally:
         _check(_capi.lib().devmem_pop_tag())
+
+
+@contextlib.contextmanager
+def arena(name, device=0):
+    """with devmem.arena("step"): this thread's allocations on `device` inside are bump
+    allocations in a scoped arena (capi/devmem.h, devmem_arena_push); buffers that
+    outlive the block stay valid. Scopes nest; per thread."""
+    if not isinstance(name, str):
+        raise TypeError(f"devmem.arena: the name must be a str, not {type(name).__name__}")
+    _check(_capi.lib().devmem_arena_push(int(device), name.encode()))
+    try:
+        yield
+    finally:
+        _check(_capi.lib().devmem_arena_pop())
 
 
 def __getattr__(name):

@@ -41,6 +41,8 @@ _SIGNATURES = {
     "devmem_string_free": (None, [_c.c_void_p]),
     "devmem_push_tag": (_c.c_int, [_c.c_char_p]),
     "devmem_pop_tag": (_c.c_int, []),
+    "devmem_arena_push": (_c.c_int, [_c.c_int, _c.c_char_p]),
+    "devmem_arena_pop": (_c.c_int, []),
     "devmem_version": (_c.c_char_p, []),
     "devmem_reset_peak_stats": (_c.c_int, [_c.c_int]),
     "devmem_reset_accumulated_stats": (_c.c_int, [_c.c_int]),

@@ -43,6 +43,7 @@
 #include "devmem/devmem_version.h"
 #include "runtime/runtime.h"
 #include "tensor/bench_kernels.h"
+#include "tools/bench/arena.h"
 #include "tools/bench/bare_pairs.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/host_allocators.h"
@@ -127,10 +128,11 @@ int Main(int argc, char** argv) {
   const double tensor_create_ns = MeasureTensorCreateNs();
   const double intern_ns = MeasureIntern256Ns();
   const SteadyMapsFigures maps = MeasureSteadyMaps2Streams(*env);
+  const bench::ArenaFigures arena = bench::MeasureArena(*env);  // tools/bench/arena.h
   const long long steady_maps = static_cast<long long>(maps.maps + maps.unmaps);
   const long long timed_segment_allocs = static_cast<long long>(
       small.timed_segment_allocs + mixed.timed_segment_allocs + tracing.timed_segment_allocs +
-      tcache.timed_segment_allocs);
+      tcache.timed_segment_allocs + arena.timed_segment_allocs);
   // The figures are of cache hits only: a segment allocated while timing means some
   // timed pairs went to the device, and the run is not a measurement of the cache.
   // Printed anyway (to see how far off), then exit status 1.
@@ -179,6 +181,13 @@ int Main(int argc, char** argv) {
     out.add("tensor_create_ns", tensor_create_ns);
     out.add("intern_256_sites_ns", intern_ns, "%.2f");
     out.add_int("steady_maps_2streams", steady_maps);
+    out.add("arena_pair_ns", arena.arena_pair_ns);
+    out.add("arena_pool_pair_ns", arena.pool_pair_ns);
+    out.add("arena_step_ns", arena.arena_step_ns, "%.2f");
+    out.add("pool_step_ns", arena.pool_step_ns, "%.2f");
+    if (tcache.mimalloc_ns) {
+      out.add("ratio_arena_mimalloc", arena.arena_pair_ns / *tcache.mimalloc_ns, "%.3f");
+    }
     std::printf("%s\n", out.str().c_str());
     return check_cache_hits();
   }
@@ -232,6 +241,15 @@ int Main(int argc, char** argv) {
               "thread-safe refcount here: %.2f ns)\n",
               "tensor handle copy+destroy ns", tensor_copy_ns, "<= 10", atomic_pair_ns);
   std::printf("%-36s %12.2f %12s\n", "2-D slice view ns", slice_ns, "<= 60");
+  std::printf("%-36s %12.1f %12s   (the same stream through the pool: %.1f ns)\n",
+              "arena_pair_ns: in a scope", arena.arena_pair_ns,
+              tcache.mimalloc_ns ? "<= mimalloc" : "", arena.pool_pair_ns);
+  if (tcache.mimalloc_ns) {
+    std::printf("%-36s %12.3f %12s\n", "ratio_arena_mimalloc",
+                arena.arena_pair_ns / *tcache.mimalloc_ns, "<= 1.0");
+  }
+  std::printf("%-36s %12.2f %12s   (per allocation; through the pool: %.2f ns)\n",
+              "arena_step_ns: 200 temporaries", arena.arena_step_ns, "", arena.pool_step_ns);
   return check_cache_hits();
 }
 

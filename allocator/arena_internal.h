@@ -1,0 +1,189 @@
+// allocator/arena_internal.h: the state behind ArenaScope (an internal header: only
+// allocator/*.cc include it). allocator/arena.h describes the behaviour.
+//
+// Pieces:
+//   ArenaChunk  one pool block used for bumps. A side table holds one 64-bit slot per
+//               512 B: (units << 32 | site) at the offset of each live buffer, 0
+//               elsewhere. `live` packs (count << 40 | units): count is the live
+//               buffers plus one while an open scope holds the chunk; whoever brings
+//               it to 0 (the last free, or the scope's close) disposes of the chunk.
+//   ArenaFrame  one open scope, linked into its thread's stack (t_arena_top).
+//   Arenas      per allocator: the chunk table (by address, behind a reader-writer
+//               lock that frees on other threads read), the retained empty chunks,
+//               the names and their counters.
+//
+// Chunk states: kHeld (an open scope bumps in it), kRetired (its scope closed, buffers
+// live: escaped), kRetained (empty, kept for reuse). Transitions happen under
+// Arenas::mu_; `used` and the frame's fields are touched only by the owning thread.
+//
+// Lock order: the device lock (DevicePool::mu_) -> Arenas::mu_ -> Arenas::table_mu_.
+// Arenas never calls the pool while holding either of its locks; the pool calls
+// ArenaPoolHook methods with its lock held.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "allocator/arena.h"
+#include "allocator/mutex.h"
+#include "allocator/observer.h"
+#include "allocator/oom_report.h"
+#include "allocator/snapshot.h"
+
+namespace devmem::internal {
+
+class DevicePool;
+
+// What the pool asks of the arenas, with the device lock held (the one hook into the
+// pool: DevicePool::set_arena_hook).
+class ArenaPoolHook {
+ public:
+  virtual ~ArenaPoolHook() = default;
+  // Removes every retained (empty) chunk from the arenas' books and appends its
+  // address: the caller frees those blocks itself (staged retry).
+  virtual void take_back_retained(std::vector<uintptr_t>* chunks) = 0;
+  // Fills the arena_* fields of an OOM report.
+  virtual void describe(OomReport* report) const = 0;
+};
+
+enum class ChunkState : uint8_t { kHeld, kRetired, kRetained };
+
+inline constexpr int kLiveCountShift = 40;
+inline constexpr uint64_t kLiveUnitsMask = (uint64_t{1} << kLiveCountShift) - 1;
+inline constexpr uint64_t LivePack(uint64_t count, uint64_t units) {
+  return (count << kLiveCountShift) | units;
+}
+
+struct ArenaChunk {
+  uintptr_t begin = 0;
+  size_t size = 0;
+  Stream stream;
+  std::atomic<int> name{0};              // index into Arenas::names_ (last user)
+  std::atomic<ChunkState> state{ChunkState::kHeld};
+  std::atomic<size_t> used{0};           // bump offset (written by the owning thread)
+  std::atomic<uint64_t> live{0};         // LivePack(count, units)
+  std::atomic<bool> stream_used{false};  // record_stream was called on a buffer
+  std::unique_ptr<std::atomic<uint64_t>[]> slots;  // size / 512 entries
+
+  bool contains(uintptr_t a) const { return a - begin < size; }
+  size_t slot_count() const { return size / kSlotBytes; }
+  static constexpr size_t kSlotBytes = 512;
+};
+
+struct ArenaFrame {
+  class Arenas* arenas = nullptr;
+  std::thread::id owner;
+  int name = 0;                // index into Arenas' names
+  std::string name_text;       // the name as reports spell it
+  SiteId site = kUnknownSite;  // the chunks' pool site (kind arena, tag = name)
+  Stream stream;
+  size_t chunk_size = 0;
+  size_t max_request = 0;
+  ArenaFrame* below = nullptr;        // the next outer scope of this thread
+  std::atomic<bool> abandoned{false};  // its ArenaScope died without closing it
+  ArenaChunk* current = nullptr;
+  std::vector<ArenaChunk*> chunks;    // every chunk it holds, `current` last
+  ArenaScope::Summary summary;
+  std::string label;                  // "arena 'step' on sim:0" for messages
+};
+
+// The innermost open scope of this thread (any allocator), or nullptr.
+extern constinit thread_local ArenaFrame* t_arena_top;
+
+class Arenas final : public ArenaPoolHook {
+ public:
+  Arenas(DevicePool* pool, DeviceId device);
+  ~Arenas() override;
+
+  // --- scopes (the owning thread) -------------------------------------------------
+  ArenaFrame* open(std::string_view name, const ArenaOptions& options);
+  // Closes and deletes `frame`, returning what it did. Throws InvalidArgumentError on
+  // misuse; nothing changes then.
+  ArenaScope::Summary close(ArenaFrame* frame);
+  // The destructor's path: closes when it may, else abandons (stderr says why).
+  void close_or_abandon(ArenaFrame* frame) noexcept;
+
+  // --- the allocator's hooks -----------------------------------------------------
+  // A bump from this thread's innermost scope of this allocator, or nullptr when the
+  // request takes the normal path. Inline: the common case is no open scope at all.
+  void* allocate(size_t bytes, Stream stream, SiteId site) {
+    if (t_arena_top == nullptr) [[likely]] return nullptr;
+    return allocate_slow(bytes, stream, site);
+  }
+  // True when `ptr` is an arena buffer (then it was freed); false: not ours.
+  bool free(void* ptr) {
+    if (chunk_count_.load(std::memory_order_acquire) == 0) [[likely]] return false;
+    return free_slow(ptr);
+  }
+  bool record_stream(void* ptr, Stream stream);
+  std::optional<BlockInfo> find(const void* ptr) const;
+  // Gives retained chunks back to the pool (empty_cache, trim). Takes no pool lock
+  // while holding its own.
+  void release_retained();
+
+  ArenaReport report() const;
+  std::vector<ArenaBufferInfo> buffers() const;
+  // Chunks tile what the pool handed out; live counts and bytes match the side
+  // tables. Exact only while no arena allocation or free runs concurrently.
+  absl::Status validate(const AllocatorSnapshot& pool_view) const;
+  void set_observer(AllocatorObserver* observer);
+
+  // ArenaPoolHook (device lock held).
+  void take_back_retained(std::vector<uintptr_t>* chunks) override;
+  void describe(OomReport* report) const override;
+
+ private:
+  // Names never move (a fixed array, the last entry "other"), and `name` and `site`
+  // never change once set, so an error message may read them holding no lock.
+  struct Name {
+    std::string name;
+    SiteId site = kUnknownSite;
+    ArenaStats totals;  // the total fields and open_scopes; "now" fields are recounted
+    absl::flat_hash_map<SiteId, ArenaEscapeSite> escapes;
+  };
+
+  void* allocate_slow(size_t bytes, Stream stream, SiteId site);
+  bool free_slow(void* ptr);
+  // Clears the slot of `addr` in `c` and drops its live count; true when the chunk
+  // is now empty and retired (the caller disposes of it, holding no table lock).
+  bool release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) const;
+  // A chunk for `frame` with at least `bytes` free: one of its own that emptied,
+  // a retained one, or a new pool block.
+  ArenaChunk* next_chunk(ArenaFrame* frame, size_t bytes);
+  void dispose(ArenaChunk* c);
+  void unregister_locked(ArenaChunk* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ArenaScope::Summary finish_close(ArenaFrame* frame);
+  // Closes abandoned scopes at the top of this thread's stack.
+  static void pop_abandoned();
+  friend struct ArenaThreadExit;
+  void emit(AllocAction action, const ArenaFrame& frame, size_t size, size_t requested);
+  ArenaChunk* lookup_locked(uintptr_t addr) const ABSL_SHARED_LOCKS_REQUIRED(table_mu_);
+  int intern_name_locked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  DevicePool* const pool_;
+  const DeviceId device_;
+
+  mutable Mutex mu_;
+  const std::unique_ptr<Name[]> names_;  // kMaxArenaNames + 1; contents under mu_
+  size_t name_count_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<ArenaChunk*> retained_ ABSL_GUARDED_BY(mu_);
+  int64_t chunks_returned_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<AllocatorObserver*> observer_{nullptr};
+
+  // Every chunk, sorted by begin. Written under mu_ and table_mu_ (exclusive);
+  // free_slow reads it under table_mu_ (shared) only.
+  mutable SharedMutex table_mu_;
+  std::vector<ArenaChunk*> table_ ABSL_GUARDED_BY(table_mu_);
+  std::atomic<size_t> chunk_count_{0};  // table_.size(): lets frees skip the lock
+};
+
+}  // namespace devmem::internal

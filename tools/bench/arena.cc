@@ -1,0 +1,112 @@
+// tools/bench/arena.cc: see bench_arena.h.
+#include "tools/bench/arena.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <random>
+#include <vector>
+
+#include "allocator/arena.h"
+#include "allocator/backend_factory.h"
+#include "allocator/caching_allocator.h"
+
+namespace devmem::bench {
+namespace {
+
+constexpr int kPasses = 9;
+constexpr size_t kPairs = 1 << 14;
+constexpr size_t kWindow = 8;
+constexpr size_t kStepTemporaries = 200;
+constexpr int kStepsPerPass = 64;
+
+std::vector<size_t> SizesLogUniform(size_t n, size_t lo, size_t hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(std::log(static_cast<double>(lo)),
+                                           std::log(static_cast<double>(hi)));
+  std::vector<size_t> sizes(n);
+  for (size_t& s : sizes) s = static_cast<size_t>(std::exp(u(rng)));
+  return sizes;
+}
+
+double MedianOf(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Since(std::chrono::steady_clock::time_point start, size_t ops) {
+  return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
+             .count() /
+         static_cast<double>(ops);
+}
+
+// ns per pair, a window of kWindow live pointers (allocate the next, free the oldest).
+double Pairs(CachingAllocator& a, const std::vector<size_t>& sizes) {
+  void* live[kWindow] = {};
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    void*& slot = live[i % kWindow];
+    if (slot != nullptr) a.free(slot);
+    slot = a.allocate(sizes[i]);
+  }
+  for (void*& p : live) {
+    if (p != nullptr) a.free(p);
+    p = nullptr;
+  }
+  return Since(start, sizes.size());
+}
+
+// ns per allocation of kStepsPerPass steps, each with or without a scope.
+double Steps(CachingAllocator& a, const std::vector<size_t>& sizes, bool arena) {
+  std::vector<void*> live(kStepTemporaries);
+  const auto start = std::chrono::steady_clock::now();
+  for (int step = 0; step < kStepsPerPass; ++step) {
+    std::optional<ArenaScope> scope;
+    if (arena) scope.emplace(a, "bench_step");
+    const size_t* s = &sizes[(static_cast<size_t>(step) * 37) % (sizes.size() - kStepTemporaries)];
+    for (size_t i = 0; i < kStepTemporaries; ++i) live[i] = a.allocate(s[i]);
+    for (void* p : live) a.free(p);
+  }
+  return Since(start, kStepsPerPass * kStepTemporaries);
+}
+
+}  // namespace
+
+ArenaFigures MeasureArena(const Config& base) {
+  Config config = base;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = size_t{1} << 40;  // address space only
+  CachingAllocator alloc(MakeSimBackend(config), config);
+  const std::vector<size_t> pair_sizes = SizesLogUniform(kPairs, 512, 32 * kKiB, 11);
+  const std::vector<size_t> step_sizes = SizesLogUniform(4096, 512, kMiB, 12);
+  ArenaFigures f;
+  std::vector<double> arena_pair, pool_pair, arena_step, pool_step;
+  {
+    // One scope for every pair pass: after the warm-up its chunks are its own.
+    ArenaScope scope(alloc, "bench_pairs");
+    Pairs(alloc, pair_sizes);
+    scope.close();
+  }
+  Pairs(alloc, pair_sizes);
+  Steps(alloc, step_sizes, true);
+  Steps(alloc, step_sizes, false);
+  const int64_t segments_before = alloc.stats().num_device_alloc;
+  for (int r = 0; r < kPasses; ++r) {
+    {
+      ArenaScope scope(alloc, "bench_pairs");
+      arena_pair.push_back(Pairs(alloc, pair_sizes));
+    }
+    pool_pair.push_back(Pairs(alloc, pair_sizes));
+    arena_step.push_back(Steps(alloc, step_sizes, true));
+    pool_step.push_back(Steps(alloc, step_sizes, false));
+  }
+  f.timed_segment_allocs = alloc.stats().num_device_alloc - segments_before;
+  f.arena_pair_ns = MedianOf(arena_pair);
+  f.pool_pair_ns = MedianOf(pool_pair);
+  f.arena_step_ns = MedianOf(arena_step);
+  f.pool_step_ns = MedianOf(pool_step);
+  return f;
+}
+
+}  // namespace devmem::bench
