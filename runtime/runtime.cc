@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -109,6 +110,10 @@ struct Runtime::State {
   // One per allocator ever installed, kept for the process's life: an allocator may
   // outlive its place in the table (in tensors) and keeps calling its observer.
   std::deque<std::unique_ptr<DeviceObserver>> observers ABSL_GUARDED_BY(mu);
+  // Every allocator the runtime created (allocator()), kept until exit even once
+  // replaced in `allocators`: what lets allocator_ref hand out plain pointers to them
+  // (see the thread cache below). Few: one per device, plus one per exchange to none.
+  std::vector<std::shared_ptr<CachingAllocator>> created ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;
 
   // Set at construction, reset by Shutdown; read without `mu` by http() (documented:
@@ -124,6 +129,20 @@ struct Runtime::State {
   std::mutex poll_mu;
   std::condition_variable poll_cv;
   bool poll_stop = false;  // guarded by poll_mu
+
+  // The allocator of `device`, created (and kept in `created`) if there is none.
+  // Created under the registry lock so that each device gets exactly one; the device
+  // lock is taken inside (lock order: registry -> device).
+  std::shared_ptr<CachingAllocator> FindOrCreate(DeviceId device)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    auto it = allocators.find(device);
+    if (it != allocators.end()) return it->second;
+    std::shared_ptr<CachingAllocator> made = CreateAllocator(config, device);
+    Install(made);
+    created.push_back(made);
+    allocators.emplace(device, made);
+    return made;
+  }
 
   // Attaches the runtime's observer to `allocator` and starts the poller if needed.
   void Install(const std::shared_ptr<CachingAllocator>& allocator)
@@ -161,6 +180,28 @@ namespace {
 
 std::atomic<Runtime*> g_runtime{nullptr};
 Mutex g_create_mu;
+
+// The registry's generation: advanced (under the registry lock) by every
+// exchange_allocator, so that a thread's cached lookups made before are not trusted
+// after. Starts at 1; a cache entry with generation 0 is empty. (One runtime exists per
+// process; a counter shared by all would stay correct with more.)
+std::atomic<uint64_t> g_generation{1};
+
+// allocator_ref's per-thread cache: device -> an allocator the runtime created, valid
+// while g_generation equals `generation`. Invariant: `allocator` was the table's
+// allocator of `device` when the generation was `generation`, and is in
+// State::created, so it lives until exit; the pointer is therefore never dangling,
+// even when stale, and the generation check decides only whether it is still the
+// current one. A thread uses few devices: a linear search of 4 entries, the oldest
+// replaced.
+struct CachedAllocator {
+  DeviceId device;
+  uint64_t generation = 0;
+  CachingAllocator* allocator = nullptr;
+};
+constexpr size_t kCachedAllocators = 4;
+thread_local CachedAllocator t_allocators[kCachedAllocators];
+thread_local size_t t_next_allocator = 0;
 
 void ShutdownAtExit() {
   if (Runtime* r = g_runtime.load(std::memory_order_acquire)) r->Shutdown();
@@ -235,14 +276,27 @@ DeviceId Runtime::default_device() const { return state_->default_device; }
 std::shared_ptr<CachingAllocator> Runtime::allocator(DeviceId device) {
   State& s = *state_;
   MutexLock lock(&s.mu);
-  auto it = s.allocators.find(device);
-  if (it != s.allocators.end()) return it->second;
-  // Created under the registry lock so that each device gets exactly one; the device
-  // lock is taken inside (lock order: registry -> device).
-  std::shared_ptr<CachingAllocator> made = CreateAllocator(s.config, device);
-  s.Install(made);
-  s.allocators.emplace(device, made);
-  return made;
+  return s.FindOrCreate(device);
+}
+
+AllocatorRef Runtime::allocator_ref(DeviceId device) {
+  // Acquire: pairs with the release increment of exchange_allocator, so that a thread
+  // that saw an exchange (through any synchronization) no longer trusts older entries.
+  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  for (const CachedAllocator& e : t_allocators) {
+    if (e.generation == generation && e.device == device) return {e.allocator, nullptr};
+  }
+  State& s = *state_;
+  MutexLock lock(&s.mu);
+  std::shared_ptr<CachingAllocator> a = s.FindOrCreate(device);
+  if (std::find(s.created.begin(), s.created.end(), a) == s.created.end()) {
+    return {a.get(), std::move(a)};  // installed: the holder keeps it alive
+  }
+  // Exchanges advance the generation under the lock, so the table held `a` at `now`.
+  const uint64_t now = g_generation.load(std::memory_order_relaxed);
+  t_allocators[t_next_allocator] = CachedAllocator{device, now, a.get()};
+  t_next_allocator = (t_next_allocator + 1) % kCachedAllocators;
+  return {a.get(), nullptr};  // in `created`: lives until exit
 }
 
 std::vector<std::shared_ptr<CachingAllocator>> Runtime::allocators() const {
@@ -269,6 +323,8 @@ std::shared_ptr<CachingAllocator> Runtime::exchange_allocator(
   }
   State& s = *state_;
   MutexLock lock(&s.mu);
+  // Release: a thread that reads the new generation sees the table as changed here.
+  g_generation.fetch_add(1, std::memory_order_release);
   std::shared_ptr<CachingAllocator> previous;
   auto it = s.allocators.find(device);
   if (it != s.allocators.end()) {

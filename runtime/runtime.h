@@ -29,7 +29,9 @@
 // does with its CUDA allocator: static objects (tensors) may still free into them
 // during exit, and the CUDA runtime tears itself down from its own exit handler, in an
 // order no library controls, so a cudaFree at exit could fail. The process's exit
-// returns the memory. Allocators are shared_ptrs: holders keep theirs alive past
+// returns the memory. An allocator the runtime created stays alive even once replaced
+// in the table (exchange_allocator), so that allocator_ref may hand out plain pointers
+// to it. Allocators are shared_ptrs: holders keep theirs alive past
 // Shutdown, so nothing is freed under a live pointer. After Shutdown the registry still
 // works (allocator() creates allocators on demand), but nothing is served and no
 // thread is started.
@@ -38,7 +40,8 @@
 // leaf with respect to allocators: it is never held while an allocator method runs,
 // except while creating one and while the background thread polls events (so that
 // thread never holds a reference of its own to an allocator). Lock order: registry
-// mutex -> device lock.
+// mutex -> device lock. allocator_ref takes no lock once this thread's cache holds the
+// device (see there).
 #pragma once
 
 #include <functional>
@@ -57,6 +60,15 @@ namespace devmem {
 
 class TraceRing;
 class HttpServer;
+
+// An allocator as Runtime::allocator_ref gives it: `allocator` is never null; `owner`
+// is null when the runtime keeps `allocator` for the process's life (it created it),
+// else a reference the holder keeps while it uses `allocator` (one installed by
+// set_allocator or exchange_allocator, which dies once replaced and unused).
+struct AllocatorRef {
+  CachingAllocator* allocator = nullptr;
+  std::shared_ptr<CachingAllocator> owner;
+};
 
 // Everything a snapshot file holds: per device its AllocatorSnapshot, plus the site
 // table and, optionally, the trace.
@@ -85,6 +97,14 @@ class Runtime {
   // The allocator of `device`, created on first use. Throws std::invalid_argument
   // naming the device when it cannot be had (cuda without a GPU, a bad index).
   std::shared_ptr<CachingAllocator> allocator(DeviceId device);
+  // The same allocator, for hot paths (every tensor creation): no lock and no
+  // reference count when this thread looked `device` up before and no allocator was
+  // exchanged since (a per-thread cache of device -> allocator, tagged with the
+  // registry's generation, which every exchange advances). Only allocators the runtime
+  // created are cached, and the runtime keeps each of those until exit, so a cached
+  // pointer never dangles; an installed one comes with `owner` (see AllocatorRef),
+  // through the lock, on every call. Throws as allocator() does.
+  AllocatorRef allocator_ref(DeviceId device);
   // The allocators created so far, in device order.
   std::vector<std::shared_ptr<CachingAllocator>> allocators() const;
   // Installs `allocator` for its device (replacing any), attaching the trace. For tests

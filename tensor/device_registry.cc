@@ -14,7 +14,11 @@ namespace devmem {
 
 DeviceId DefaultDevice() { return Runtime::Get().default_device(); }
 
-std::shared_ptr<CachingAllocator> AllocatorFor(DeviceId device) {
+namespace {
+
+// AllocatorFor's checks and error translation around `lookup(runtime, device)`.
+template <typename Lookup>
+auto Resolve(DeviceId device, Lookup lookup) {
   if ((device.type == DeviceType::kCpu || device.type == DeviceType::kCpuPinned) &&
       device.index != 0) {
     ThrowInvalidArgument(Cat("AllocatorFor: the ", DeviceTypeName(device.type),
@@ -22,12 +26,22 @@ std::shared_ptr<CachingAllocator> AllocatorFor(DeviceId device) {
   }
   Runtime& runtime = Runtime::Get();  // a bad DEVMEM_CONF throws InvalidArgumentError
   try {
-    return runtime.allocator(device);
+    return lookup(runtime, device);
   } catch (const std::invalid_argument& e) {
     // The runtime says a device cannot be had with invalid_argument; tensors call
     // that an unsupported device (tensor/errors.h).
     throw UnsupportedDeviceError(e.what());
   }
+}
+
+}  // namespace
+
+std::shared_ptr<CachingAllocator> AllocatorFor(DeviceId device) {
+  return Resolve(device, [](Runtime& r, DeviceId d) { return r.allocator(d); });
+}
+
+AllocatorRef AllocatorRefFor(DeviceId device) {
+  return Resolve(device, [](Runtime& r, DeviceId d) { return r.allocator_ref(d); });
 }
 
 ScopedAllocatorOverride::ScopedAllocatorOverride(

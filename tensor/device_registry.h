@@ -19,19 +19,23 @@
 // CUDA backend (an error saying why when there is none). The policy keys of the
 // configuration (max_split_size, ...) apply to every device.
 //
-// Ownership: the registry holds a shared_ptr to each allocator and never destroys them
-// (they live until the process exits, so tensors in static objects stay valid).
-// Every Storage also holds a shared_ptr to its allocator, so an overridden allocator
-// lives as long as the last tensor it backs.
+// Ownership: the registry holds a shared_ptr to each allocator it creates and never
+// destroys them (they live until the process exits, so tensors in static objects stay
+// valid, and a Storage may point at one without a reference count). A Storage holds a
+// shared_ptr to any other allocator (an override's), so an overridden allocator lives
+// as long as the last tensor it backs.
 //
 // Thread-safety: every function may be called from any thread (the runtime's registry
-// lock is held while a device's allocator is created, never while one runs).
+// lock is held while a device's allocator is created, never while one runs;
+// AllocatorRefFor takes it only on a thread's first use of a device after an
+// exchange, or for an override).
 #pragma once
 
 #include <memory>
 
 #include "allocator/caching_allocator.h"
 #include "allocator/types.h"
+#include "runtime/runtime.h"
 
 namespace devmem {
 
@@ -45,6 +49,12 @@ DeviceId DefaultDevice();
 // DEVMEM_CONF does not parse, UnsupportedDeviceError (tensor/errors.h) when the device
 // cannot be had (cuda without a GPU), each with the reason.
 std::shared_ptr<CachingAllocator> AllocatorFor(DeviceId device);
+
+// The same, without a lock or a reference count on the common path (what tensor
+// creation uses): Runtime::allocator_ref (runtime/runtime.h) with AllocatorFor's
+// checks and errors. `owner` is null when the runtime keeps the allocator until exit,
+// else the reference to hold while the allocator is used (an override's).
+AllocatorRef AllocatorRefFor(DeviceId device);
 
 // While it lives, AllocatorFor(allocator->device()) returns `allocator` (which must not
 // be null: InvalidArgumentError); on

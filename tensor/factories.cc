@@ -29,9 +29,9 @@ Tensor EmptyAt(IntList shape, DType dtype, DeviceId device, SiteId site) {
   Storage::Contents contents{DTypeName(dtype), {}};
   contents.shape.assign(shape.begin(), shape.end());
   StoragePtr storage =
-      Storage::Allocate(AllocatorFor(device), static_cast<size_t>(numel) * ItemSize(dtype),
+      Storage::Allocate(AllocatorRefFor(device), static_cast<size_t>(numel) * ItemSize(dtype),
                         CurrentStream(device), site, std::move(contents));
-  return Tensor(std::move(storage), dtype, shape, ContiguousStrides(shape), 0);
+  return Tensor(std::move(storage), dtype, shape);  // contiguous, checked above
 }
 
 Tensor empty(IntList shape, TensorOptions options, std::source_location loc) {

@@ -43,12 +43,16 @@ int64_t CheckedNumel(IntList shape, size_t item_size, std::string_view op) {
 
 DimVector ContiguousStrides(IntList shape) {
   DimVector strides(shape.size());
+  ContiguousStridesInto(shape, absl::MakeSpan(strides));
+  return strides;
+}
+
+void ContiguousStridesInto(IntList shape, absl::Span<int64_t> out) {
   int64_t s = 1;
   for (size_t i = shape.size(); i-- > 0;) {
-    strides[i] = s;
+    out[i] = s;
     s *= shape[i] > 1 ? shape[i] : 1;
   }
-  return strides;
 }
 
 bool IsContiguous(IntList shape, IntList strides) {

@@ -41,6 +41,8 @@ int64_t CheckedNumel(IntList shape, size_t item_size, std::string_view op);
 
 // Row-major strides for `shape` (the last dim has stride 1).
 DimVector ContiguousStrides(IntList shape);
+// The same, written into `out` (of shape.size() elements), for a tensor's own strides.
+void ContiguousStridesInto(IntList shape, absl::Span<int64_t> out);
 // True when `strides` are the row-major strides of `shape`, ignoring dims of size 1
 // (their stride never matters) and true for any tensor with no elements.
 bool IsContiguous(IntList shape, IntList strides);

@@ -9,12 +9,13 @@
 namespace devmem {
 
 Storage::Storage(void* data, size_t bytes, DeviceId device, Stream stream,
-                 std::shared_ptr<CachingAllocator> allocator, Deleter deleter) noexcept
+                 AllocatorRef allocator, Deleter deleter) noexcept
     : data_(data),
       bytes_(bytes),
       device_(device),
       stream_(stream),
-      allocator_(std::move(allocator)),
+      allocator_(allocator.allocator),
+      allocator_owner_(std::move(allocator.owner)),
       deleter_(std::move(deleter)) {}
 
 Storage::~Storage() {
@@ -38,16 +39,25 @@ Storage::~Storage() {
 
 StoragePtr Storage::Allocate(std::shared_ptr<CachingAllocator> allocator, size_t bytes,
                              Stream stream, SiteId site, Contents contents) {
-  const DeviceId device = allocator->device();
-  void* data = allocator->allocate(bytes, stream, site);
-  // If `new` throws, give the block back before propagating, so nothing leaks. The
-  // allocation function runs before the constructor's arguments are evaluated, so
-  // `allocator` has not been moved from when it throws; the constructor is noexcept.
+  CachingAllocator* raw = allocator.get();
+  return Allocate(AllocatorRef{raw, std::move(allocator)}, bytes, stream, site,
+                  std::move(contents));
+}
+
+StoragePtr Storage::Allocate(AllocatorRef allocator, size_t bytes, Stream stream,
+                             SiteId site, Contents contents) {
+  CachingAllocator& a = *allocator.allocator;
+  const DeviceId device = a.device();
+  void* data = a.allocate(bytes, stream, site);
+  // If `new` throws, give the block back before propagating, so nothing leaks. `a`
+  // stays valid meanwhile: the allocation function runs before the constructor's
+  // arguments are evaluated, so `allocator.owner` has not been moved from when it
+  // throws; the constructor is noexcept.
   Storage* s;
   try {
     s = new Storage(data, bytes, device, stream, std::move(allocator), nullptr);
   } catch (...) {
-    allocator->free(data);
+    a.free(data);
     throw;
   }
   StoragePtr ptr(s);  // from here on, an exception frees the storage
@@ -62,7 +72,7 @@ StoragePtr Storage::Allocate(std::shared_ptr<CachingAllocator> allocator, size_t
 StoragePtr Storage::WrapForeign(void* data, size_t bytes, DeviceId device,
                                 Deleter deleter, Stream stream) {
   return StoragePtr(
-      new Storage(data, bytes, device, stream, nullptr, std::move(deleter)));
+      new Storage(data, bytes, device, stream, AllocatorRef{}, std::move(deleter)));
 }
 
 void Storage::record_stream(Stream stream) const {

@@ -14,8 +14,9 @@
 // Ownership: a Storage is created with one reference, owned by the StoragePtr that
 // creation returns, and deleted when the last StoragePtr to it is destroyed or reset.
 // It owns exactly one of: an allocator block (freed through the allocator that made
-// it, which it keeps alive with a shared_ptr, so a storage may outlive a test's
-// allocator override); foreign memory with a deleter (called once, with data()); or
+// it, which it keeps alive with a shared_ptr unless the runtime keeps it until exit
+// (AllocatorRef, runtime/runtime.h), so a storage may outlive a test's allocator
+// override); foreign memory with a deleter (called once, with data()); or
 // foreign memory it does not own (nothing is done at the end).
 //
 // Why intrusive (the model is PyTorch's c10/util/intrusive_ptr.h): the count lives in
@@ -61,6 +62,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/site.h"
 #include "allocator/types.h"
+#include "runtime/runtime.h"
 
 namespace devmem {
 
@@ -86,6 +88,10 @@ class Storage {
   // and what it holds) until it is destroyed.
   static StoragePtr Allocate(std::shared_ptr<CachingAllocator> allocator, size_t bytes,
                              Stream stream, SiteId site, Contents contents = {});
+  // The same from an AllocatorRef (AllocatorRefFor): no reference count is taken when
+  // `allocator.owner` is null (the runtime keeps that allocator until exit).
+  static StoragePtr Allocate(AllocatorRef allocator, size_t bytes, Stream stream,
+                             SiteId site, Contents contents = {});
 
   // Wraps memory that devmem did not allocate, on `device`. With a deleter the storage
   // owns the memory and calls deleter(data) at the end; without one it never frees it
@@ -102,7 +108,7 @@ class Storage {
   // The stream the block was allocated on (where it may be used at once).
   Stream stream() const { return stream_; }
   // The allocator that owns the block; nullptr for foreign memory.
-  CachingAllocator* allocator() const { return allocator_.get(); }
+  CachingAllocator* allocator() const { return allocator_; }
   bool is_foreign() const { return allocator_ == nullptr; }
   const Contents& contents() const { return contents_; }
 
@@ -119,7 +125,7 @@ class Storage {
   friend class StoragePtr;
 
   Storage(void* data, size_t bytes, DeviceId device, Stream stream,
-          std::shared_ptr<CachingAllocator> allocator, Deleter deleter) noexcept;
+          AllocatorRef allocator, Deleter deleter) noexcept;
   // Frees the memory (allocator block or deleter). Never throws: a failure is reported
   // on stderr, since it means the allocator's books and ours disagree.
   ~Storage();
@@ -131,10 +137,18 @@ class Storage {
   const size_t bytes_;
   const DeviceId device_;
   const Stream stream_;
-  const std::shared_ptr<CachingAllocator> allocator_;  // null for foreign memory
+  CachingAllocator* const allocator_;  // null for foreign memory
+  // Keeps allocator_ alive; null when the runtime keeps it until exit (AllocatorRef).
+  const std::shared_ptr<CachingAllocator> allocator_owner_;
   Deleter deleter_;                                    // only for owned foreign memory
   Contents contents_;   // set before the storage is published, then immutable
   bool listed_ = false; // in LiveStorages (set before publication, then immutable)
+  // LiveStorages' intrusive list links (tensor/live_storages.h): read and written only
+  // under the lock of shard live_shard_, which is fixed when the storage is listed.
+  friend class LiveStorages;
+  Storage* live_prev_ = nullptr;
+  Storage* live_next_ = nullptr;
+  uint32_t live_shard_ = 0;
 };
 
 // The handle: an owning pointer to a Storage with an intrusive count (see above).

@@ -51,6 +51,14 @@ Tensor::Tensor(StoragePtr storage, DType dtype, IntList shape, IntList strides,
   if (last >= capacity) outside(Cat("reaches element ", last));
 }
 
+Tensor::Tensor(StoragePtr fresh, DType dtype, IntList shape) noexcept
+    : storage_(std::move(fresh)),
+      shape_(shape.begin(), shape.end()),
+      strides_(shape.size()),
+      dtype_(dtype) {
+  ContiguousStridesInto(shape, absl::MakeSpan(strides_));  // no temporary
+}
+
 int64_t Tensor::size(int64_t dim) const { return shape_[WrapDim(dim, shape_, "size")]; }
 
 int64_t Tensor::stride(int64_t dim) const {

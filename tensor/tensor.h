@@ -41,6 +41,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/site.h"
 #include "allocator/types.h"
 #include "tensor/dtype.h"
 #include "tensor/errors.h"
@@ -213,6 +214,12 @@ class Tensor {
   Tensor& mul_(double value);
 
  private:
+  // EmptyAt's tensor: contiguous over all of a storage it has just allocated for
+  // `shape`, whose numel it has checked (CheckedNumel), so none of the public
+  // constructor's checks can fail and none is repeated; strides are computed in place.
+  friend Tensor EmptyAt(IntList shape, DType dtype, DeviceId device, SiteId site);
+  Tensor(StoragePtr fresh, DType dtype, IntList shape) noexcept;
+
   void CheckDType(DType expected, const char* op) const;
   void CopyToHost(void* dst) const;
   // view() with `op` named in its errors (flatten is a view too).

@@ -135,5 +135,59 @@ TEST_F(LiveBuffersTest, ConcurrentSnapshotsWhileTensorsComeAndGo) {
   EXPECT_GE(annotations_seen, static_cast<size_t>(kSnapshots));
 }
 
+TEST_F(LiveBuffersTest, StoragesFreedOnAnotherThreadAreUnlistedWhileSnapshotsRun) {
+  // Storages are listed in the shard of the thread that creates them and unlisted by
+  // whichever thread drops the last reference: four threads create, one other thread
+  // frees them all while a third takes snapshots. Every storage is seen while all are
+  // live, and none is left listed (nor annotated) once they are gone.
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 100;
+  const size_t before = LiveStorages::Get().size();
+  std::vector<std::vector<Tensor>> made(kThreads);
+  {
+    std::vector<std::thread> makers;
+    for (int w = 0; w < kThreads; ++w) {
+      makers.emplace_back([&, w] {
+        for (int i = 0; i < kPerThread; ++i) made[w].push_back(zeros({2, 8 + w}, On()));
+      });
+    }
+    for (std::thread& t : makers) t.join();
+  }
+  EXPECT_EQ(LiveStorages::Get().size(), before + kThreads * kPerThread);
+  const RuntimeSnapshot all = Runtime::Get().snapshot();
+  for (int w = 0; w < kThreads; ++w) {
+    for (const Tensor& t : made[w]) {
+      const BufferAnnotation* a = Find(all, t.data_ptr());
+      ASSERT_NE(a, nullptr) << "thread " << w << "'s storage is not listed";
+      EXPECT_EQ(a->shape, (std::vector<int64_t>{2, 8 + w}));
+    }
+  }
+  // The freer starts once the snapper has taken one snapshot, so that frees and
+  // snapshots overlap (a latch, no sleep).
+  std::latch snapping(1);
+  std::atomic<bool> done{false};
+  std::thread snapper([&] {
+    for (bool first = true; first || !done.load(); first = false) {
+      const RuntimeSnapshot snap = Runtime::Get().snapshot();
+      for (const BufferAnnotations& per_device : snap.annotations) {
+        for (const auto& [addr, a] : per_device) EXPECT_GE(a.refcount, 1u);
+      }
+      if (first) snapping.count_down();
+    }
+  });
+  std::thread freer([&] {
+    snapping.wait();
+    for (std::vector<Tensor>& list : made) list.clear();
+    done.store(true);
+  });
+  freer.join();
+  snapper.join();
+  EXPECT_EQ(LiveStorages::Get().size(), before);
+  const RuntimeSnapshot after = Runtime::Get().snapshot();
+  for (size_t i = 0; i < after.devices.size() && i < after.annotations.size(); ++i) {
+    if (after.devices[i].device == kSimDevice) EXPECT_TRUE(after.annotations[i].empty());
+  }
+}
+
 }  // namespace
 }  // namespace devmem
