@@ -9,7 +9,10 @@
 //     view of an interned tag without copying it.
 //   * A per-thread direct-mapped cache of 64 entries keyed by the identity of the
 //     source_location's strings (file and function pointers; they are static), line,
-//     column, kind and tag text. A hit takes no lock and allocates nothing.
+//     column, kind, tag text and the outer ScopedSite frame's identity (pointers, line,
+//     column). A hit takes no lock and allocates nothing.
+//   * The ScopedSite stack: a thread-local bounded array of source_locations and a
+//     depth. Only frame 0 (the outermost) enters a site's identity.
 //
 // Identity: the table compares strings by content, so the same place reached through
 // two copies of a string literal (an inline function in two translation units) is one
@@ -65,6 +68,11 @@ std::string_view SiteKindName(SiteKind kind) {
 std::string SiteInfo::ToString() const {
   std::string out;
   if (!tag.empty()) absl::StrAppend(&out, tag, " @ ");
+  if (has_outer()) {
+    absl::StrAppend(&out, outer_file);
+    if (outer_line != 0) absl::StrAppend(&out, ":", outer_line);
+    absl::StrAppend(&out, " > ");
+  }
   absl::StrAppend(&out, file);
   if (line != 0) absl::StrAppend(&out, ":", line);
   absl::StrAppend(&out, " (", std::string(SiteKindName(kind)), ")");
@@ -90,16 +98,26 @@ struct SiteKey {
   uint32_t line = 0;
   uint32_t column = 0;
   SiteKind kind = SiteKind::kAlloc;
+  // The outer frame ("" / 0 when none).
+  std::string_view outer_file = {};
+  std::string_view outer_function = {};
+  uint32_t outer_line = 0;
+  uint32_t outer_column = 0;
 
   friend bool operator==(const SiteKey&, const SiteKey&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const SiteKey& k) {
     return H::combine(std::move(h), k.file, k.function, k.tag, k.line, k.column,
-                      k.kind);
+                      k.kind, k.outer_file, k.outer_function, k.outer_line,
+                      k.outer_column);
   }
 };
 
 SiteInfo UnknownSiteInfo() { return SiteInfo{"<unknown>", 0, "", "", SiteKind::kAlloc}; }
+
+SiteInfo OtherSiteInfo() {
+  return SiteInfo{std::string(kOtherSiteFile), 0, "", "other", SiteKind::kAlloc};
+}
 
 // The length of the valid UTF-8 sequence at the start of `s` (1..4), or 0 when the
 // first byte does not start one (RFC 3629: no overlongs, no surrogates, <= U+10FFFF).
@@ -152,12 +170,14 @@ SiteKey BoundedKey(SiteKey key) {
   key.file = key.file.substr(0, kMaxSiteNameBytes);
   key.function = key.function.substr(0, kMaxSiteNameBytes);
   key.tag = key.tag.substr(0, kMaxSiteTagBytes);
+  key.outer_file = key.outer_file.substr(0, kMaxSiteNameBytes);
+  key.outer_function = key.outer_function.substr(0, kMaxSiteNameBytes);
   return key;
 }
 
 class SiteTable {
  public:
-  SiteTable() { entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}}); }
+  SiteTable() { entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}, {}, {}}); }
 
   // Returns the id of `key` (already cut by BoundedKey), adding it if new. When the id
   // may be cached, `*stable_tag` is set to a view of the key's tag text that lives as
@@ -185,9 +205,7 @@ class SiteTable {
     if (other_ == kUnknownSite && entries_.size() == kMaxSites - 1) {
       // The last id: the `other` site, for this key and every new one after it.
       other_ = static_cast<SiteId>(entries_.size());
-      entries_.push_back(
-          Entry{SiteInfo{std::string(kOtherSiteFile), 0, "", "other", SiteKind::kAlloc},
-                {}, {}, {}});
+      entries_.push_back(Entry{OtherSiteInfo(), {}, {}, {}, {}, {}});
       std::fprintf(stderr,
                    "devmem: error: the site table is full (%zu sites, one per distinct "
                    "call site and tag); allocations from new sites are counted under the "
@@ -201,8 +219,10 @@ class SiteTable {
     }
     const SiteId new_id = static_cast<SiteId>(entries_.size());
     Entry& e = entries_.emplace_back();
-    e.info = SiteInfo{ToValidUtf8(key.file), key.line, ToValidUtf8(key.function),
-                      ToValidUtf8(key.tag), key.kind};
+    e.info = SiteInfo{ToValidUtf8(key.file),      key.line,
+                      ToValidUtf8(key.function),  ToValidUtf8(key.tag),
+                      key.kind,                   ToValidUtf8(key.outer_file),
+                      key.outer_line,             ToValidUtf8(key.outer_function)};
     // The key keeps the caller's bytes; only where they differ from the SiteInfo's (they
     // were not valid UTF-8) are they stored a second time.
     auto stable = [](std::string_view raw, const std::string& clean, std::string* copy) {
@@ -215,7 +235,12 @@ class SiteTable {
                        stable(key.tag, e.info.tag, &e.raw_tag),
                        key.line,
                        key.column,
-                       key.kind};
+                       key.kind,
+                       stable(key.outer_file, e.info.outer_file, &e.raw_outer_file),
+                       stable(key.outer_function, e.info.outer_function,
+                              &e.raw_outer_function),
+                       key.outer_line,
+                       key.outer_column};
     ids_.emplace(stable_key, new_id);
     *stable_tag = stable_key.tag;
     *id = new_id;
@@ -241,6 +266,8 @@ class SiteTable {
     std::string raw_file;
     std::string raw_function;
     std::string raw_tag;
+    std::string raw_outer_file;
+    std::string raw_outer_function;
   };
   mutable SharedMutex mu_;
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // index == id; never shrinks
@@ -263,6 +290,11 @@ struct CacheEntry {
   uint32_t column = 0;
   SiteKind kind = SiteKind::kAlloc;
   SiteId id = kUnknownSite;  // kUnknownSite marks an empty entry
+  // The outer frame's identity (nullptr / 0 when none).
+  const char* outer_file = nullptr;
+  const char* outer_function = nullptr;
+  uint32_t outer_line = 0;
+  uint32_t outer_column = 0;
 };
 constexpr size_t kCacheEntries = 64;  // a power of two
 thread_local std::array<CacheEntry, kCacheEntries> tls_cache;
@@ -270,11 +302,33 @@ thread_local std::array<CacheEntry, kCacheEntries> tls_cache;
 // The current thread's tag (ScopedSiteTag).
 thread_local std::string tls_tag;
 
-size_t CacheSlot(const std::source_location& loc, SiteKind kind, std::string_view tag) {
+// The current thread's ScopedSite stack: frames [0, min(depth, kMax)) are recorded.
+// Constant-initialized and trivially destructible, like the cache.
+thread_local std::array<std::source_location, kMaxScopedSiteDepth> tls_frames;
+thread_local size_t tls_frame_depth = 0;
+
+// The outer frame for an allocation at `loc`: the outermost ScopedSite, unless it is
+// `loc` itself (a public op that pushed its own caller's location and allocates at it).
+const std::source_location* OuterFrameFor(const std::source_location& loc) {
+  if (tls_frame_depth == 0) return nullptr;
+  const std::source_location* outer = &tls_frames[0];
+  if (outer->file_name() == loc.file_name() && outer->line() == loc.line() &&
+      outer->column() == loc.column()) {
+    return nullptr;
+  }
+  return outer;
+}
+
+size_t CacheSlot(const std::source_location& loc, SiteKind kind, std::string_view tag,
+                 const std::source_location* outer) {
   uint64_t h = reinterpret_cast<uintptr_t>(loc.file_name());
   h ^= (uint64_t{loc.line()} << 32) ^ (uint64_t{loc.column()} << 8) ^
        static_cast<uint64_t>(kind);
   if (!tag.empty()) h ^= std::hash<std::string_view>{}(tag);
+  if (outer != nullptr) {
+    h ^= reinterpret_cast<uintptr_t>(outer->file_name()) * 31 +
+         (uint64_t{outer->line()} << 20) + outer->column();
+  }
   // A 64-bit finalizer (from MurmurHash3) so that nearby lines spread over the slots.
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
@@ -287,20 +341,33 @@ size_t CacheSlot(const std::source_location& loc, SiteKind kind, std::string_vie
 SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
   if (tag.empty()) tag = tls_tag;
   tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the cache hits
-  CacheEntry& entry = tls_cache[CacheSlot(loc, kind, tag)];
+  const std::source_location* outer = OuterFrameFor(loc);
+  const char* outer_file = outer != nullptr ? outer->file_name() : nullptr;
+  const char* outer_function = outer != nullptr ? outer->function_name() : nullptr;
+  const uint32_t outer_line = outer != nullptr ? outer->line() : 0;
+  const uint32_t outer_column = outer != nullptr ? outer->column() : 0;
+  CacheEntry& entry = tls_cache[CacheSlot(loc, kind, tag, outer)];
   if (entry.id != kUnknownSite && entry.file == loc.file_name() &&
       entry.line == loc.line() && entry.column == loc.column() &&
-      entry.function == loc.function_name() && entry.kind == kind && entry.tag == tag) {
+      entry.function == loc.function_name() && entry.kind == kind && entry.tag == tag &&
+      entry.outer_file == outer_file && entry.outer_function == outer_function &&
+      entry.outer_line == outer_line && entry.outer_column == outer_column) {
     return entry.id;
   }
   std::string_view stable_tag;
   SiteId id = kUnknownSite;
-  if (Table().Intern(BoundedKey(SiteKey{loc.file_name(), loc.function_name(), tag,
-                                        loc.line(), loc.column(), kind}),
-                     &id, &stable_tag)) {
+  SiteKey key{loc.file_name(), loc.function_name(), tag, loc.line(), loc.column(), kind};
+  if (outer != nullptr) {
+    key.outer_file = outer_file;
+    key.outer_function = outer_function;
+    key.outer_line = outer_line;
+    key.outer_column = outer_column;
+  }
+  if (Table().Intern(BoundedKey(key), &id, &stable_tag)) {
     entry = CacheEntry{loc.file_name(), loc.function_name(), stable_tag,
                        loc.line(),      loc.column(),        kind,
-                       id};
+                       id,              outer_file,          outer_function,
+                       outer_line,      outer_column};
   }
   return id;
 }
@@ -313,6 +380,20 @@ SiteId InternNamedSite(std::string_view file, uint32_t line, std::string_view fu
   SiteId id = kUnknownSite;
   Table().Intern(BoundedKey(SiteKey{file, function, tag, line, /*column=*/0, kind}), &id,
                  &stable_tag);
+  return id;
+}
+
+SiteId InternNamedSiteChain(std::string_view file, uint32_t line,
+                            std::string_view function, SiteKind kind,
+                            std::string_view tag, std::string_view outer_file,
+                            uint32_t outer_line, std::string_view outer_function) {
+  std::string_view stable_tag;
+  SiteId id = kUnknownSite;
+  SiteKey key{file, function, tag, line, /*column=*/0, kind};
+  key.outer_file = outer_file;
+  key.outer_function = outer_function;
+  key.outer_line = outer_line;
+  Table().Intern(BoundedKey(key), &id, &stable_tag);
   return id;
 }
 
@@ -330,5 +411,22 @@ ScopedSiteTag::ScopedSiteTag(std::string_view tag) {
 }
 
 ScopedSiteTag::~ScopedSiteTag() { tls_tag = std::move(previous_); }
+
+}  // namespace devmem
+
+namespace devmem {
+
+ScopedSite::ScopedSite(std::source_location loc) {
+  if (tls_frame_depth < kMaxScopedSiteDepth) tls_frames[tls_frame_depth] = loc;
+  ++tls_frame_depth;
+}
+
+ScopedSite::~ScopedSite() { --tls_frame_depth; }
+
+size_t ScopedSiteDepth() { return tls_frame_depth; }
+
+const std::source_location* OutermostScopedSite() {
+  return tls_frame_depth == 0 ? nullptr : &tls_frames[0];
+}
 
 }  // namespace devmem
