@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/device_pool.h"
 #include "allocator/errors.h"
+#include "allocator/stack_sampler.h"
 
 namespace devmem {
 namespace {
@@ -29,17 +30,22 @@ void RefuseInStreamCallback(const internal::DevicePool& pool, const char* op) {
 }  // namespace
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
-    : pool_(std::make_unique<internal::DevicePool>(std::move(backend), config)) {}
+    : pool_(std::make_unique<internal::DevicePool>(std::move(backend), config)) {
+  stack_sampler::SetMeanBytes(config.stack_sample_bytes);  // process-wide (stack_sampler.h)
+}
 
-CachingAllocator::~CachingAllocator() = default;
+CachingAllocator::~CachingAllocator() { stack_sampler::ForgetOwner(this); }
 
 void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
-  return pool_->allocate(bytes, stream, site);
+  void* p = pool_->allocate(bytes, stream, site);
+  stack_sampler::OnAllocate(this, p, bytes, site);  // sampled stacks (stack_sampler.h)
+  return p;
 }
 void CachingAllocator::free(void* ptr) {
   RefuseInStreamCallback(*pool_, "free");
   pool_->free(ptr);
+  stack_sampler::OnFree(this, ptr);  // after: a refused free keeps its sample
 }
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
   RefuseInStreamCallback(*pool_, "record_stream");

@@ -494,7 +494,7 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "sim_free_latency_us:0,sim_fail_nth:0,sim_fail_probability:0,sim_seed:0,"
             "sim_devices:64,max_split_size_mb:none,garbage_collection_threshold:0,"
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
-            "per_process_memory_fraction:1,trace_entries:0,"
+            "per_process_memory_fraction:1,trace_entries:0,stack_sample_bytes:256MiB,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
             "http_metrics_token:false,oom_dump_dir:,site_top_k:10");
 }
@@ -787,6 +787,7 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.expandable_recycle_threshold = 0.5;
   base.per_process_memory_fraction = 0.5;
   base.trace_entries = 1;
+  base.stack_sample_bytes = 1;
   base.http = "localhost:1";
   base.http_token_file = "x";
   base.http_allow_remote = true;
