@@ -11,9 +11,10 @@
 // records the OUTERMOST pushed frame (`outer_*`), so a clone inside a library helper
 // names both the helper's line and the user's line that led there.
 //
-// Cost: InternSite is a lookup in a small per-thread cache keyed by the identity of
-// the source_location's strings (they are static), falling back to a global table
-// under a mutex the first time a thread sees a site. SiteId 0 is "unknown".
+// Cost: interning a known site is a read-only lookup: a lock-free, process-wide index
+// keyed by the identity of the source_location's strings (they are static) and of the
+// outer frame's, so hundreds of hot sites cost what one does; the global table, under a mutex, is
+// reached only the first time a site is interned (site.cc). SiteId 0 is "unknown".
 //
 // Thread-safety: every function here may be called from any thread at any time. Site
 // ids are never reused; SiteInfo for an id never changes.
@@ -101,6 +102,12 @@ SiteId InternNamedSiteChain(std::string_view file, uint32_t line,
 SiteInfo GetSite(SiteId id);
 // Number of ids handed out so far, plus one for kUnknownSite.
 size_t SiteCount();
+
+namespace internal {
+// How many InternSite/InternNamedSite calls reached the table (its lock) since the
+// process started: for tests that check a known site is a read-only lookup.
+uint64_t SiteTableLookups();
+}  // namespace internal
 
 // The current thread's tag: InternSite calls with an empty tag use it. Set through
 // ScopedSiteTag; "" when none.
