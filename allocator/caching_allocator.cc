@@ -10,6 +10,7 @@
 #include "allocator/arena_internal.h"
 #include "allocator/device_pool.h"
 #include "allocator/errors.h"
+#include "allocator/stack_sampler.h"
 
 namespace devmem {
 namespace {
@@ -34,11 +35,13 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Confi
     : pool_(std::make_unique<internal::DevicePool>(std::move(backend), config)),
       arenas_(std::make_unique<internal::Arenas>(pool_.get(), pool_->device())) {
   pool_->set_arena_hook(arenas_.get());
+  stack_sampler::SetMeanBytes(config.stack_sample_bytes);  // process-wide (stack_sampler.h)
 }
 
 CachingAllocator::~CachingAllocator() {
   pool_->set_arena_hook(nullptr);
   arenas_.reset();
+  stack_sampler::ForgetOwner(this);
 }
 
 // allocate and free go through the thread caches (device_pool_tcache.cc), which take
@@ -47,17 +50,21 @@ void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
   // Scoped arenas come first: an arena buffer must never reach a thread cache.
   if (void* p = arenas_->allocate(bytes, stream, site)) return p;
-  return pool_->allocate_front(bytes, stream, site);
+  void* p = pool_->allocate_front(bytes, stream, site);
+  stack_sampler::OnAllocate(this, p, bytes, site);  // sampled stacks (stack_sampler.h)
+  return p;
 }
 void CachingAllocator::free(void* ptr) {
   RefuseInStreamCallback(*pool_, "free");
   if (arenas_->free(ptr)) return;
   pool_->free_front(ptr, 0);
+  stack_sampler::OnFree(this, ptr);  // after: a refused free keeps its sample
 }
 void CachingAllocator::free(void* ptr, size_t size) {
   RefuseInStreamCallback(*pool_, "free");
   if (arenas_->free(ptr)) return;
   pool_->free_front(ptr, size);
+  stack_sampler::OnFree(this, ptr);
 }
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
   RefuseInStreamCallback(*pool_, "record_stream");

@@ -342,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 25>& Keys() {
-  static const std::array<KeySpec, 25> keys = {{
+const std::array<KeySpec, 26>& Keys() {
+  static const std::array<KeySpec, 26> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -529,6 +529,17 @@ const std::array<KeySpec, 25>& Keys() {
          return why;
        },
        [](const Config& c) { return absl::StrCat(c.trace_entries); }},
+      {"stack_sample_bytes", "size", "256MiB",
+       "Mean bytes allocated per sampled stack trace, 0 .. 1 TiB (0 = off).",
+       [](std::string_view v, Config* c) -> std::string {
+         size_t n = 0;
+         std::string why = ParseSizeImpl(v, &n);
+         if (!why.empty()) return why;
+         if (n > (size_t{1} << 40)) return "is out of range (0 .. 1TiB)";
+         c->stack_sample_bytes = n;
+         return "";
+       },
+       [](const Config& c) { return FormatSizeExact(c.stack_sample_bytes); }},
       {"http", "ADDRESS:PORT", "",
        "Serve /metrics and /debug/* on this address (IPv6 in brackets: [::1]:9400; port "
        "0 picks a free one). Empty = no server.",

@@ -85,6 +85,9 @@ struct Config {
 
   // --- observability (runtime layer) -------------------------------------------------
   size_t trace_entries = 0;       // key trace_entries: event ring size (0 = off, <= 10^8)
+  // key stack_sample_bytes: one sampled stack per this many bytes allocated on average
+  // (0 = off; process-wide, allocator/stack_sampler.h).
+  uint64_t stack_sample_bytes = uint64_t{256} << 20;  // kDefaultStackSampleBytes
   std::string http;               // key http: "ADDRESS:PORT" to serve on ("" = off)
   std::string http_token_file;    // key http_token_file: bearer token for /debug/*
   bool http_allow_remote = false; // key http_allow_remote (bool)

@@ -18,7 +18,10 @@
 //     table's exclusive lock the first time a site is interned through that pointer
 //     identity, and never removed; the index is filled to at most half its slots, so a
 //     probe always reaches an empty slot, and past that new identities are looked up
-//     in the table (correct, only slower).
+//     in the table (correct, only slower). The identity includes the outer ScopedSite
+//     frame's (pointers, line, column), so a known chain is found the same way.
+//   * The ScopedSite stack: a thread-local bounded array of source_locations and a
+//     depth. Only frame 0 (the outermost) enters a site's identity.
 // Identity: the table compares strings by content, so the same place reached through
 // two copies of a string literal (an inline function in two translation units) is one
 // site; the pointer index compares file and function by pointer, so such a site has
@@ -79,6 +82,11 @@ std::string_view SiteKindName(SiteKind kind) {
 std::string SiteInfo::ToString() const {
   std::string out;
   if (!tag.empty()) absl::StrAppend(&out, tag, " @ ");
+  if (has_outer()) {
+    absl::StrAppend(&out, outer_file);
+    if (outer_line != 0) absl::StrAppend(&out, ":", outer_line);
+    absl::StrAppend(&out, " > ");
+  }
   absl::StrAppend(&out, file);
   if (line != 0) absl::StrAppend(&out, ":", line);
   absl::StrAppend(&out, " (", std::string(SiteKindName(kind)), ")");
@@ -104,12 +112,18 @@ struct SiteKey {
   uint32_t line = 0;
   uint32_t column = 0;
   SiteKind kind = SiteKind::kAlloc;
+  // The outer frame ("" / 0 when none).
+  std::string_view outer_file = {};
+  std::string_view outer_function = {};
+  uint32_t outer_line = 0;
+  uint32_t outer_column = 0;
 
   friend bool operator==(const SiteKey&, const SiteKey&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const SiteKey& k) {
     return H::combine(std::move(h), k.file, k.function, k.tag, k.line, k.column,
-                      k.kind);
+                      k.kind, k.outer_file, k.outer_function, k.outer_line,
+                      k.outer_column);
   }
 };
 
@@ -166,6 +180,8 @@ SiteKey BoundedKey(SiteKey key) {
   key.file = key.file.substr(0, kMaxSiteNameBytes);
   key.function = key.function.substr(0, kMaxSiteNameBytes);
   key.tag = key.tag.substr(0, kMaxSiteTagBytes);
+  key.outer_file = key.outer_file.substr(0, kMaxSiteNameBytes);
+  key.outer_function = key.outer_function.substr(0, kMaxSiteNameBytes);
   return key;
 }
 
@@ -179,10 +195,17 @@ struct PointerKey {
   uint32_t line = 0;
   uint32_t column = 0;
   SiteKind kind = SiteKind::kAlloc;
+  // The outer ScopedSite frame's identity (nullptr / 0 when none).
+  const char* outer_file = nullptr;
+  const char* outer_function = nullptr;
+  uint32_t outer_line = 0;
+  uint32_t outer_column = 0;
 
   bool operator==(const PointerKey& o) const {
     return file == o.file && function == o.function && line == o.line &&
-           column == o.column && kind == o.kind && tag == o.tag;
+           column == o.column && kind == o.kind && tag == o.tag &&
+           outer_file == o.outer_file && outer_function == o.outer_function &&
+           outer_line == o.outer_line && outer_column == o.outer_column;
   }
 };
 
@@ -191,6 +214,11 @@ size_t PointerHash(const PointerKey& k) {
                (reinterpret_cast<uintptr_t>(k.function) * 0x9E3779B97F4A7C15ULL);
   h ^= (uint64_t{k.line} << 32) ^ (uint64_t{k.column} << 8) ^ static_cast<uint64_t>(k.kind);
   if (!k.tag.empty()) h ^= std::hash<std::string_view>{}(k.tag);
+  if (k.outer_file != nullptr) {
+    h ^= (reinterpret_cast<uintptr_t>(k.outer_file) * 31) ^
+         (reinterpret_cast<uintptr_t>(k.outer_function) << 7) ^
+         (uint64_t{k.outer_line} << 20) ^ k.outer_column;
+  }
   // A 64-bit finalizer (from MurmurHash3) so that nearby lines spread over the slots.
   h ^= h >> 33;
   h *= 0xff51afd7ed558ccdULL;
@@ -212,7 +240,7 @@ std::atomic<uint64_t> g_table_lookups{0};
 class SiteTable {
  public:
   SiteTable() : index_(new std::atomic<const IndexEntry*>[kIndexSlots]()) {
-    entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}});
+    entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}, {}, {}});
   }
 
   // The id indexed for `key`, or kUnknownSite when it is not indexed. Lock-free and
@@ -295,7 +323,7 @@ class SiteTable {
       other_ = static_cast<SiteId>(entries_.size());
       entries_.push_back(
           Entry{SiteInfo{std::string(kOtherSiteFile), 0, "", "other", SiteKind::kAlloc},
-                {}, {}, {}});
+                {}, {}, {}, {}, {}});
       std::fprintf(stderr,
                    "devmem: error: the site table is full (%zu sites, one per distinct "
                    "call site and tag); allocations from new sites are counted under the "
@@ -309,8 +337,10 @@ class SiteTable {
     }
     const SiteId new_id = static_cast<SiteId>(entries_.size());
     Entry& e = entries_.emplace_back();
-    e.info = SiteInfo{ToValidUtf8(key.file), key.line, ToValidUtf8(key.function),
-                      ToValidUtf8(key.tag), key.kind};
+    e.info = SiteInfo{ToValidUtf8(key.file),      key.line,
+                      ToValidUtf8(key.function),  ToValidUtf8(key.tag),
+                      key.kind,                   ToValidUtf8(key.outer_file),
+                      key.outer_line,             ToValidUtf8(key.outer_function)};
     // The key keeps the caller's bytes; only where they differ from the SiteInfo's (they
     // were not valid UTF-8) are they stored a second time.
     auto stable = [](std::string_view raw, const std::string& clean, std::string* copy) {
@@ -323,7 +353,12 @@ class SiteTable {
                        stable(key.tag, e.info.tag, &e.raw_tag),
                        key.line,
                        key.column,
-                       key.kind};
+                       key.kind,
+                       stable(key.outer_file, e.info.outer_file, &e.raw_outer_file),
+                       stable(key.outer_function, e.info.outer_function,
+                              &e.raw_outer_function),
+                       key.outer_line,
+                       key.outer_column};
     ids_.emplace(stable_key, new_id);
     *stable_tag = stable_key.tag;
     *id = new_id;
@@ -337,6 +372,8 @@ class SiteTable {
     std::string raw_file;
     std::string raw_function;
     std::string raw_tag;
+    std::string raw_outer_file;
+    std::string raw_outer_function;
   };
   mutable SharedMutex mu_;
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // index == id; never shrinks
@@ -356,6 +393,11 @@ SiteTable& Table() {
 // The current thread's tag (ScopedSiteTag).
 thread_local std::string tls_tag;
 
+// The current thread's ScopedSite stack: frames [0, min(depth, kMax)) are recorded.
+// Constant-initialized and trivially destructible, so no guard and no exit-time work.
+thread_local std::array<std::source_location, kMaxScopedSiteDepth> tls_frames;
+thread_local size_t tls_frame_depth = 0;
+
 }  // namespace
 
 namespace internal {
@@ -367,10 +409,15 @@ namespace {
 // The first interning of `pointers` (or one past the index's bound): out of line, so
 // that the lookup above stays small (fewer registers to save on every call).
 [[gnu::noinline]] SiteId InternNotIndexed(const PointerKey& pointers, size_t hash) {
-  return Table().InternAndIndex(BoundedKey(SiteKey{pointers.file, pointers.function,
-                                                   pointers.tag, pointers.line,
-                                                   pointers.column, pointers.kind}),
-                                pointers, hash);
+  SiteKey key{pointers.file, pointers.function, pointers.tag,
+              pointers.line, pointers.column,   pointers.kind};
+  if (pointers.outer_file != nullptr) {
+    key.outer_file = pointers.outer_file;
+    key.outer_function = pointers.outer_function;
+    key.outer_line = pointers.outer_line;
+    key.outer_column = pointers.outer_column;
+  }
+  return Table().InternAndIndex(BoundedKey(key), pointers, hash);
 }
 
 }  // namespace
@@ -378,8 +425,20 @@ namespace {
 SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
   if (tag.empty()) tag = tls_tag;
   tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the index hits
-  const PointerKey pointers{loc.file_name(), loc.function_name(), tag,
-                            loc.line(),      loc.column(),        kind};
+  PointerKey pointers{loc.file_name(), loc.function_name(), tag,
+                      loc.line(),      loc.column(),        kind};
+  // The outermost ScopedSite, unless it is `loc` itself (a public op that pushed its
+  // caller's location and allocates at it): then the site is no chain.
+  if (tls_frame_depth != 0) [[unlikely]] {
+    const std::source_location& outer = tls_frames[0];
+    if (outer.file_name() != loc.file_name() || outer.line() != loc.line() ||
+        outer.column() != loc.column()) {
+      pointers.outer_file = outer.file_name();
+      pointers.outer_function = outer.function_name();
+      pointers.outer_line = outer.line();
+      pointers.outer_column = outer.column();
+    }
+  }
   const size_t hash = PointerHash(pointers);
   if (const SiteId id = Table().Find(pointers, hash); id != kUnknownSite) [[likely]] {
     return id;
@@ -398,6 +457,20 @@ SiteId InternNamedSite(std::string_view file, uint32_t line, std::string_view fu
   return id;
 }
 
+SiteId InternNamedSiteChain(std::string_view file, uint32_t line,
+                            std::string_view function, SiteKind kind,
+                            std::string_view tag, std::string_view outer_file,
+                            uint32_t outer_line, std::string_view outer_function) {
+  std::string_view stable_tag;
+  SiteId id = kUnknownSite;
+  SiteKey key{file, function, tag, line, /*column=*/0, kind};
+  key.outer_file = outer_file;
+  key.outer_function = outer_function;
+  key.outer_line = outer_line;
+  Table().Intern(BoundedKey(key), &id, &stable_tag);
+  return id;
+}
+
 SiteInfo GetSite(SiteId id) { return Table().Get(id); }
 
 size_t SiteCount() { return Table().Count(); }
@@ -412,5 +485,18 @@ ScopedSiteTag::ScopedSiteTag(std::string_view tag) {
 }
 
 ScopedSiteTag::~ScopedSiteTag() { tls_tag = std::move(previous_); }
+
+ScopedSite::ScopedSite(std::source_location loc) {
+  if (tls_frame_depth < kMaxScopedSiteDepth) tls_frames[tls_frame_depth] = loc;
+  ++tls_frame_depth;
+}
+
+ScopedSite::~ScopedSite() { --tls_frame_depth; }
+
+size_t ScopedSiteDepth() { return tls_frame_depth; }
+
+const std::source_location* OutermostScopedSite() {
+  return tls_frame_depth == 0 ? nullptr : &tls_frames[0];
+}
 
 }  // namespace devmem

@@ -6,9 +6,14 @@
 // `std::source_location loc = std::source_location::current()` and intern it here, so
 // that stats, snapshots, metrics and OOM reports can name the code responsible.
 //
+// A site may be a short chain: when the allocation is made under a ScopedSite (a
+// library function or a layer pushed the frame of the user's call), the site also
+// records the OUTERMOST pushed frame (`outer_*`), so a clone inside a library helper
+// names both the helper's line and the user's line that led there.
+//
 // Cost: interning a known site is a read-only lookup: a lock-free, process-wide index
-// keyed by the identity of the source_location's strings (they are static), so
-// hundreds of hot sites cost what one does; the global table, under a mutex, is
+// keyed by the identity of the source_location's strings (they are static) and of the
+// outer frame's, so hundreds of hot sites cost what one does; the global table, under a mutex, is
 // reached only the first time a site is interned (site.cc). SiteId 0 is "unknown".
 //
 // Thread-safety: every function here may be called from any thread at any time. Site
@@ -60,8 +65,15 @@ struct SiteInfo {
   std::string function;  // the compiler's pretty name
   std::string tag;       // "" when none
   SiteKind kind = SiteKind::kAlloc;
+  // The outermost ScopedSite frame active when the site was interned, when it differs
+  // from (file, line): the user's call that led to this allocation. "" / 0 when none.
+  std::string outer_file = {};
+  uint32_t outer_line = 0;
+  std::string outer_function = {};
 
-  // "tensor/tensor.cc:120 (clone)" or "optimizer @ train.cc:40 (alloc)".
+  bool has_outer() const { return !outer_file.empty(); }
+  // "tensor/tensor.cc:120 (clone)", "optimizer @ train.cc:40 (alloc)", or with an
+  // outer frame "train.cc:12 > lib/helpers.cc:30 (clone)" (outermost first).
   std::string ToString() const;
 };
 
@@ -77,9 +89,14 @@ bool SiteTextMatches(std::string_view where, std::string_view file, uint32_t lin
 SiteId InternSite(const std::source_location& loc, SiteKind kind,
                   std::string_view tag = {});
 // Interns a site that has no source location (for example one read from a trace
-// file, or a C caller that passes a name).
+// file, or a C caller that passes a name). No ScopedSite frame is added.
 SiteId InternNamedSite(std::string_view file, uint32_t line, std::string_view function,
                        SiteKind kind, std::string_view tag = {});
+// The same with an outer frame (a site read back from a snapshot that had one).
+SiteId InternNamedSiteChain(std::string_view file, uint32_t line,
+                            std::string_view function, SiteKind kind,
+                            std::string_view tag, std::string_view outer_file,
+                            uint32_t outer_line, std::string_view outer_function);
 
 // The site for an id; id 0 and unknown ids give {"<unknown>", 0, "", "", kAlloc}.
 SiteInfo GetSite(SiteId id);
@@ -113,5 +130,38 @@ class ScopedSiteTag {
 // The name programs use: `ScopedTag tag("optimizer");` names every allocation this
 // thread makes until `tag` dies.
 using ScopedTag = ScopedSiteTag;
+
+// Most ScopedSite frames one thread records; deeper pushes are counted (so pops match)
+// but not recorded. Only the outermost frame enters a site, so the bound costs nothing
+// that is reported.
+inline constexpr size_t kMaxScopedSiteDepth = 16;
+
+// An attribution frame: while it lives, every site this thread interns through
+// InternSite also records the OUTERMOST live ScopedSite's location (SiteInfo::outer_*),
+// unless that is the allocation's own location. Libraries push it at their public
+// entry points with the caller's location:
+//
+//   Tensor MyLayer(const Tensor& x,
+//                  std::source_location loc = std::source_location::current()) {
+//     ScopedSite frame(loc);   // allocations below name the user's line too
+//     return relu(matmul(x, w_)).clone();
+//   }
+//
+// and a user may push one around a call into code that does not forward locations.
+// Cost: a thread-local store on construction and destruction; none on interning when
+// no frame is live. Not copyable or movable: it pops a thread-local stack, so it must
+// die on the thread and in the scope that made it (strictly nested, as RAII gives).
+class ScopedSite {
+ public:
+  explicit ScopedSite(std::source_location loc = std::source_location::current());
+  ~ScopedSite();
+  ScopedSite(const ScopedSite&) = delete;
+  ScopedSite& operator=(const ScopedSite&) = delete;
+};
+
+// The number of ScopedSite frames live on this thread (including unrecorded ones
+// beyond kMaxScopedSiteDepth), and the outermost one (nullptr when none).
+size_t ScopedSiteDepth();
+const std::source_location* OutermostScopedSite();
 
 }  // namespace devmem

@@ -107,6 +107,11 @@ ojson SiteToJson(SiteId id, const SiteInfo& info) {
   j["function"] = info.function;
   j["tag"] = info.tag;
   j["kind"] = std::string(SiteKindName(info.kind));
+  if (info.has_outer()) {  // the outermost ScopedSite frame (docs/formats.md)
+    j["outer"] = ojson{{"file", info.outer_file},
+                       {"line", info.outer_line},
+                       {"function", info.outer_function}};
+  }
   return j;
 }
 
@@ -492,6 +497,13 @@ void SitesFrom(const json& v, const std::string& path, SiteMap* out) {
     info.function = StrF(s, "function", p);
     info.tag = StrF(s, "tag", p);
     info.kind = EnumF<SiteKind>(s, "kind", p, kNumSiteKinds, SiteKindName, "a site kind");
+    if (s.contains("outer")) {  // optional: only sites with a ScopedSite frame
+      const std::string op = Sub(p, "outer");
+      const json& o = Object(s["outer"], op);
+      info.outer_file = StrF(o, "file", op);
+      info.outer_line = U32(Field(o, "line", op), Sub(op, "line"));
+      info.outer_function = StrF(o, "function", op);
+    }
     (*out)[id] = std::move(info);
   }
 }

@@ -27,7 +27,8 @@ FIGURES = ["pair_ns_small", "jemalloc_pair_ns_small", "ratio_small", "pair_ns_mi
            "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio",
            "tcache_pair_ns", "jemalloc_pair_ns_tcache", "threads2_speedup", "tensor_create_ns",
            "intern_256_sites_ns", "arena_pair_ns", "arena_pool_pair_ns", "arena_step_ns",
-           "pool_step_ns"]
+           "pool_step_ns", "unsampled_pair_ns", "sampled_pair_ns",
+           "sampled_stacks_overhead_ratio"]
 MIMALLOC_FIGURES = ["mimalloc_pair_ns_tcache", "ratio_tcache_mimalloc", "ratio_arena_mimalloc"]
 
 

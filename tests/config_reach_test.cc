@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "allocator/stack_sampler.h"
 #include "allocator/backend.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
@@ -186,6 +187,18 @@ const std::vector<ReachCase>& Cases() {
          };
          EXPECT_GT(run("0"), 0);
          EXPECT_EQ(run("none"), 0);
+       }},
+      {"stack_sample_bytes",
+       [] {
+         auto every = Allocator(std::string(kSim) + ",stack_sample_bytes:1");
+         void* p = every->allocate(4096);
+         EXPECT_EQ(stack_sampler::LiveStacks(every.get()).size(), 1u);
+         every->free(p);
+         auto off = Allocator(std::string(kSim) + ",stack_sample_bytes:0");
+         void* q = off->allocate(64 * kMiB);
+         EXPECT_TRUE(stack_sampler::LiveStacks(off.get()).empty());
+         off->free(q);
+         stack_sampler::SetMeanBytes(kDefaultStackSampleBytes);
        }},
       {"per_process_memory_fraction",
        [] {

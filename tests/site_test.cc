@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <source_location>
 #include <string>
 #include <thread>
@@ -455,6 +456,79 @@ TEST(SiteInfoTest, ToString) {
                 .ToString(),
             "/src/devmem/tensor/ops.cc:7 (to_device)");
   EXPECT_EQ(GetSite(kUnknownSite).ToString(), "<unknown> (alloc)");
+}
+
+TEST(SiteInfoTest, ToStringShowsTheOuterFrameFirst) {
+  SiteInfo s{"lib/helpers.cc", 30, "Helper", "opt", SiteKind::kClone};
+  s.outer_file = "train.cc";
+  s.outer_line = 12;
+  s.outer_function = "main";
+  EXPECT_EQ(s.ToString(), "opt @ train.cc:12 > lib/helpers.cc:30 (clone)");
+}
+
+std::source_location OuterLoc() { return std::source_location::current(); }
+std::source_location InnerLoc() { return std::source_location::current(); }
+
+TEST(ScopedSiteTest, RecordsTheOutermostFrameOnly) {
+  const std::source_location outer = OuterLoc();
+  const SiteId bare = InternSite(InnerLoc(), SiteKind::kAlloc);
+  SiteId chained = kUnknownSite;
+  {
+    ScopedSite a(outer);
+    {
+      ScopedSite b;  // an inner frame: not recorded in the site
+      EXPECT_EQ(ScopedSiteDepth(), 2u);
+      chained = InternSite(InnerLoc(), SiteKind::kAlloc);
+      EXPECT_EQ(InternSite(InnerLoc(), SiteKind::kAlloc), chained);  // the cache
+    }
+    EXPECT_EQ(InternSite(InnerLoc(), SiteKind::kAlloc), chained);
+    // The allocation at the frame's own location is not a chain.
+    EXPECT_EQ(InternSite(outer, SiteKind::kAlloc), InternSite(outer, SiteKind::kAlloc));
+    EXPECT_FALSE(GetSite(InternSite(outer, SiteKind::kAlloc)).has_outer());
+  }
+  EXPECT_EQ(ScopedSiteDepth(), 0u);
+  EXPECT_EQ(OutermostScopedSite(), nullptr);
+  EXPECT_NE(chained, bare);
+  EXPECT_EQ(InternSite(InnerLoc(), SiteKind::kAlloc), bare);  // popped: no chain again
+  const SiteInfo info = GetSite(chained);
+  EXPECT_EQ(info.line, InnerLoc().line());
+  EXPECT_EQ(info.outer_line, outer.line());
+  EXPECT_EQ(info.outer_file, outer.file_name());
+  EXPECT_EQ(info.outer_function, outer.function_name());
+  EXPECT_FALSE(GetSite(bare).has_outer());
+}
+
+TEST(ScopedSiteTest, DepthIsBoundedAndPopsMatchPushes) {
+  const std::source_location outer = OuterLoc();
+  std::vector<std::unique_ptr<ScopedSite>> frames;
+  frames.push_back(std::make_unique<ScopedSite>(outer));
+  for (size_t i = 1; i < kMaxScopedSiteDepth + 5; ++i) {
+    frames.push_back(std::make_unique<ScopedSite>());
+  }
+  EXPECT_EQ(ScopedSiteDepth(), kMaxScopedSiteDepth + 5);
+  EXPECT_EQ(GetSite(InternSite(InnerLoc(), SiteKind::kClone)).outer_line, outer.line());
+  while (!frames.empty()) frames.pop_back();  // innermost first
+  EXPECT_EQ(ScopedSiteDepth(), 0u);
+  EXPECT_FALSE(GetSite(InternSite(InnerLoc(), SiteKind::kClone)).has_outer());
+}
+
+TEST(ScopedSiteTest, FramesArePerThread) {
+  ScopedSite mine;
+  SiteId other = kUnknownSite;
+  std::thread t([&] { other = InternSite(InnerLoc(), SiteKind::kAlloc); });
+  t.join();
+  EXPECT_FALSE(GetSite(other).has_outer());
+  EXPECT_TRUE(GetSite(InternSite(InnerLoc(), SiteKind::kAlloc)).has_outer());
+}
+
+TEST(ScopedSiteTest, NamedChainsAreInternedByTheirFrames) {
+  const SiteId a = InternNamedSiteChain("lib.cc", 3, "h", SiteKind::kClone, "", "user.cc",
+                                        9, "main");
+  EXPECT_EQ(InternNamedSiteChain("lib.cc", 3, "h", SiteKind::kClone, "", "user.cc", 9,
+                                 "main"),
+            a);
+  EXPECT_NE(InternNamedSite("lib.cc", 3, "h", SiteKind::kClone), a);
+  EXPECT_EQ(GetSite(a).ToString(), "user.cc:9 > lib.cc:3 (clone)");
 }
 
 TEST(SiteKindTest, NamesAndCopyKinds) {

@@ -5,9 +5,13 @@
 // that called it.
 #include <gtest/gtest.h>
 
+#include <source_location>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 #include "allocator/site.h"
+#include "allocator/stack_sampler.h"
 #include "tensor/factories.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -17,6 +21,25 @@ namespace devmem {
 namespace {
 
 using tensor_test::SimDeviceTest;
+
+// Library helpers as programs write them (noinline so the sampled stack of a helper
+// that does neither keeps its frame).
+Tensor HelperForwardingItsLocation(const Tensor& t,
+                                   std::source_location loc = std::source_location::current()) {
+  return t.clone(loc);
+}
+int g_plain_helper_line = 0;
+[[gnu::noinline]] Tensor LibraryHelperClone(const Tensor& t) {
+  g_plain_helper_line = __LINE__ + 1;
+  return t.clone();
+}
+int g_pushing_helper_line = 0;
+Tensor LibraryHelperPushingAFrame(const Tensor& t,
+                                  std::source_location loc = std::source_location::current()) {
+  ScopedSite frame(loc);
+  g_pushing_helper_line = __LINE__ + 1;
+  return t.clone();
+}
 
 class TensorSitesTest : public SimDeviceTest {
  protected:
@@ -127,6 +150,73 @@ TEST_F(TensorSitesTest, InTheTrainingLoopSlicingAllocatesNothingAndCloneOneBuffe
   EXPECT_EQ(stats[clone_site].total_count, 10);
   EXPECT_EQ(stats[clone_site].total_bytes, 10 * stats[clone_site].peak_live_bytes);
   EXPECT_EQ(stats[clone_site].live_count, 0);  // each batch's `best` died with the batch
+}
+
+TEST_F(TensorSitesTest, AHelperThatForwardsItsLocationIsAttributedToTheUsersLine) {
+  Tensor base = zeros({4, 4}, On());
+  const int line = __LINE__ + 1;
+  Tensor copy = HelperForwardingItsLocation(base);
+  const SiteInfo site = SiteOf(copy);
+  EXPECT_EQ(site.file, __FILE__);
+  EXPECT_EQ(site.line, static_cast<uint32_t>(line));
+  EXPECT_EQ(site.kind, SiteKind::kClone);
+  EXPECT_FALSE(site.has_outer()) << site.ToString();
+}
+
+TEST_F(TensorSitesTest, AHelperUnderAScopedSiteRecordsTheUsersLineAsTheOuterFrame) {
+  Tensor base = zeros({4, 4}, On());
+  int user_line = 0;
+  Tensor copy;
+  {
+    user_line = __LINE__ + 1;
+    ScopedSite frame;
+    copy = LibraryHelperClone(base);
+  }
+  const SiteInfo site = SiteOf(copy);
+  EXPECT_EQ(site.line, static_cast<uint32_t>(g_plain_helper_line));  // innermost
+  EXPECT_EQ(site.outer_file, __FILE__);
+  EXPECT_EQ(site.outer_line, static_cast<uint32_t>(user_line));
+  EXPECT_EQ(site.kind, SiteKind::kClone);
+  EXPECT_NE(site.ToString().find(absl::StrCat(":", user_line, " > ")), std::string::npos)
+      << site.ToString();
+  EXPECT_EQ(ScopedSiteDepth(), 0u);
+
+  // A library that pushes its caller's location: the same chain, with no user code.
+  const int call_line = __LINE__ + 1;
+  Tensor pushed = LibraryHelperPushingAFrame(base);
+  const SiteInfo chain = SiteOf(pushed);
+  EXPECT_EQ(chain.line, static_cast<uint32_t>(g_pushing_helper_line));
+  EXPECT_EQ(chain.outer_line, static_cast<uint32_t>(call_line));
+  EXPECT_EQ(chain.outer_file, __FILE__);
+
+  // The same helper line without a frame is another site (no outer frame).
+  Tensor bare = LibraryHelperClone(base);
+  EXPECT_FALSE(SiteOf(bare).has_outer());
+  EXPECT_NE(SiteIdOf(bare), SiteIdOf(copy));
+}
+
+// Without a forwarded location or a frame the site is the helper's line; the sampled
+// stack (every allocation sampled here) still names the user's function.
+[[gnu::noinline]] Tensor UsersFunctionCallingTheHelper(const Tensor& base) {
+  Tensor t = LibraryHelperClone(base);
+  asm volatile("" ::: "memory");  // keep this frame (no tail call)
+  return t;
+}
+
+TEST_F(TensorSitesTest, AHelperThatDoesNeitherIsNamedByItsSampledStack) {
+  Tensor base = zeros({4, 4}, On());
+  stack_sampler::SetMeanBytes(1);  // p = 1 - e^-64: every allocation
+  Tensor copy = UsersFunctionCallingTheHelper(base);
+  stack_sampler::SetMeanBytes(kDefaultStackSampleBytes);
+  const SiteInfo site = SiteOf(copy);
+  EXPECT_EQ(site.line, static_cast<uint32_t>(g_plain_helper_line));
+  EXPECT_FALSE(site.has_outer());
+  std::string frames;
+  for (const SampledStack& g : stack_sampler::LiveStacks(&alloc())) {
+    if (g.site != SiteIdOf(copy)) continue;
+    for (const std::string& f : g.frames) frames += f + "\n";
+  }
+  EXPECT_NE(frames.find("UsersFunctionCallingTheHelper"), std::string::npos) << frames;
 }
 
 }  // namespace

@@ -168,6 +168,11 @@ class Writer {
         std::string name = s.function.empty() ? "??" : s.function;
         if (s.kind != SiteKind::kAlloc) absl::StrAppend(&name, " (", Av(SiteKindName(s.kind)), ")");
         Frame(s.file, s.line, name);
+        // Innermost first, as PyTorch's frames: the user's ScopedSite frame after.
+        if (s.has_outer()) {
+          Frame(s.outer_file, s.outer_line,
+                s.outer_function.empty() ? "??" : s.outer_function);
+        }
         if (!s.tag.empty()) Frame("devmem tag", 0, s.tag);
       }
     }

@@ -342,6 +342,11 @@ void ReadDevice(const simdjson::dom::element& e, const Path& p, SnapDevice* d) {
 std::string WhereOf(const SnapSite& s) {
   std::string out;
   if (!s.tag.empty()) out += s.tag + " @ ";
+  if (!s.outer_file.empty()) {  // as SiteInfo::ToString: outermost frame first
+    out += s.outer_file;
+    if (s.outer_line != 0) out += ":" + std::to_string(s.outer_line);
+    out += " > ";
+  }
   out += s.file;
   if (s.line != 0) out += ":" + std::to_string(s.line);
   return out + " (" + s.kind + ")";
@@ -364,6 +369,13 @@ void ReadSites(const simdjson::dom::element& e, const Path& p, Snapshot* snap) {
     s.function = StrF(o, "function", sp);
     s.tag = StrF(o, "tag", sp);
     s.kind = StrF(o, "kind", sp);
+    if (simdjson::dom::element oe; o["outer"].get(oe) == simdjson::SUCCESS) {
+      const Path op = sp.Field("outer");
+      const simdjson::dom::object oo = Obj(oe, op);
+      s.outer_file = StrF(oo, "file", op);
+      s.outer_line = U32(Get(oo, "line", op), op.Field("line"));
+      s.outer_function = StrF(oo, "function", op);
+    }
     s.copy = IsCopyKindName(s.kind);
     s.where = WhereOf(s);
     snap->sites[s.id] = std::move(s);

@@ -86,6 +86,9 @@ struct SnapSite {
   std::string file, function, tag, kind;
   uint32_t line = 0;
   bool copy = false;  // kind is clone, contiguous or to_device
+  // The outermost ScopedSite frame ("" / 0 when the site has none).
+  std::string outer_file, outer_function;
+  uint32_t outer_line = 0;
   std::string where;  // "optimizer @ train.cc:40 (clone)", as SiteInfo::ToString
 };
 

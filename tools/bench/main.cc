@@ -19,6 +19,8 @@
 //                     allowed), threads2_speedup (2 threads each with its own stream
 //                     over 1; target >= 1.8), tensor_create_ns (empty({64}) on sim:0;
 //                     target <= 100) and intern_256_sites_ns (target <= 15).
+//   sampling.cc       sampled_stacks_overhead_ratio: mixed pairs with sampled stacks at
+//                     the default stack_sample_bytes over sampling off (target <= 1.05).
 //   steady_maps.cc    steady_maps_2streams: device maps+unmaps once warm while two
 //                     streams alternate between one and two active threads (target 0).
 //   tensor/bench_kernels.h  tensor handle copy, 2-D slice and a bare atomic pair.
@@ -47,6 +49,8 @@
 #include "tools/bench/bare_pairs.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/host_allocators.h"
+#include "tools/bench/sampling.h"
+#include "allocator/stack_sampler.h"
 #include "tools/bench/shipped_path.h"
 #include "tools/bench/steady_maps.h"
 
@@ -121,6 +125,9 @@ int Main(int argc, char** argv) {
   const double atomic_pair_ns = bench::AtomicPairNs();
   const TracingFigures tracing = MeasureTracing(LogUniformSizes(512, kMiB, 1), *env);
   const double tracing_ratio = tracing.traced_ns / tracing.plain_ns;
+  const SamplingFigures sampling =
+      MeasureSampling(LogUniformSizes(512, 64 * kMiB, 2), *env, kDefaultStackSampleBytes);
+  const double sampling_ratio = sampling.sampled_ns / sampling.off_ns;
   const std::vector<size_t> tcache_sizes = LogUniformSizes(512, 32 * kKiB, 3);
   const ShippedPairFigures tcache = MeasureShippedPairs(*shipped, tcache_sizes);
   const ThreadsFigures threads =
@@ -132,7 +139,8 @@ int Main(int argc, char** argv) {
   const long long steady_maps = static_cast<long long>(maps.maps + maps.unmaps);
   const long long timed_segment_allocs = static_cast<long long>(
       small.timed_segment_allocs + mixed.timed_segment_allocs + tracing.timed_segment_allocs +
-      tcache.timed_segment_allocs + arena.timed_segment_allocs);
+      tcache.timed_segment_allocs + arena.timed_segment_allocs +
+      sampling.timed_segment_allocs);
   // The figures are of cache hits only: a segment allocated while timing means some
   // timed pairs went to the device, and the run is not a measurement of the cache.
   // Printed anyway (to see how far off), then exit status 1.
@@ -162,6 +170,9 @@ int Main(int argc, char** argv) {
     out.add("untraced_pair_ns", tracing.plain_ns);
     out.add("traced_pair_ns", tracing.traced_ns);
     out.add("tracing_overhead_ratio", tracing_ratio, "%.3f");
+    out.add("unsampled_pair_ns", sampling.off_ns);
+    out.add("sampled_pair_ns", sampling.sampled_ns);
+    out.add("sampled_stacks_overhead_ratio", sampling_ratio, "%.3f");
     out.add("tcache_pair_ns", tcache.devmem_ns);
     if (tcache.mimalloc_ns) {
       out.add("mimalloc_pair_ns_tcache", *tcache.mimalloc_ns);
@@ -201,6 +212,8 @@ int Main(int argc, char** argv) {
               mixed.devmem_ns, mixed.jemalloc_ns, ratio_mixed, "<= 0.5");
   std::printf("%-36s %12.1f %12.1f %8.3f %8s\n", "small, traced + sites (vs. plain)",
               tracing.traced_ns, tracing.plain_ns, tracing_ratio, "<= 1.25");
+  std::printf("%-36s %12.1f %12.1f %8.3f %8s\n", "mixed, sampled stacks (vs. off)",
+              sampling.sampled_ns, sampling.off_ns, sampling_ratio, "<= 1.05");
   std::printf("%-36s %12.1f %12.1f %8.3f %8s\n", "shipped: 512 B .. 32 KiB, 256 sites",
               tcache.devmem_ns, tcache.jemalloc_ns, tcache.devmem_ns / tcache.jemalloc_ns,
               "");
