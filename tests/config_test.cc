@@ -165,6 +165,8 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
        [](const Config& c) { return c.oom_dump_dir == " edge \" \\ "; }},
       {"site_top_k:1", [](const Config& c) { return c.site_top_k == 1; }},
       {"site_top_k:1000", [](const Config& c) { return c.site_top_k == 1000; }},
+      {"flight_recorder:/tmp/devmem.flight",
+       [](const Config& c) { return c.flight_recorder == "/tmp/devmem.flight"; }},
   };
   for (const GoodCase& gc : cases) {
     absl::StatusOr<Config> c = ParseConfig(gc.text);
@@ -297,6 +299,7 @@ TEST(ParseConfigTest, EveryKeyRejectsBadValuesNamingKeyAndValue) {
       {"http", "a/b:80", "character"},
       {"http", "user@host:80", "character"},
       {"http_allow_remote", "nah", "is not a boolean"},
+      {"flight_recorder", "/tmp/dir/", "names a directory"},
       {"site_top_k", "0", "out of range (1 .. 1000)"},
       {"site_top_k", "1001", "out of range (1 .. 1000)"},
       {"site_top_k", "-1", "is negative"},
@@ -496,7 +499,7 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
             "per_process_memory_fraction:1,trace_entries:0,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
-            "http_metrics_token:false,oom_dump_dir:,site_top_k:10");
+            "http_metrics_token:false,oom_dump_dir:,flight_recorder:,site_top_k:10");
 }
 
 TEST(ToStringTest, RoundTripsHandPickedValues) {
@@ -793,6 +796,7 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.http_allowed_hosts = "x";
   base.http_metrics_token = true;
   base.oom_dump_dir = "x";
+  base.flight_recorder = "x";
   base.site_top_k = 1;
   for (const ConfigKeyDoc& doc : ConfigKeys()) {
     ASSERT_NE(CanonicalValue(base, doc.key), CanonicalValue(Config{}, doc.key)) << doc.key;

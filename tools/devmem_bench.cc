@@ -42,6 +42,7 @@
 #include "allocator/config.h"
 #include "allocator/site.h"
 #include "runtime/trace.h"
+#include "tools/bench_flight.h"
 #include "tensor/bench_kernels.h"
 
 namespace devmem {
@@ -196,6 +197,8 @@ int Main(int argc, char** argv) {
   const double atomic_pair_ns = bench::AtomicPairNs();
   const TracingFigures tracing = MeasureTracing(LogUniformSizes(512, kMiB, 1), *env);
   const double tracing_ratio = tracing.traced_ns / tracing.plain_ns;
+  const absl::StatusOr<bench::FlightFigures> flight =
+      bench::MeasureFlightRecorder(LogUniformSizes(512, kMiB, 1), *env, kRepetitions);
   const long long timed_segment_allocs = static_cast<long long>(
       small.timed_segment_allocs + mixed.timed_segment_allocs + tracing.timed_segment_allocs);
   // The figures are of cache hits only: a segment allocated while timing means some
@@ -223,6 +226,12 @@ int Main(int argc, char** argv) {
     std::printf(", \"untraced_pair_ns\": %.1f, \"traced_pair_ns\": %.1f, "
                 "\"tracing_overhead_ratio\": %.3f",
                 tracing.plain_ns, tracing.traced_ns, tracing_ratio);
+    if (flight.ok()) {
+      std::printf(", \"flight_recorded_pair_ns\": %.1f, \"flight_recorder_overhead_ratio\": %.3f",
+                  flight->recorded_ns, flight->recorded_ns / flight->plain_ns);
+    } else {
+      std::fprintf(stderr, "devmem-bench: flight recorder: %s\n", flight.status().ToString().c_str());
+    }
     std::printf("}\n");
     return check_cache_hits();
   }
