@@ -100,6 +100,24 @@ std::unique_ptr<Backend> MakeSimBackend(const Config& config, int index) {
 
 std::unique_ptr<Backend> MakeCpuBackend() { return NewCpuBackend(); }
 
+std::unique_ptr<Backend> MakePinnedHostBackend() {
+  std::string why = std::string(kBuiltWithoutCuda);
+  if (std::optional<CudaBackendFactory> cuda = CudaFactory();
+      cuda && cuda->make_pinned_host) {
+    absl::StatusOr<int> count = cuda->device_count();
+    if (count.ok() && *count > 0) {
+      absl::StatusOr<std::unique_ptr<Backend>> pinned = cuda->make_pinned_host();
+      if (pinned.ok()) return *std::move(pinned);
+      why = std::string(pinned.status().message());
+    } else {
+      why = count.ok() ? "the CUDA driver reports 0 devices"
+                       : std::string(count.status().message());
+    }
+  }
+  std::fprintf(stderr, "devmem: cpu_pinned is plain host memory here (%s)\n", why.c_str());
+  return NewCpuBackend(DeviceId{DeviceType::kCpuPinned, 0});
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const Config& config, int index) {
   if (index < 0) {
     return absl::InvalidArgumentError(

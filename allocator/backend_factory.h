@@ -31,9 +31,12 @@ BackendKind ResolveAutoBackend(std::string* why_not_cuda = nullptr);
 
 // Registration hook for cuda/. `device_count` returns the number of usable devices or
 // an error explaining why there are none; `make` creates the backend for an index.
+// `make_pinned_host` (optional) creates the cpu_pinned backend: page-locked host
+// memory (cudaHostAlloc) whose streams and events are the GPUs' (MakePinnedHostBackend).
 struct CudaBackendFactory {
   std::function<absl::StatusOr<int>()> device_count;
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const Config&, int)> make;
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>()> make_pinned_host;
 };
 void RegisterCudaBackendFactory(CudaBackendFactory factory);
 
@@ -42,5 +45,10 @@ void RegisterCudaBackendFactory(CudaBackendFactory factory);
 // address space cannot be reserved; MakeBackend returns that as an error.
 std::unique_ptr<Backend> MakeSimBackend(const Config& config, int index = 0);
 std::unique_ptr<Backend> MakeCpuBackend();
+
+// The backend of the cpu_pinned device: the cuda factory's pinned host memory when it
+// is registered and finds a device; otherwise plain host memory (the cpu backend,
+// reporting cpu_pinned), said once on stderr in one line with the reason. Never fails.
+std::unique_ptr<Backend> MakePinnedHostBackend();
 
 }  // namespace devmem

@@ -32,7 +32,7 @@
 //     can hold the request (next to free blocks, in a gap or at the end); whole free
 //     granules are unmapped under memory pressure, on trim/empty_cache, and when
 //     fragmentation would take reserved bytes past (1 + expandable_recycle_threshold)
-//     x the peak of allocated bytes (device_pool_expandable.cc);
+//     x the peak of allocated bytes (expandable_segments.cc);
 //   * memory goes back to the device only after its stream has been synchronized
 //     (work queued before a free may still use the block);
 //   * with garbage_collection_threshold, cached segments unused for longest are

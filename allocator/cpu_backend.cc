@@ -47,7 +47,8 @@ size_t PageSize() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
 class CpuBackend final : public Backend {
  public:
-  DeviceId device() const override { return DeviceId{DeviceType::kCpu, 0}; }
+  explicit CpuBackend(DeviceId device) : device_(device) {}
+  DeviceId device() const override { return device_; }
   Capabilities caps() const override {
     return Capabilities{
         .streams = false, .virtual_memory = false, .host_accessible = true};
@@ -103,10 +104,14 @@ class CpuBackend final : public Backend {
   void synchronize_event(Event) override {}
   void release_event(Event) override {}
   void synchronize_stream(Stream) override {}
+ private:
+  const DeviceId device_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> NewCpuBackend() { return std::make_unique<CpuBackend>(); }
+std::unique_ptr<Backend> NewCpuBackend(DeviceId device) {
+  return std::make_unique<CpuBackend>(device);
+}
 
 }  // namespace devmem

@@ -21,6 +21,8 @@
 
 namespace devmem {
 
-std::unique_ptr<Backend> NewCpuBackend();
+// `device` is what the backend reports: cpu, or cpu_pinned where no CUDA can pin host
+// memory (backend_factory.h, MakePinnedHostBackend).
+std::unique_ptr<Backend> NewCpuBackend(DeviceId device = DeviceId{});
 
 }  // namespace devmem

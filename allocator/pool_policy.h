@@ -106,6 +106,12 @@ inline size_t ProactiveRecycleBytes(double threshold, int64_t allocated_peak,
 inline size_t GcThresholdBytes(double threshold, size_t allowed) {
   return static_cast<size_t>(threshold * static_cast<double>(allowed));
 }
+// Garbage collection before growing by `incoming` bytes: what to give back so that
+// reserved + incoming fits under the threshold (0: it fits already).
+inline size_t GcReclaimBytes(size_t threshold_bytes, size_t reserved, size_t incoming) {
+  const size_t after = reserved + incoming;
+  return after > threshold_bytes ? after - threshold_bytes : 0;
+}
 // The memory limit that per_process_memory_fraction sets (SIZE_MAX: none).
 inline size_t MemoryLimit(double fraction, size_t device_total) {
   if (fraction >= 1.0) return SIZE_MAX;

@@ -1,19 +1,28 @@
-// allocator/site.cc: the global site table and the per-thread cache in front of it.
+// allocator/site.cc: the global site table and the lock-free pointer index in front of it.
 //
 // Structure:
 //   * SiteTable (one per process, never destroyed so that threads still running at
 //     exit can intern): a deque of SiteInfo indexed by id, and a hash map from the
 //     site's identity (file, line, column, function, kind, tag) to its id. Index 0 is
 //     the "<unknown>" site. A deque never moves its elements, so the map's keys are
-//     string_views into the SiteInfo they name, and the per-thread cache may keep a
+//     string_views into the SiteInfo they name, and the pointer index may keep a
 //     view of an interned tag without copying it.
-//   * A per-thread direct-mapped cache of 64 entries keyed by the identity of the
-//     source_location's strings (file and function pointers; they are static), line,
-//     column, kind and tag text. A hit takes no lock and allocates nothing.
-//
+//   * The pointer index (one per process, beside the table): a fixed open-addressing
+//     array of kIndexSlots atomic pointers to immutable IndexEntry records, keyed by
+//     the identity of the source_location's strings (file and function pointers; they
+//     are static), line, column, kind and tag text. A known site is found there with
+//     acquire loads only: no lock, no read-modify-write, no allocation, so threads
+//     interning hundreds of hot sites share its cache lines read-only (a per-thread
+//     direct-mapped cache of 64 entries thrashed with 256 sites in rotation and fell
+//     back to the table's lock on nearly every call). Entries are added under the
+//     table's exclusive lock the first time a site is interned through that pointer
+//     identity, and never removed; the index is filled to at most half its slots, so a
+//     probe always reaches an empty slot, and past that new identities are looked up
+//     in the table (correct, only slower).
 // Identity: the table compares strings by content, so the same place reached through
 // two copies of a string literal (an inline function in two translation units) is one
-// site; the cache compares file and function by pointer, which at worst costs a miss.
+// site; the pointer index compares file and function by pointer, so such a site has
+// one index entry per copy (all naming the same id).
 // Two source_locations on one line with different columns are different sites (their
 // SiteInfo reads the same, since it has no column). Tags are compared by text: two
 // tags with equal text are one site.
@@ -26,18 +35,23 @@
 // interned again with the same bytes is found without re-validating.
 //
 // Bound: the table holds at most kMaxSites ids. When it is full, every new identity
-// gets the one kOtherSiteFile site (tag "other"), which is not cached nor added to the
+// gets the one kOtherSiteFile site (tag "other"), which is not indexed nor added to the
 // map, and the process is told once on stderr: 200,000 distinct tags must not make a
 // 43 MB stats JSON.
 //
 // Thread-safety: the table is guarded by one SharedMutex (allocator/mutex.h), a leaf
-// lock (nothing else is acquired while it is held). Lookups take it shared; inserts take it exclusively.
+// lock (nothing else is acquired while it is held). Table lookups take it shared;
+// inserts, into the table or the pointer index, take it exclusively.
 // GetSite copies the SiteInfo under the shared lock: it returns by value, and indexing
-// the deque while another thread appends would race. The cache and the current tag are
-// thread_local and touched only by their thread.
+// the deque while another thread appends would race. The pointer index is read without
+// the lock: a slot is written once (release, under the exclusive lock) from null to an
+// entry that never changes afterwards, and read with acquire. The current tag is
+// thread_local and touched only by its thread.
 #include "allocator/site.h"
 
 #include <array>
+#include <atomic>
+#include <memory>
 #include <cstdio>
 #include <deque>
 #include <functional>
@@ -155,15 +169,68 @@ SiteKey BoundedKey(SiteKey key) {
   return key;
 }
 
+// The pointer identity of an InternSite call: what the index is keyed by. `tag` is the
+// caller's view for a lookup, and a view into the table (stable for the process's
+// life) once stored in an IndexEntry.
+struct PointerKey {
+  const char* file = nullptr;
+  const char* function = nullptr;
+  std::string_view tag;
+  uint32_t line = 0;
+  uint32_t column = 0;
+  SiteKind kind = SiteKind::kAlloc;
+
+  bool operator==(const PointerKey& o) const {
+    return file == o.file && function == o.function && line == o.line &&
+           column == o.column && kind == o.kind && tag == o.tag;
+  }
+};
+
+size_t PointerHash(const PointerKey& k) {
+  uint64_t h = reinterpret_cast<uintptr_t>(k.file) ^
+               (reinterpret_cast<uintptr_t>(k.function) * 0x9E3779B97F4A7C15ULL);
+  h ^= (uint64_t{k.line} << 32) ^ (uint64_t{k.column} << 8) ^ static_cast<uint64_t>(k.kind);
+  if (!k.tag.empty()) h ^= std::hash<std::string_view>{}(k.tag);
+  // A 64-bit finalizer (from MurmurHash3) so that nearby lines spread over the slots.
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdULL;
+  h ^= h >> 33;
+  return static_cast<size_t>(h);
+}
+
+// An index record: written once before it is published, never changed or freed.
+struct IndexEntry {
+  PointerKey key;
+  SiteId id = kUnknownSite;
+};
+constexpr size_t kIndexSlots = 16384;              // a power of two
+constexpr size_t kMaxIndexEntries = kIndexSlots / 2;  // so every probe ends at a null
+
+// Slow-path lookups (calls that reached the table); see SiteTableLookups().
+std::atomic<uint64_t> g_table_lookups{0};
+
 class SiteTable {
  public:
-  SiteTable() { entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}}); }
+  SiteTable() : index_(new std::atomic<const IndexEntry*>[kIndexSlots]()) {
+    entries_.push_back(Entry{UnknownSiteInfo(), {}, {}, {}});
+  }
+
+  // The id indexed for `key`, or kUnknownSite when it is not indexed. Lock-free and
+  // read-only: acquire loads of the slots probed.
+  SiteId Find(const PointerKey& key, size_t hash) const {
+    for (size_t i = hash;; ++i) {
+      const IndexEntry* e = index_[i & (kIndexSlots - 1)].load(std::memory_order_acquire);
+      if (e == nullptr) return kUnknownSite;
+      if (e->key == key) return e->id;
+    }
+  }
 
   // Returns the id of `key` (already cut by BoundedKey), adding it if new. When the id
   // may be cached, `*stable_tag` is set to a view of the key's tag text that lives as
   // long as the process and true is returned; false for the `other` site.
   bool Intern(const SiteKey& key, SiteId* id, std::string_view* stable_tag)
       ABSL_LOCKS_EXCLUDED(mu_) {
+    g_table_lookups.fetch_add(1, std::memory_order_relaxed);
     {
       ReaderLock lock(&mu_);
       if (auto it = ids_.find(key); it != ids_.end()) {
@@ -177,6 +244,47 @@ class SiteTable {
       }
     }
     WriterLock lock(&mu_);
+    return InternLocked(key, id, stable_tag);
+  }
+
+  // Intern, then indexes `pointers` (whose tag is replaced by the stable one) under the
+  // id found, unless it is the `other` site or the index is at its bound.
+  SiteId InternAndIndex(const SiteKey& key, PointerKey pointers, size_t hash)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    std::string_view stable_tag;
+    SiteId id = kUnknownSite;
+    if (!Intern(key, &id, &stable_tag)) return id;
+    pointers.tag = stable_tag;
+    WriterLock lock(&mu_);
+    if (index_count_ >= kMaxIndexEntries) return id;
+    for (size_t i = hash;; ++i) {
+      std::atomic<const IndexEntry*>& slot = index_[i & (kIndexSlots - 1)];
+      const IndexEntry* e = slot.load(std::memory_order_relaxed);  // writers hold mu_
+      if (e != nullptr) {
+        if (e->key == pointers) return id;  // another thread indexed it first
+        continue;
+      }
+      const IndexEntry& added = index_entries_.emplace_back(IndexEntry{pointers, id});
+      ++index_count_;
+      slot.store(&added, std::memory_order_release);  // publishes `added`
+      return id;
+    }
+  }
+
+  SiteInfo Get(SiteId id) const ABSL_LOCKS_EXCLUDED(mu_) {
+    ReaderLock lock(&mu_);
+    if (id >= entries_.size()) return entries_[kUnknownSite].info;
+    return entries_[id].info;
+  }
+
+  size_t Count() const ABSL_LOCKS_EXCLUDED(mu_) {
+    ReaderLock lock(&mu_);
+    return entries_.size();
+  }
+
+ private:
+  bool InternLocked(const SiteKey& key, SiteId* id, std::string_view* stable_tag)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (auto it = ids_.find(key); it != ids_.end()) {  // another thread won the race
       *stable_tag = it->first.tag;
       *id = it->second;
@@ -222,18 +330,6 @@ class SiteTable {
     return true;
   }
 
-  SiteInfo Get(SiteId id) const ABSL_LOCKS_EXCLUDED(mu_) {
-    ReaderLock lock(&mu_);
-    if (id >= entries_.size()) return entries_[kUnknownSite].info;
-    return entries_[id].info;
-  }
-
-  size_t Count() const ABSL_LOCKS_EXCLUDED(mu_) {
-    ReaderLock lock(&mu_);
-    return entries_.size();
-  }
-
- private:
   struct Entry {
     SiteInfo info;  // valid UTF-8, what GetSite returns
     // The caller's bytes where they differ from info's (else empty): the map's keys
@@ -246,6 +342,10 @@ class SiteTable {
   std::deque<Entry> entries_ ABSL_GUARDED_BY(mu_);  // index == id; never shrinks
   absl::flat_hash_map<SiteKey, SiteId> ids_ ABSL_GUARDED_BY(mu_);
   SiteId other_ ABSL_GUARDED_BY(mu_) = kUnknownSite;  // set once the table is full
+  // The pointer index: slots are read without mu_ (Find) and written under it.
+  const std::unique_ptr<std::atomic<const IndexEntry*>[]> index_;
+  std::deque<IndexEntry> index_entries_ ABSL_GUARDED_BY(mu_);  // never moves an element
+  size_t index_count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 SiteTable& Table() {
@@ -253,56 +353,38 @@ SiteTable& Table() {
   return *table;
 }
 
-// One entry of the per-thread cache. Trivially destructible and constant-initialized,
-// so the thread_local array needs neither a guard nor an exit-time destructor.
-struct CacheEntry {
-  const char* file = nullptr;
-  const char* function = nullptr;
-  std::string_view tag;  // a view into the table: stable for the process's life
-  uint32_t line = 0;
-  uint32_t column = 0;
-  SiteKind kind = SiteKind::kAlloc;
-  SiteId id = kUnknownSite;  // kUnknownSite marks an empty entry
-};
-constexpr size_t kCacheEntries = 64;  // a power of two
-thread_local std::array<CacheEntry, kCacheEntries> tls_cache;
-
 // The current thread's tag (ScopedSiteTag).
 thread_local std::string tls_tag;
 
-size_t CacheSlot(const std::source_location& loc, SiteKind kind, std::string_view tag) {
-  uint64_t h = reinterpret_cast<uintptr_t>(loc.file_name());
-  h ^= (uint64_t{loc.line()} << 32) ^ (uint64_t{loc.column()} << 8) ^
-       static_cast<uint64_t>(kind);
-  if (!tag.empty()) h ^= std::hash<std::string_view>{}(tag);
-  // A 64-bit finalizer (from MurmurHash3) so that nearby lines spread over the slots.
-  h ^= h >> 33;
-  h *= 0xff51afd7ed558ccdULL;
-  h ^= h >> 33;
-  return static_cast<size_t>(h & (kCacheEntries - 1));
+}  // namespace
+
+namespace internal {
+uint64_t SiteTableLookups() { return g_table_lookups.load(std::memory_order_relaxed); }
+}  // namespace internal
+
+namespace {
+
+// The first interning of `pointers` (or one past the index's bound): out of line, so
+// that the lookup above stays small (fewer registers to save on every call).
+[[gnu::noinline]] SiteId InternNotIndexed(const PointerKey& pointers, size_t hash) {
+  return Table().InternAndIndex(BoundedKey(SiteKey{pointers.file, pointers.function,
+                                                   pointers.tag, pointers.line,
+                                                   pointers.column, pointers.kind}),
+                                pointers, hash);
 }
 
 }  // namespace
 
 SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
   if (tag.empty()) tag = tls_tag;
-  tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the cache hits
-  CacheEntry& entry = tls_cache[CacheSlot(loc, kind, tag)];
-  if (entry.id != kUnknownSite && entry.file == loc.file_name() &&
-      entry.line == loc.line() && entry.column == loc.column() &&
-      entry.function == loc.function_name() && entry.kind == kind && entry.tag == tag) {
-    return entry.id;
+  tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the index hits
+  const PointerKey pointers{loc.file_name(), loc.function_name(), tag,
+                            loc.line(),      loc.column(),        kind};
+  const size_t hash = PointerHash(pointers);
+  if (const SiteId id = Table().Find(pointers, hash); id != kUnknownSite) [[likely]] {
+    return id;
   }
-  std::string_view stable_tag;
-  SiteId id = kUnknownSite;
-  if (Table().Intern(BoundedKey(SiteKey{loc.file_name(), loc.function_name(), tag,
-                                        loc.line(), loc.column(), kind}),
-                     &id, &stable_tag)) {
-    entry = CacheEntry{loc.file_name(), loc.function_name(), stable_tag,
-                       loc.line(),      loc.column(),        kind,
-                       id};
-  }
-  return id;
+  return InternNotIndexed(pointers, hash);
 }
 
 // Takes `tag` literally (an empty tag is no tag, not the thread's current tag): a

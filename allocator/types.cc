@@ -14,17 +14,20 @@ std::string_view DeviceTypeName(DeviceType type) {
     case DeviceType::kCpu: return "cpu";
     case DeviceType::kSim: return "sim";
     case DeviceType::kCuda: return "cuda";
+    case DeviceType::kCpuPinned: return "cpu_pinned";
   }
   return "unknown";
 }
 
 std::string DeviceId::ToString() const {
   if (type == DeviceType::kCpu) return "cpu";
+  if (type == DeviceType::kCpuPinned) return "cpu_pinned";
   return absl::StrCat(Av(DeviceTypeName(type)), ":", index);
 }
 
 absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
   if (text == "cpu") return DeviceId{DeviceType::kCpu, 0};
+  if (text == "cpu_pinned") return DeviceId{DeviceType::kCpuPinned, 0};
   // Messages quote the text cut to 64 bytes: it may come from a file or a client.
   const std::string quoted =
       text.size() <= 64 ? absl::StrCat("\"", Av(text), "\"")
@@ -43,7 +46,7 @@ absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text) {
     type = DeviceType::kCuda;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
-        "device ", quoted, ": expected cpu, sim:N or cuda:N"));
+        "device ", quoted, ": expected cpu, cpu_pinned, sim:N or cuda:N"));
   }
   // Digits only: "cuda:", "sim:+1" and "sim: 1" are errors, not index 0 or 1. The
   // canonical spelling only: "sim:007" is an error (a name is a key in snapshots,

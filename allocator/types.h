@@ -2,7 +2,8 @@
 //
 // Glossary (docs/architecture.md has the long form):
 //   device   a memory space: cuda:N (a GPU), sim:N (a simulated device), cpu (host
-//            memory through jemalloc).
+//            memory through jemalloc), cpu_pinned (page-locked host memory for copies
+//            to and from GPUs: cudaHostAlloc, or plain host memory without CUDA).
 //   stream   an in-order queue of device work. Stream{0} is the device's default
 //            stream. Memory handed out on stream S may be used by work on S at once;
 //            use on any other stream must be announced with record_stream().
@@ -24,18 +25,18 @@ inline constexpr size_t kKiB = size_t{1} << 10;
 inline constexpr size_t kMiB = size_t{1} << 20;
 inline constexpr size_t kGiB = size_t{1} << 30;
 
-enum class DeviceType : uint8_t { kCpu = 0, kSim = 1, kCuda = 2 };
+enum class DeviceType : uint8_t { kCpu = 0, kSim = 1, kCuda = 2, kCpuPinned = 3 };
 
 std::string_view DeviceTypeName(DeviceType type);
 
-// Identifies a memory space. `index` is 0 for cpu.
+// Identifies a memory space. `index` is 0 for cpu and cpu_pinned.
 struct DeviceId {
   DeviceType type = DeviceType::kCpu;
   int index = 0;
 
   friend bool operator==(const DeviceId&, const DeviceId&) = default;
   friend auto operator<=>(const DeviceId&, const DeviceId&) = default;
-  // "cuda:0", "sim:1", "cpu".
+  // "cuda:0", "sim:1", "cpu", "cpu_pinned".
   std::string ToString() const;
   template <typename H>
   friend H AbslHashValue(H h, const DeviceId& d) {
@@ -43,7 +44,7 @@ struct DeviceId {
   }
 };
 
-// Parses "cpu", "sim:N", "cuda:N" (and "sim"/"cuda" meaning index 0). The error names
+// Parses "cpu", "cpu_pinned", "sim:N", "cuda:N" (and "sim"/"cuda" meaning index 0). The error names
 // the text that was given.
 absl::StatusOr<DeviceId> ParseDeviceId(std::string_view text);
 

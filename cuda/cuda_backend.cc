@@ -37,6 +37,7 @@
 
 #include <cuda.h>  // driver API types and enums only: no cu* function is linked
 #include <cuda_runtime_api.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -59,6 +60,7 @@
 #include "allocator/backend_factory.h"
 #include "allocator/config.h"
 #include "allocator/mutex.h"
+#include "cuda/cuda_device_guard.h"
 
 namespace devmem {
 namespace {
@@ -108,39 +110,6 @@ void ReportCuda(absl::string_view where, absl::string_view call, cudaError_t err
   std::fprintf(stderr, "devmem: %s: %s: %s\n", std::string(where).c_str(),
                std::string(call).c_str(), CudaErrorText(err).c_str());
 }
-
-// Makes `device` current for the guard's lifetime and restores the caller's current
-// device afterwards, so the backend never changes which device its callers' own CUDA
-// calls go to. Switching is skipped when the device is already current, except with
-// kBindContext: driver API calls (cuMem*) do not initialize anything by themselves
-// and need the device's primary context current on this thread, which cudaSetDevice
-// guarantees (CUDA 12 and later; cudaFree(nullptr) before that).
-class DeviceGuard {
- public:
-  enum Mode { kRuntimeOnly, kBindContext };
-  explicit DeviceGuard(int device, Mode mode = kRuntimeOnly) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
-      cudaGetLastError();  // not sticky, but leave nothing behind
-      previous_ = -1;
-    }
-    if (previous_ != device || mode == kBindContext) cudaSetDevice(device);
-#if CUDART_VERSION < 12000
-    if (mode == kBindContext) cudaFree(nullptr);
-#endif
-  }
-  ~DeviceGuard() {
-    int current = -1;
-    if (previous_ >= 0 && cudaGetDevice(&current) == cudaSuccess &&
-        current != previous_) {
-      cudaSetDevice(previous_);
-    }
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
 
 // --- the driver API, through the runtime ---------------------------------------------
 
@@ -617,7 +586,7 @@ class CudaBackend final : public Backend {
   }
 
   // The caller synchronizes the stream that owns the range before calling this
-  // (DevicePool::release_segment calls synchronize_stream first): cuMemUnmap does not
+  // (the segment sources' release calls synchronize_stream first): cuMemUnmap does not
   // wait for kernels that may still use the memory, as cudaFree implicitly does.
   void unmap(void* p, size_t bytes) override {
     const auto start = reinterpret_cast<CUdeviceptr>(p);
@@ -700,12 +669,137 @@ class CudaBackend final : public Backend {
   std::map<CUdeviceptr, CUmemGenericAllocationHandle> granules_ ABSL_GUARDED_BY(vm_mu_);
 };
 
+// The cpu_pinned device's backend (cuda_backend.h, NewCudaPinnedHostBackend).
+class PinnedHostBackend final : public Backend {
+ public:
+  DeviceId device() const override { return DeviceId{DeviceType::kCpuPinned, 0}; }
+  Capabilities caps() const override {
+    return Capabilities{.streams = true, .virtual_memory = false, .host_accessible = true};
+  }
+  DeviceInfo info() const override {
+    return DeviceInfo{
+        .name = "host, page-locked (cudaHostAlloc)", .uuid = "", .backend = "cuda"};
+  }
+
+  absl::StatusOr<void*> allocate_segment(size_t bytes) override {
+    void* p = nullptr;
+    // Portable: pinned for every device and context, not only the current one.
+    if (cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+        err != cudaSuccess) {
+      return CudaStatus(kName, absl::StrCat("cudaHostAlloc(", bytes, " bytes = ",
+                                            FormatBytes(bytes), ")"),
+                        err);
+    }
+    return p;
+  }
+
+  void free_segment(void* p, size_t bytes) override {
+    ReportCuda(kName, absl::StrFormat("cudaFreeHost(%p, %u bytes)", p, bytes),
+               cudaFreeHost(p));
+  }
+
+  MemInfo mem_info() override {
+    const auto page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return MemInfo{.free_bytes = static_cast<size_t>(sysconf(_SC_AVPHYS_PAGES)) * page,
+                   .total_bytes = static_cast<size_t>(sysconf(_SC_PHYS_PAGES)) * page};
+  }
+
+  absl::Status launch_host_fn(Stream stream, std::function<void()> fn) override {
+    if (!fn) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kName, ": launch_host_fn of an empty function"));
+    }
+    if (stream == kPinnedHostStream) {  // the host has no queue: now
+      StreamCallbackScope scope;
+      fn();
+      return absl::OkStatus();
+    }
+    DeviceGuard guard(StreamDevice(stream));
+    auto owned = std::make_unique<std::function<void()>>(std::move(fn));
+    if (cudaError_t err = cudaLaunchHostFunc(ToCuda(stream), RunHostFn, owned.get());
+        err != cudaSuccess) {
+      return CudaStatus(kName, "cudaLaunchHostFunc", err);
+    }
+    owned.release();
+    return absl::OkStatus();
+  }
+
+  // An event on the GPU stream that used the memory (recorded with that stream's
+  // device current, as CUDA requires). On kPinnedHostStream: an event never recorded,
+  // which CUDA reports complete (the host's own use is over when it frees).
+  Event record_event(Stream stream) override {
+    const bool host = stream == kPinnedHostStream;
+    DeviceGuard guard(host ? CurrentDevice() : StreamDevice(stream));
+    cudaEvent_t event = nullptr;
+    if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+        err != cudaSuccess) {
+      FatalCuda(kName, "cudaEventCreateWithFlags(cudaEventDisableTiming)", err);
+    }
+    if (!host) {
+      if (cudaError_t err = cudaEventRecord(event, ToCuda(stream)); err != cudaSuccess) {
+        FatalCuda(kName, "cudaEventRecord", err);
+      }
+    }
+    return Event{reinterpret_cast<uintptr_t>(event)};
+  }
+
+  bool event_done(Event event) override {
+    cudaError_t err = cudaEventQuery(ToCuda(event));
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    FatalCuda(kName, "cudaEventQuery", err);
+  }
+
+  void synchronize_event(Event event) override {
+    if (cudaError_t err = cudaEventSynchronize(ToCuda(event)); err != cudaSuccess) {
+      FatalCuda(kName, "cudaEventSynchronize", err);
+    }
+  }
+
+  void release_event(Event event) override {
+    ReportCuda(kName, "cudaEventDestroy", cudaEventDestroy(ToCuda(event)));
+  }
+
+  void synchronize_stream(Stream stream) override {
+    if (stream == kPinnedHostStream) return;
+    DeviceGuard guard(StreamDevice(stream));
+    if (cudaError_t err = cudaStreamSynchronize(ToCuda(stream)); err != cudaSuccess) {
+      FatalCuda(kName, "cudaStreamSynchronize", err);
+    }
+  }
+
+ private:
+  static constexpr absl::string_view kName = "cpu_pinned";
+
+  static int CurrentDevice() {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) {
+      cudaGetLastError();
+      return 0;
+    }
+    return device;
+  }
+  // The device of a GPU stream (the current one for the legacy default stream).
+  static int StreamDevice(Stream stream) {
+    if (stream.handle == 0) return CurrentDevice();
+    int device = 0;
+    if (cudaError_t err = cudaStreamGetDevice(ToCuda(stream), &device); err != cudaSuccess) {
+      FatalCuda(kName, "cudaStreamGetDevice", err);
+    }
+    return device;
+  }
+};
+
 // Registers the factory before main(): cuda/ is linked whole-archive, so this object
 // file (and this initializer) is always in the program.
 [[maybe_unused]] const bool kRegistered = [] {
   RegisterCudaBackendFactory(CudaBackendFactory{
       .device_count = [] { return CudaDeviceCount(); },
       .make = [](const Config&, int index) { return NewCudaBackend(index); },
+      .make_pinned_host = [] { return NewCudaPinnedHostBackend(); },
   });
   return true;
 }();
@@ -740,6 +834,13 @@ absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int index) {
   DeviceInfo info{.name = prop.name, .uuid = FormatUuid(prop.uuid), .backend = "cuda"};
   return std::make_unique<CudaBackend>(index, std::move(info),
                                        ProbeVirtualMemory(name, index));
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaPinnedHostBackend() {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return count.status();
+  if (*count == 0) return absl::UnavailableError("the CUDA driver reports 0 devices");
+  return std::make_unique<PinnedHostBackend>();
 }
 
 absl::Status CudaMemsetSync(int index, void* device_ptr, int value, size_t bytes) {

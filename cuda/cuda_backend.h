@@ -45,6 +45,20 @@ absl::StatusOr<int> CudaDeviceCount();
 // index with no device, and errors from cudaGetDeviceProperties.
 absl::StatusOr<std::unique_ptr<Backend>> NewCudaBackend(int index);
 
+// The cpu_pinned device's backend: page-locked host memory (cudaHostAlloc, portable;
+// cudaFreeHost), which GPU copies read and write asynchronously. It has no streams of
+// its own: memory is allocated on kPinnedHostStream (the host, which has no queue),
+// and the GPU streams that copy through a block are announced with record_stream, so
+// the caching allocator reuses the block only once their events completed: the host
+// must not refill a staging buffer that a pending copy still reads. Events are
+// recorded on those GPU streams (with the stream's device current); synchronize_stream
+// and launch_host_fn take them too. Errors: those of CudaDeviceCount, Unavailable
+// without a device.
+absl::StatusOr<std::unique_ptr<Backend>> NewCudaPinnedHostBackend();
+
+// The stream cpu_pinned memory is allocated on: no CUDA stream has this handle.
+inline constexpr Stream kPinnedHostStream{~uintptr_t{0}};
+
 // Device memory, for tests and tools, since the host cannot touch it: fills `bytes` at
 // `device_ptr` with `value`, and copies `bytes` from `device_ptr` to `host`, on
 // cuda:`index`. Both return when the work is done; errors name the CUDA call.

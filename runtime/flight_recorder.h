@@ -38,7 +38,7 @@
 // never one shared by two device locks.
 //
 // Cost: Record runs on every allocation and free; devmem-bench reports
-// flight_recorder_overhead_ratio (tools/bench_flight.cc), target <= 1.15.
+// flight_recorder_overhead_ratio (tools/bench/flight_recorder.cc), target <= 1.15.
 //
 // Time. Events are stamped with CLOCK_MONOTONIC (NowNs) as a thread of the recorder
 // last read it: it refreshes one atomic every millisecond, and Record loads it. So an

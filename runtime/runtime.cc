@@ -79,15 +79,20 @@ DeviceId ComputeDefaultDevice(const Config& config) {
 // Makes the allocator of `device` with the policy keys of `config`. Throws
 // InvalidArgumentError naming the device when it cannot be had.
 std::shared_ptr<CachingAllocator> CreateAllocator(const Config& base, DeviceId device) {
-  if (device.index < 0 || (device.type == DeviceType::kCpu && device.index != 0)) {
+  if (device.index < 0 || ((device.type == DeviceType::kCpu ||
+                             device.type == DeviceType::kCpuPinned) &&
+                            device.index != 0)) {
     throw InvalidArgumentError(absl::StrCat("devmem runtime: no device ", device.ToString(),
-                                            " (cpu has index 0 only; indices are >= 0)"));
+                                            " (cpu and cpu_pinned have index 0 only; "
+                                            "indices are >= 0)"));
   }
   Config config = base;
   switch (device.type) {
     case DeviceType::kCpu: config.backend = BackendKind::kCpu; break;
     case DeviceType::kSim: config.backend = BackendKind::kSim; break;
     case DeviceType::kCuda: config.backend = BackendKind::kCuda; break;
+    case DeviceType::kCpuPinned:  // page-locked host memory, the GPUs' staging pool
+      return std::make_shared<CachingAllocator>(MakePinnedHostBackend(), config);
   }
   absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(config, device.index);
   if (!backend.ok()) {

@@ -9,8 +9,15 @@
 //
 // The allocator keeps no size distribution of its own, and metrics are read at scrape
 // time (never pushed through prometheus-cpp on the hot path), so this observer is the
-// smallest addition that can produce the histogram: one relaxed atomic increment per
-// bucket and one for the byte sum, per alloc event. Every other event is ignored.
+// smallest addition that can produce the histogram. Every event but kAlloc is ignored.
+//
+// Cost on the allocation path: no lock and no atomic read-modify-write. Each thread
+// counts into its own shard (one writer per counter: a relaxed load and a relaxed
+// store), so threads allocating at once never write a shared cache line; counts() adds
+// the shards up. A shard outlives its thread: when the thread exits its shard is marked
+// free and the next thread that records takes it over, counts and all, so the memory is
+// bounded by the most threads that ever recorded at once (about 300 bytes per device a
+// thread recorded on, plus 600 per shard).
 //
 // Buckets are fixed powers of two: upper bounds 2^9 (512 B, the rounding unit) up to
 // 2^40 (1 TiB), then +Inf. A request lands in the first bucket whose bound is >= its
@@ -22,19 +29,27 @@
 // forward each event to the process's SizeHistogram (SizeHistogram::Process()), which
 // is what the runtime's /metrics reads. Tests may attach their own instance instead.
 //
-// Thread-safety: on_event may run concurrently on any threads (it runs under the
-// allocating device's lock, and takes no lock of its own: lock-free slot lookup and
-// relaxed atomics). counts() may run at any time; a read concurrent with updates sees
-// each bucket at some recent value (the sum and the buckets are not read atomically
-// together, which a histogram scrape tolerates).
+// Thread-safety: on_event/record may run concurrently on any threads (they run under
+// the allocating device's lock, or in a thread's own cache; they take no lock but the
+// first time a thread records into this histogram, when it is given a shard). counts()
+// may run at any time (it takes the shard list's lock, which the hot path does not); a
+// read concurrent with updates sees each counter at some recent value (the sum and the
+// buckets are not read atomically together, which a histogram scrape tolerates), and
+// once the recording threads are quiescent it is exact. A histogram may be destroyed
+// while threads that recorded into it still run (their shards die with them).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "allocator/mutex.h"
 #include "allocator/observer.h"
 #include "allocator/types.h"
 
@@ -53,8 +68,14 @@ class SizeHistogram : public AllocatorObserver {
 
   // The upper bound of finite bucket i (0 <= i < kNumFiniteBuckets): 2^(kMinLog2 + i).
   static constexpr uint64_t UpperBound(int i) { return uint64_t{1} << (kMinLog2 + i); }
-  // The bucket a request of `bytes` falls in (kNumFiniteBuckets for +Inf).
-  static int BucketOf(size_t bytes);
+  // The bucket a request of `bytes` falls in (kNumFiniteBuckets for +Inf). Inline: it
+  // runs on every allocation.
+  static int BucketOf(size_t bytes) {
+    if (bytes <= UpperBound(0)) return 0;
+    // The smallest n with 2^n >= bytes.
+    const int log2_ceil = static_cast<int>(std::bit_width(static_cast<uint64_t>(bytes) - 1));
+    return std::min(log2_ceil - kMinLog2, kNumFiniteBuckets);
+  }
 
   // Per device: per-bucket (not cumulative) counts, their total and the byte sum.
   struct Counts {
@@ -81,20 +102,37 @@ class SizeHistogram : public AllocatorObserver {
   // The devices seen so far, in device order.
   std::vector<Counts> counts() const;
   uint64_t dropped_events() const { return dropped_.load(std::memory_order_relaxed); }
+  // The shards made so far (one per thread that recorded while no freed shard was
+  // there to take over): bounded by the most threads recording at once.
+  size_t shard_count() const;
+
+  // One thread's counters (or an exited thread's, until another takes them over);
+  // defined in size_histogram.cc.
+  struct Shard;
 
  private:
-  struct Slot {
-    // 0 = free; otherwise EncodeDevice(device). Written once (CAS from 0), published
-    // with release after which the counters are live; read with acquire.
-    std::atomic<uint32_t> key{0};
-    std::array<std::atomic<uint64_t>, kNumBuckets> buckets{};
-    std::atomic<uint64_t> sum_bytes{0};
-  };
-  static uint32_t EncodeDevice(DeviceId device);
+  // Type in the top byte, index + 1 below it, so that no device encodes to 0.
+  static uint32_t EncodeDevice(DeviceId device) {
+    return (static_cast<uint32_t>(device.type) << 24) |
+           ((static_cast<uint32_t>(device.index) + 1) & 0xFFFFFF);
+  }
   static DeviceId DecodeDevice(uint32_t key);
-  Slot* slot_for(DeviceId device);
+  // The index of `device`'s key in keys_ (claimed on first use), or -1 when all
+  // kMaxDevices keys belong to other devices.
+  int device_index(DeviceId device);
+  // record() when the calling thread last counted elsewhere (another histogram or
+  // device), or never.
+  void record_slow(DeviceId device, size_t requested);
+  // The calling thread's shard, given it (a freed shard, or a new one) on first use.
+  Shard& thread_shard();
+  Shard& claim_shard() ABSL_LOCKS_EXCLUDED(mu_);
 
-  std::array<Slot, kMaxDevices> slots_;
+  const uint64_t id_;  // unique per histogram for the life of the process
+  // 0 = free; otherwise EncodeDevice(device). Written once (CAS from 0); a device's
+  // index is the same in every shard.
+  std::array<std::atomic<uint32_t>, kMaxDevices> keys_{};
+  mutable Mutex mu_;  // guards the shard list only; never taken by a thread that has one
+  std::vector<std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> dropped_{0};
 };
 

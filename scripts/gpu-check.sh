@@ -20,7 +20,8 @@
 #   scripts/gpu-check.sh
 #       THERE, from the repository root, with build-gpu/ carried along: through the
 #       device tool, `run` with carry ["build-gpu"] and command
-#       `bash scripts/gpu-check.sh` (timeout_s 300 is plenty: it takes about a minute).
+#       `bash scripts/gpu-check.sh` (timeout_s 540: the steps below are bounded to
+#       about 8 minutes in all; a machine without a GPU is done in seconds).
 #       Steps, each logged under $OUT (build-gpu/out/ when OUT is unset):
 #         nvidia-smi.txt            nvidia-smi and the machine (glibc, libcuda found)
 #         gtest-cuda.log / .xml     devmem_tests --gtest_filter=
@@ -28,8 +29,19 @@
 #                                   (the conformance suite on cpu, sim and cuda:
 #                                   segments, streams, events, and the VirtualMemory* and
 #                                   ExpandableSegments* cases on the GPU's VMM)
+#         tensor-cuda.log / .xml    devmem_tests --gtest_filter=TensorCudaTest.*: every
+#                                   tensor op on cuda:0 against the host kernels within
+#                                   the bounds of cuda/cuda_kernels.cc, and the training
+#                                   loop on cuda:0 against sim (cuBLAS from PyTorch's
+#                                   wheel when found: DEVMEM_CUBLAS_LIBRARY)
+#         tensor-cuda-nocublas.log  the matmul and loop cases again with
+#                                   DEVMEM_CUBLAS_LIBRARY=none (devmem's own matmul kernel)
 #         demo-cuda.log             DEVMEM_CONF=backend:cuda devmem-demo --epochs 2
 #         demo-cuda-expandable.log  DEVMEM_CONF=backend:cuda,expandable_segments:true
+#         demo-sim.log              DEVMEM_CONF=backend:sim devmem-demo --epochs 2: every
+#                                   epoch's loss of both cuda runs must be within 1e-4 of
+#                                   it (the printed losses have 5 decimals; float32
+#                                   cuBLAS sums vs double sums differ by about 1e-6)
 #         torch.log, cupy.log       tests/gpu/torch_pluggable.py and cupy_allocator.py:
 #                                   PyTorch and CuPy allocating through the bundle's
 #                                   libdevmem.so (each skips when its framework is
@@ -37,17 +49,29 @@
 #         torch-package.log         tests/gpu/torch_package.py: the Python package
 #                                   (python/devmem) with devmem.torch.use(), its
 #                                   torch.cuda-style stats, tags, snapshot, resets
+#         torch-step.log            tests/gpu/torch_training_step.py: a small CNN trained
+#                                   8 steps (fixed seed, deterministic algorithms) with
+#                                   PyTorch's allocator and with devmem as
+#                                   CUDAPluggableAllocator: every loss bit-for-bit equal
+#         replay-bench.log / .json  tests/gpu/replay_bench.py: tests/data/traces/
+#                                   training_loop.jsonl and real/resnet18_train.jsonl.gz
+#                                   replayed through devmem's C ABI, PyTorch's
+#                                   caching_allocator_alloc/delete, cudaMallocAsync (default
+#                                   pool, release threshold) and cudaMalloc/cudaFree: ns per
+#                                   alloc+free pair (p50, p99), peak reserved bytes, and
+#                                   devmem's driver call counts; one table and one JSON
 #         summary.txt               one line per step and the verdict
 #       The allocator policy tests (tests/caching_allocator_*) are not run: the test
 #       harness (tests/test_util.h, MakeSimAllocator) always builds sim allocators and
 #       has no way to choose the backend, so DEVMEM_CONF=backend:cuda would not reach
-#       them. The demo's training loop needs tensor kernels for cuda, which this build
-#       does not have: a demo that stops with "no kernels for device cuda:0" is
-#       reported as that known limit (after the allocator's first cuda allocations),
-#       not as a failure.
+#       them.
 #       Exit status: 0 when every CUDA case passed, or when there is no usable GPU (the
 #       CUDA cases then skip, and summary.txt says so and why); 1 on any failure; 2 when
 #       the bundle is missing.
+#
+#   What runs without a GPU, here: --prepare itself; `bash -n` of this script,
+#   py_compile of tests/gpu/*.py, and replay_bench.py's devmem column on the simulated
+#   device (ctest gpu_check.offline, tests/gpu_check_offline_test.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bundle=build-gpu
@@ -65,6 +89,8 @@ prepare() {
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
   fi
   cmake --build "$dir" -j "${DEVMEM_JOBS:-$(nproc)}" --target devmem_tests devmem-demo devmem_capi
+  [[ -f "$dir/lib/libdevmem_cuda_kernels.a" ]] ||
+    echo "gpu-check: warning: $dir has no CUDA tensor kernels (no nvcc?): the tensor and demo steps will fail" >&2
   [[ -f "$dir/lib/libdevmem_cuda.a" ]] ||
     die "$dir was built without the CUDA backend (no CUDA toolkit in /usr/local/cuda, or -DDEVMEM_WITH_CUDA=OFF); the GPU check would test nothing"
 
@@ -177,7 +203,45 @@ else
   fi
 fi
 
-# 4. The demo on the CUDA device, with regular and with expandable segments.
+# 3b. Every tensor op on cuda:0 against the host kernels, and the training loop on
+#     cuda:0 against sim. cuBLAS comes from PyTorch's wheel when there is one (the
+#     bundle carries none: cuda/cuda_kernels.cc says why).
+if [[ -z "${DEVMEM_CUBLAS_LIBRARY:-}" ]] && command -v python3 >/dev/null; then
+  cublas=$(python3 -c 'import glob, os, sys
+hits = [h for b in sys.path for h in sorted(glob.glob(os.path.join(b, "nvidia", "cublas", "lib", "libcublas.so*")))]
+print(hits[0] if hits else "")' 2>/dev/null)
+  [[ -n "$cublas" ]] && export DEVMEM_CUBLAS_LIBRARY=$cublas
+fi
+note "cuBLAS for the tensor kernels: ${DEVMEM_CUBLAS_LIBRARY:-none found in a wheel; libcublas.so.13 or .12 through the loader, if any}"
+run_tensor() {
+  local log=$1 filter=$2
+  shift 2
+  local rc=0
+  env "$@" timeout 150 "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_filter="$filter" \
+    --gtest_output="xml:$out/${log%.log}.xml" >"$out/$log" 2>&1
+  rc=$?
+  local ran skipped
+  ran=$(grep -cE '^\[       OK \] TensorCudaTest' "$out/$log")
+  skipped=$(grep -cE '^\[  SKIPPED \] TensorCudaTest' "$out/$log")
+  if [[ $rc -ne 0 ]]; then
+    failed=1
+    note "$log: FAILED (exit status $rc); failing cases:"
+    grep -E '^\[  FAILED  \] .*\(' "$out/$log" | sed 's/^/  /' | tee -a "$summary"
+    grep -m3 -E 'Failure|bound|differ' "$out/$log" | sed 's/^/  /' | tee -a "$summary"
+  elif [[ $ran -eq 0 ]]; then
+    note "$log: every case SKIPPED ($skipped): $(grep -m1 -A1 ': Skipped$' "$out/$log" | tail -1)"
+    [[ $no_device -eq 1 ]] || { failed=1; note "  (but the backend's cuda cases ran: the kernels must too)"; }
+  else
+    note "$log: passed; $ran cases ran on the GPU, $skipped skipped"
+  fi
+  grep -m2 -E '^devmem: ' "$out/$log" | sed 's/^/  stderr: /' | tee -a "$summary"
+}
+run_tensor tensor-cuda.log 'TensorCudaTest.*'
+run_tensor tensor-cuda-nocublas.log 'TensorCudaTest.Matmul*:TensorCudaTest.TheTrainingLoop*' \
+  DEVMEM_CUBLAS_LIBRARY=none
+
+# 4. The demo on the CUDA device, with regular and with expandable segments, and on sim
+#    for the losses to compare against.
 run_demo() {
   local log=$1 conf=$2
   local rc=0
@@ -190,8 +254,6 @@ run_demo() {
   } 2>/dev/null
   if [[ $rc -eq 0 ]]; then
     note "demo ($conf): passed"
-  elif grep -q 'no kernels for device cuda' "$out/$log"; then
-    note "demo ($conf): stopped at the known limit, no tensor kernels for cuda in this build (exit status $rc)"
   elif [[ $no_device -eq 1 ]] && grep -qiE 'cudaGetDeviceCount|no cuda|CUDA driver' "$out/$log"; then
     note "demo ($conf): no usable GPU here (exit status $rc): $(grep -m1 -iE 'cuda' "$out/$log")"
   else
@@ -203,8 +265,27 @@ run_demo() {
   fi
   grep -m3 -E '^devmem: ' "$out/$log" | sed 's/^/  stderr: /' | tee -a "$summary"
 }
+run_demo demo-sim.log backend:sim
 run_demo demo-cuda.log backend:cuda
 run_demo demo-cuda-expandable.log backend:cuda,expandable_segments:true
+# The epoch table's rows: "epoch loss best ...". Each cuda run's losses against sim's.
+compare_losses() {
+  local log=$1
+  [[ -s "$out/$log" && -s "$out/demo-sim.log" ]] || return 0
+  grep -q '^ *[0-9]\+ \+[0-9.]\+ ' "$out/$log" || return 0  # the run stopped early
+  local verdict
+  verdict=$(awk 'NR == FNR { if ($1 ~ /^[0-9]+$/ && $2 ~ /^[0-9.]+$/) sim[$1] = $2; next }
+    $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9.]+$/ {
+      n++; d = $2 - sim[$1]; if (d < 0) d = -d; if (!($1 in sim) || d > 1e-4) bad++
+      if (d > worst) worst = d }
+    END { if (n == 0) print "no epochs"; else if (bad) printf "FAILED: %d of %d epochs differ by more than 1e-4 (largest %.2g)\n", bad, n, worst;
+          else printf "ok: %d epochs, largest difference %.2g\n", n, worst }' \
+    "$out/demo-sim.log" "$out/$log")
+  [[ $verdict == ok* ]] || failed=1
+  note "  loss of $log vs demo-sim.log: $verdict"
+}
+compare_losses demo-cuda.log
+compare_losses demo-cuda-expandable.log
 
 # 5. PyTorch and CuPy with libdevmem.so as their allocator (the machine's own Python;
 #    only libdevmem.so's dependencies come from the bundle).
@@ -228,6 +309,28 @@ run_framework() {
 run_framework torch.log torch_pluggable.py
 run_framework cupy.log cupy_allocator.py
 run_framework torch-package.log torch_package.py
+run_framework torch-step.log torch_training_step.py
+
+# 6. The side-by-side replay benchmark: one synthetic and one real training trace,
+#    four allocators, one table (replay-bench.log) and one JSON.
+if command -v python3 >/dev/null; then
+  # devmem on the GPU where there is one (backend:auto would fall back to sim quietly).
+  bench_conf=${DEVMEM_CONF:-}
+  [[ $no_device -eq 0 && -z "$bench_conf" ]] && bench_conf=backend:cuda
+  DEVMEM_CONF=$bench_conf LD_LIBRARY_PATH=$lib_path timeout 300 python3 tests/gpu/replay_bench.py \
+    --lib "$root/$bundle/lib/libdevmem.so" --json "$out/replay-bench.json" \
+    tests/data/traces/training_loop.jsonl tests/data/traces/real/resnet18_train.jsonl.gz \
+    >"$out/replay-bench.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]]; then
+    note "replay_bench.py: done (table below; JSON in replay-bench.json)"
+  else
+    failed=1
+    note "replay_bench.py: FAILED (exit status $rc): $(tail -1 "$out/replay-bench.log")"
+  fi
+  sed 's/^/  /' "$out/replay-bench.log" | tee -a "$summary" >/dev/null
+  cat "$out/replay-bench.log"
+fi
 
 if [[ $failed -ne 0 ]]; then
   note "verdict: FAILED (logs in $out)"

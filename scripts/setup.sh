@@ -6,7 +6,8 @@
 # toolkit is not a Debian package here: when /usr/local/cuda exists the build picks it
 # up, otherwise the build goes on without the cuda/ backend.
 #
-# chromium: the memtrace timeline HTML test opens the page headless. clang-16 and its
+# libmimalloc-dev: devmem-bench's host reference for the shipped path (optional to the
+# build: without it the bench leaves out those figures). chromium: the memtrace timeline HTML test opens the page headless. clang-16 and its
 # runtime (libFuzzer): the fuzz build of scripts/test.sh; Debian's default clang (14)
 # lacks __builtin_source_location, which <source_location> (allocator/site.h) needs.
 # python3-pytest runs python/devmem's tests (ctest python.package); pip, setuptools and
@@ -17,7 +18,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 ccache
-  libjemalloc-dev libabsl-dev prometheus-cpp-dev
+  libjemalloc-dev libmimalloc-dev libabsl-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev zlib1g-dev
   libcivetweb-dev prometheus

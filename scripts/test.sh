@@ -9,7 +9,8 @@
 #   4. build-tsan/ : ThreadSanitizer, the concurrency tests only (the test files that
 #                    start threads are the only ones built; ctest runs the tests in them
 #                    that use threads: two-thread allocator storms, backend and site
-#                    concurrency, tensor storage races, the trace ring's writers, and
+#                    concurrency, tensor storage races, the trace ring's writers, the
+#                    size histogram's per-thread shards, and
 #                    the HTTP server, whose scrapes race a two-thread allocation storm)
 #   5. build-fuzz/ : the libFuzzer targets of the parsers (tools/fuzz/: trace, config
 #                    string, RMM and Umpire imports, timeline, snapshot), built with
@@ -38,7 +39,7 @@ fi
 if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
   echo "== build (build-tsan/: ThreadSanitizer, concurrency tests)"
   # Only these test files are compiled (tests/CMakeLists.txt, DEVMEM_TEST_FILES).
-  tsan_files='/(caching_allocator_(random|fault|errors|recycle)|backend_conformance|site|tensor_(storage|live_buffers)|runtime_(trace|http))_test\.cc$'
+  tsan_files='/(caching_allocator_(random|fault|errors|recycle)|backend_conformance|site|tensor_(storage|live_buffers)|runtime_(trace|http|metrics))_test\.cc$'
   bash scripts/build.sh build-tsan -DDEVMEM_SANITIZE=thread -DDEVMEM_WITH_CUDA=OFF \
     -DDEVMEM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DDEVMEM_TEST_FILES=${tsan_files}"

@@ -15,9 +15,10 @@ namespace devmem {
 DeviceId DefaultDevice() { return Runtime::Get().default_device(); }
 
 std::shared_ptr<CachingAllocator> AllocatorFor(DeviceId device) {
-  if (device.type == DeviceType::kCpu && device.index != 0) {
-    ThrowInvalidArgument(
-        Cat("AllocatorFor: the cpu device has index 0 only, got ", device.index));
+  if ((device.type == DeviceType::kCpu || device.type == DeviceType::kCpuPinned) &&
+      device.index != 0) {
+    ThrowInvalidArgument(Cat("AllocatorFor: the ", DeviceTypeName(device.type),
+                             " device has index 0 only, got ", device.index));
   }
   Runtime& runtime = Runtime::Get();  // a bad DEVMEM_CONF throws InvalidArgumentError
   try {

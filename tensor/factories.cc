@@ -30,7 +30,7 @@ Tensor EmptyAt(IntList shape, DType dtype, DeviceId device, SiteId site) {
   contents.shape.assign(shape.begin(), shape.end());
   StoragePtr storage =
       Storage::Allocate(AllocatorFor(device), static_cast<size_t>(numel) * ItemSize(dtype),
-                        Stream{}, site, std::move(contents));
+                        CurrentStream(device), site, std::move(contents));
   return Tensor(std::move(storage), dtype, shape, ContiguousStrides(shape), 0);
 }
 

@@ -266,13 +266,13 @@ class HostKernelsImpl final : public Kernels {
   void copy_from_host(const KernelContext& ctx, const TensorArg& dst,
                       const void* src) override {
     const DimVector strides = ContiguousStrides(dst.shape);
-    TensorArg from{const_cast<void*>(src), dst.dtype, dst.shape, strides};
+    TensorArg from{const_cast<void*>(src), dst.dtype, dst.shape, strides, DeviceId{}};
     copy(ctx, dst, from);
   }
 
   void copy_to_host(const KernelContext& ctx, void* dst, const TensorArg& src) override {
     const DimVector strides = ContiguousStrides(src.shape);
-    TensorArg to{dst, src.dtype, src.shape, strides};
+    TensorArg to{dst, src.dtype, src.shape, strides, DeviceId{}};
     copy(ctx, to, src);
   }
 

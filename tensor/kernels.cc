@@ -11,8 +11,8 @@ namespace {
 
 // Indexed by DeviceType. Atomic pointers: lookups are lock-free and may race with a
 // registration (they see the old or the new table, both valid forever).
-std::array<std::atomic<Kernels*>, 3>& Table() {
-  static std::array<std::atomic<Kernels*>, 3> table{};
+std::array<std::atomic<Kernels*>, 4>& Table() {
+  static std::array<std::atomic<Kernels*>, 4> table{};
   return table;
 }
 
@@ -63,9 +63,10 @@ Kernels& KernelsFor(DeviceId device, std::string_view op) {
   if (index < Table().size()) {
     if (Kernels* k = Table()[index].load(std::memory_order_acquire)) return *k;
   }
-  if (device.type == DeviceType::kCpu || device.type == DeviceType::kSim) {
+  if (device.type == DeviceType::kCpu || device.type == DeviceType::kCpuPinned) {
     return HostKernels();
   }
+  if (device.type == DeviceType::kSim) return SimStreamKernels();
   throw UnsupportedDeviceError(
       Cat(op, ": no kernels for device ", device.ToString(),
           " (this build has none registered for ", DeviceTypeName(device.type),

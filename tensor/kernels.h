@@ -22,9 +22,15 @@
 // elementwise float ops are computed in the element type; sums, means, matmul and the
 // loss accumulate in double (int64 for integers) and round once.
 //
-// Streams: `ctx.stream` is the stream to enqueue on. The host kernels run
-// synchronously on the calling thread (the memory of cpu and sim is host accessible),
-// which is equivalent to an always-synchronized default stream.
+// Streams: `ctx.stream` is the stream to enqueue on (the calling thread's current
+// stream of ctx.device, tensor/stream.h), and a kernel may return before its work has
+// run, as CUDA kernels do; copy_to_host returns once the host memory holds the result.
+// The host kernels run synchronously on the calling thread on the default stream of
+// cpu and sim (the memory of both is host accessible), which is equivalent to an
+// always-synchronized default stream. On any other stream of a sim device they run in
+// that stream's order (SimStreamKernels below): queued behind the stream's earlier
+// work, on the stream's worker thread, and the call returns at once, except
+// copy_to_host, copy_from_host and integer division (which can throw), which wait.
 //
 // Thread-safety: kernel objects are stateless and shared by all threads. Registration
 // is meant for static initialization, but is safe at any time.
@@ -45,6 +51,7 @@ struct TensorArg {
   DType dtype = DType::kFloat32;
   IntList shape;
   IntList strides;  // in elements, all >= 0
+  DeviceId device;  // where `data` lives (copies between devices need to know)
   int64_t numel() const { return Numel(shape); }
 };
 
@@ -71,7 +78,8 @@ class Kernels {
   // bfloat16). Any dtype.
   virtual void fill(const KernelContext& ctx, const TensorArg& out, double value) = 0;
   // dst[i] = src[i]; same dtype (any) and shape. dst and src may be on different
-  // devices (ctx.device is dst's); an implementation serves the pairs where it can
+  // devices (ctx.device is then the one whose kernels run: the one that is not host
+  // accessible, else the sim one); an implementation serves the pairs where it can
   // reach both (host kernels: two host-accessible devices).
   virtual void copy(const KernelContext& ctx, const TensorArg& dst,
                     const TensorArg& src) = 0;
@@ -121,16 +129,21 @@ class Kernels {
                                           double scale) = 0;
 };
 
-// Installs the kernels for every device of `type` (replacing any before). `kernels`
-// must live until the process exits.
+// Installs the kernels for every device of `type` (replacing any before; nullptr
+// removes them, for tests). `kernels` must live until the process exits.
 void RegisterKernels(DeviceType type, Kernels* kernels);
 
-// The kernels that serve `device`: the registered ones, else the host kernels for cpu
-// and sim (whose memory is host accessible). Throws UnsupportedDeviceError naming `op`
+// The kernels that serve `device`: the registered ones, else the host kernels for cpu,
+// cpu_pinned and sim (whose memory is host accessible). Throws UnsupportedDeviceError naming `op`
 // and the device when there are none.
 Kernels& KernelsFor(DeviceId device, std::string_view op);
 
 // The host implementation (tensor/host_kernels.cc).
 Kernels& HostKernels();
+
+// The host kernels in the stream order of sim devices (tensor/sim_stream_kernels.cc):
+// HostKernels() itself on the default stream; on any other stream, each call queued on
+// the stream through the sim backend's launch_host_fn. What KernelsFor gives sim.
+Kernels& SimStreamKernels();
 
 }  // namespace devmem

@@ -13,24 +13,25 @@
 
 #include "allocator/types.h"
 #include "tensor/kernels.h"
+#include "tensor/stream.h"
 #include "tensor/tensor.h"
 
 namespace devmem {
 
 // The kernel's view of `t`. Valid while `t` lives.
 inline TensorArg ArgOf(const Tensor& t) {
-  return TensorArg{t.data_ptr(), t.dtype(), t.shape(), t.strides()};
+  return TensorArg{t.data_ptr(), t.dtype(), t.shape(), t.strides(), t.device()};
 }
 
-// Ops run on the device's default stream (a current-stream notion belongs to the
-// runtime layer).
+// Ops run on the calling thread's current stream of the device (tensor/stream.h).
 inline KernelContext ContextFor(DeviceId device) {
-  return KernelContext{device, Stream{}};
+  return KernelContext{device, CurrentStream(device)};
 }
 
 // True for the devices the host kernels serve (their memory is host accessible).
 inline bool IsHostDevice(DeviceId device) {
-  return device.type == DeviceType::kCpu || device.type == DeviceType::kSim;
+  return device.type == DeviceType::kCpu || device.type == DeviceType::kSim ||
+         device.type == DeviceType::kCpuPinned;
 }
 
 // "float32 [2, 3] on sim:0": how messages name a tensor.

@@ -82,6 +82,11 @@ void Tensor::CopyToHost(void* dst) const {
       .copy_to_host(ContextFor(device()), dst, ArgOf(*this));
 }
 
+void Tensor::record_stream(Stream stream) const {
+  CheckDefined(*this, "record_stream");
+  storage_->record_stream(stream);
+}
+
 Tensor Tensor::clone(std::source_location loc) const {
   CheckDefined(*this, "clone");
   Kernels& k = KernelsFor(device(), "clone");
@@ -103,17 +108,20 @@ Tensor Tensor::to(DeviceId target, std::source_location loc) const {
   CheckDefined(*this, "to");
   const DeviceId source = device();
   if (target == source) return *this;
-  // Host kernels copy between any two host-accessible devices; otherwise the kernels
-  // of the device that is not host accessible do it (the target's when neither is).
-  Kernels* k;
+  // The copy runs on the current stream of the device that is not cpu: the kernels of
+  // the device that is not host accessible do it (the target's when neither is); between
+  // two host-accessible devices, the host kernels, in the stream order of the sim one
+  // (the target's when both are sim).
+  DeviceId runs_on = target;
   if (IsHostDevice(source) && IsHostDevice(target)) {
-    k = &HostKernels();
-  } else {
-    const DeviceId other = IsHostDevice(target) ? source : target;
-    k = &KernelsFor(other, Cat("to(", target.ToString(), ") from ", source.ToString()));
+    if (target.type != DeviceType::kSim) runs_on = source;
+  } else if (IsHostDevice(target)) {
+    runs_on = source;
   }
+  Kernels& k =
+      KernelsFor(runs_on, Cat("to(", target.ToString(), ") from ", source.ToString()));
   Tensor out = EmptyAt(shape_, dtype_, target, InternSite(loc, SiteKind::kToDevice));
-  if (numel() > 0) k->copy(ContextFor(target), ArgOf(out), ArgOf(*this));
+  if (numel() > 0) k.copy(ContextFor(runs_on), ArgOf(out), ArgOf(*this));
   return out;
 }
 

@@ -188,6 +188,16 @@ class Tensor {
   Tensor to(DeviceId device,
             std::source_location loc = std::source_location::current()) const;
 
+  // ---- streams (tensor/stream.h) ---------------------------------------------------
+  // Announces that work queued on `stream` (of this tensor's device) uses the storage,
+  // so that its free waits for that work (CachingAllocator::record_stream): call it
+  // whenever the tensor is used on a stream other than the one it was allocated on
+  // (storage()->stream()). Without it, dropping the tensor lets the allocating stream
+  // reuse the memory while `stream` may still be using it (stream.h, "the user
+  // error"). A no-op for foreign storages and empty ones; throws on an undefined
+  // tensor.
+  void record_stream(Stream stream) const;
+
   // ---- in place: write through this view (and so through every view of its storage) ---
   // Scalars are converted to the dtype; for integer dtypes they must be integral and
   // in range. `other` must broadcast to this shape and have the same dtype and device.

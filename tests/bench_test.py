@@ -1,10 +1,16 @@
 #!/usr/bin/env python3
-"""tests/bench_test.py: devmem-bench as a user runs it (tools/devmem_bench.cc).
+"""tests/bench_test.py: devmem-bench as a user runs it (tools/bench/).
 
   bench_test.py DEVMEM_BENCH
 
   - `--json`: exit status 0, one JSON object whose figures are positive numbers and
-    timed_segment_allocs 0 (every timed pair a cache hit);
+    timed_segment_allocs 0 (every timed pair a cache hit); the shipped-path figures
+    (tcache_pair_ns beside jemalloc, and mimalloc when the bench was built with it: then
+    ratio_tcache_mimalloc is their quotient), threads2_speedup, tensor_create_ns,
+    intern_256_sites_ns; steady_maps_2streams a count >= 0; instructions_per_pair a
+    positive number where perf_event_open is allowed, else absent with a note on
+    stderr. No figure is compared with its target: speed is not a test's business;
+  - the human table prints every figure beside its target;
   - a policy under which timed pairs reach the device (expandable_recycle_threshold:0
     unmaps and maps idle granules all the time): exit status 1 and a message saying
     segments were allocated while timing;
@@ -18,7 +24,10 @@ import sys
 bench = sys.argv[1]
 FIGURES = ["pair_ns_small", "jemalloc_pair_ns_small", "ratio_small", "pair_ns_mixed",
            "jemalloc_pair_ns_mixed", "ratio_mixed", "tensor_copy_ns", "slice_ns",
-           "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio"]
+           "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio",
+           "tcache_pair_ns", "jemalloc_pair_ns_tcache", "threads2_speedup", "tensor_create_ns",
+           "intern_256_sites_ns"]
+MIMALLOC_FIGURES = ["mimalloc_pair_ns_tcache", "ratio_tcache_mimalloc"]
 
 
 def fail(why):
@@ -26,13 +35,13 @@ def fail(why):
     sys.exit(1)
 
 
-def run(conf):
+def run(conf, args=("--json",)):
     env = dict(os.environ)
     env.pop("DEVMEM_CONF", None)
     if conf is not None:
         env["DEVMEM_CONF"] = conf
-    r = subprocess.run([bench, "--json"], capture_output=True, text=True, env=env, timeout=300)
-    print("$ DEVMEM_CONF=%r devmem-bench --json -> %d" % (conf, r.returncode))
+    r = subprocess.run([bench, *args], capture_output=True, text=True, env=env, timeout=300)
+    print("$ DEVMEM_CONF=%r devmem-bench %s -> %d" % (conf, " ".join(args), r.returncode))
     print(r.stdout, r.stderr)
     return r
 
@@ -46,6 +55,35 @@ for k in FIGURES:
         fail("%s: expected a positive number, got %r" % (k, out.get(k)))
 if out.get("timed_segment_allocs") != 0:
     fail("timed_segment_allocs: expected 0, got %r" % out.get("timed_segment_allocs"))
+maps = out.get("steady_maps_2streams")
+if not isinstance(maps, int) or maps < 0:
+    fail("steady_maps_2streams: expected a count >= 0, got %r" % maps)
+if "mimalloc_pair_ns_tcache" in out:
+    for k in MIMALLOC_FIGURES:
+        if not isinstance(out.get(k), (int, float)) or out[k] <= 0:
+            fail("%s: expected a positive number, got %r" % (k, out.get(k)))
+    quotient = out["tcache_pair_ns"] / out["mimalloc_pair_ns_tcache"]
+    if abs(out["ratio_tcache_mimalloc"] - quotient) > 0.01 * quotient + 0.001:
+        fail("ratio_tcache_mimalloc %r is not tcache_pair_ns / mimalloc_pair_ns_tcache (%r)"
+             % (out["ratio_tcache_mimalloc"], quotient))
+elif "ratio_tcache_mimalloc" in out or "mimalloc" not in r.stderr:
+    fail("without mimalloc: expected no ratio_tcache_mimalloc and a note naming mimalloc")
+if "instructions_per_pair" in out:
+    if not isinstance(out["instructions_per_pair"], (int, float)) or out["instructions_per_pair"] <= 0:
+        fail("instructions_per_pair: expected a positive number, got %r" % out["instructions_per_pair"])
+elif "instructions_per_pair" not in r.stderr:
+    fail("instructions_per_pair absent without a note saying why")
+
+r = run(None, args=())
+if r.returncode != 0:
+    fail("table: exit status %d" % r.returncode)
+rows = [("threads2_speedup", ">= 1.8"), ("tensor_create_ns", "<= 100"),
+        ("intern_256_sites_ns", "<= 15"), ("steady_maps_2streams", " 0 ")]
+rows.append(("shipped vs. mimalloc", "<= 2.0" if "mimalloc_pair_ns_tcache" in out else "n/a"))
+for row, target in rows:
+    line = next((l for l in r.stdout.splitlines() if l.startswith(row)), None)
+    if line is None or target not in line:
+        fail("table: no row %r with its target %r" % (row, target))
 
 r = run("expandable_recycle_threshold:0")
 if r.returncode != 1:

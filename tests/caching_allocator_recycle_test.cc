@@ -4,7 +4,7 @@
 // their physical memory mapped again elsewhere in the reservation: under memory
 // pressure, on trim/empty_cache, and when fragmentation would grow the footprint past
 // expandable_recycle_threshold x the peak of allocated bytes
-// (allocator/device_pool_expandable.cc). These tests pin that policy, the run
+// (allocator/expandable_segments.cc). These tests pin that policy, the run
 // bookkeeping behind it (runs split around holes and merge when gaps are mapped),
 // that releasing memory waits for work queued on its stream, and the default
 // (expandable_segments:auto).

@@ -196,6 +196,21 @@ def timeline_output():
     mt("timeline", FRAG, "-o", html)
     expect(open(svg).read().startswith("<svg") or "<svg" in open(svg).read()[:200], "-o .svg")
     expect("<html" in open(html).read()[:500].lower(), "-o .html: not a page")
+    r = mt("timeline", FRAG, "-o", "-", "--format", "svg", "--json")
+    expect("<svg" in r.stdout[:200] and json.loads(r.stderr or "{}").get("events", 0) > 0,
+           "timeline -o - --format svg: picture on stdout, summary on stderr")
+    r = mt("timeline", FRAG, "-o", "-", rc=2)
+    expect("--format" in r.stderr, "timeline -o - without --format: %r" % r.stderr)
+
+
+def timeline_format():
+    out = os.path.join(tmp, "f.out")
+    mt("timeline", FRAG, "-o", out, "--format", "html")
+    expect("<html" in open(out).read()[:500].lower(), "--format html: not a page")
+    mt("timeline", FRAG, "-o", out, "--format", "svg")
+    expect("<svg" in open(out).read()[:200], "--format svg: not an SVG")
+    r = mt("timeline", FRAG, "-o", out, "--format", "png", rc=2)
+    expect("png" in r.stderr, "--format png: %r" % r.stderr)
 
 
 def timeline_points():
@@ -462,7 +477,8 @@ CHECKS = {
     ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
     ("import", "--from"): import_checks, ("import", "--output"): import_checks,
     ("import", "--json"): import_json,
-    ("timeline", "--output"): timeline_output, ("timeline", "--points"): timeline_points,
+    ("timeline", "--output"): timeline_output, ("timeline", "--format"): timeline_format,
+    ("timeline", "--points"): timeline_points,
     ("timeline", "--top"): timeline_top, ("timeline", "--conf"): timeline_conf,
     ("timeline", "--token-file"): timeline_token_file, ("timeline", "--json"): timeline_json,
     ("buffers", "--list"): buffers_list, ("buffers", "--device"): buffers_device,

@@ -153,6 +153,19 @@ TEST(PoolPolicyTest, LimitsAndGcThreshold) {
   EXPECT_EQ(MemoryLimit(0.5, 1000), 500u);
   EXPECT_EQ(GcThresholdBytes(0.8, 1000), 800u);
   EXPECT_EQ(GcThresholdBytes(0.0, 1000), 0u);
+  struct Row {
+    size_t threshold, reserved, incoming, reclaim;
+  };
+  const std::vector<Row> rows = {
+      {800, 500, 300, 0},    // fits exactly
+      {800, 500, 301, 1},
+      {800, 900, 20, 120},   // already over: back under, with room for the new one
+      {0, 0, 2 * kMiB, 2 * kMiB},
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(GcReclaimBytes(r.threshold, r.reserved, r.incoming), r.reclaim)
+        << r.threshold << " " << r.reserved << " " << r.incoming;
+  }
 }
 
 TEST(PoolPolicyTest, RetryOrder) {

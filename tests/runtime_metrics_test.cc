@@ -5,9 +5,13 @@
 
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <latch>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -531,6 +535,89 @@ TEST(SizeHistogramTest, CountsAllocEventsPerDevice) {
   EXPECT_EQ(counts[1].device, sim1);
   EXPECT_EQ(counts[1].count, 1u);
   EXPECT_EQ(counts[1].sum_bytes, 100u);
+}
+
+AllocEvent AllocOf(DeviceId device, size_t requested) {
+  AllocEvent e;
+  e.action = AllocAction::kAlloc;
+  e.device = device;
+  e.requested = requested;
+  return e;
+}
+
+TEST(SizeHistogramTest, CountsAddUpAcrossThreads) {
+  // Each thread counts into its own shard (no shared read-modify-write on the hot
+  // path); counts() must add up every shard, including those of exited threads.
+  SizeHistogram h;
+  const DeviceId sim0{DeviceType::kSim, 0};
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 1000;
+  std::latch all_recorded(kThreads);  // so all are alive at once: one shard each
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&h, &all_recorded, sim0, t] {
+      for (int i = 0; i < kPerThread; ++i) h.on_event(AllocOf(sim0, 600 + t));  // bucket 1
+      h.on_event(AllocOf(DeviceId{}, 5000));
+      all_recorded.arrive_and_wait();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  h.on_event(AllocOf(sim0, 100));  // the main thread's: it takes over an exited shard
+  const std::vector<SizeHistogram::Counts> counts = h.counts();
+  ASSERT_EQ(counts.size(), 2u);
+  EXPECT_EQ(counts[0].count, uint64_t{kThreads});
+  EXPECT_EQ(counts[0].sum_bytes, uint64_t{kThreads} * 5000);
+  EXPECT_EQ(counts[1].device, sim0);
+  EXPECT_EQ(counts[1].count, uint64_t{kThreads} * kPerThread + 1);
+  EXPECT_EQ(counts[1].buckets[0], 1u);
+  EXPECT_EQ(counts[1].buckets[1], uint64_t{kThreads} * kPerThread);
+  EXPECT_EQ(counts[1].sum_bytes, uint64_t{kPerThread} * (600 + 601 + 602 + 603) + 100);
+  EXPECT_EQ(h.shard_count(), static_cast<size_t>(kThreads));
+}
+
+TEST(SizeHistogramTest, PerThreadShardsAreTakenOverAfterExit) {
+  // Threads that come and go one at a time (a pool that recycles threads) reuse one
+  // shard between them: the memory is bounded by the threads alive at once, and the
+  // counts of every exited thread are kept.
+  SizeHistogram h;
+  const DeviceId sim0{DeviceType::kSim, 0};
+  for (int t = 0; t < 20; ++t) {
+    std::thread([&h, sim0] { h.on_event(AllocOf(sim0, 1024)); }).join();
+  }
+  EXPECT_EQ(h.shard_count(), 1u);
+  const std::vector<SizeHistogram::Counts> counts = h.counts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].count, 20u);
+  EXPECT_EQ(counts[0].sum_bytes, 20u * 1024);
+}
+
+TEST(SizeHistogramTest, PerThreadShardsOutliveTheirHistogram) {
+  // A thread keeps its shard of a destroyed histogram until it exits (ASan: no use
+  // after free either way), and a new histogram at the same address is a new one.
+  const DeviceId sim0{DeviceType::kSim, 0};
+  std::mutex mu;
+  std::condition_variable cv;
+  int step = 0;
+  auto h = std::make_unique<SizeHistogram>();
+  std::thread worker([&] {
+    h->on_event(AllocOf(sim0, 512));
+    std::unique_lock<std::mutex> lock(mu);
+    step = 1;
+    cv.notify_all();
+    cv.wait(lock, [&] { return step == 2; });
+    h->on_event(AllocOf(sim0, 512));  // the new histogram's first event on this thread
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return step == 1; });
+    h = std::make_unique<SizeHistogram>();  // the first one dies
+    step = 2;
+    cv.notify_all();
+  }
+  worker.join();
+  const std::vector<SizeHistogram::Counts> counts = h->counts();
+  ASSERT_EQ(counts.size(), 1u);
+  EXPECT_EQ(counts[0].count, 1u);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// tests/site_test.cc: the site table and its per-thread cache (allocator/site.h):
+// tests/site_test.cc: the site table and its pointer index (allocator/site.h):
 // identity (same arguments, same id; any differing part, a different id), stability
 // across threads, tags and their nesting, and the printed form.
 //
@@ -11,6 +11,7 @@
 #include <source_location>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -67,7 +68,7 @@ TEST(SiteTest, DifferentColumnsOnOneLineAreDifferentSites) {
   // clang-format on
   ASSERT_EQ(a.line(), b.line());
   ASSERT_NE(a.column(), b.column()) << "the compiler reports no columns";
-  // Same file pointer, same line: the per-thread cache must still tell them apart.
+  // Same file pointer, same line: the pointer index must still tell them apart.
   ASSERT_EQ(a.file_name(), b.file_name());
   SiteId ia = InternSite(a, SiteKind::kAlloc);
   SiteId ib = InternSite(b, SiteKind::kAlloc);
@@ -181,7 +182,7 @@ TEST(SiteTest, InvalidUtf8IsReplacedWhenInterned) {
   EXPECT_EQ(CountOf(info.tag, kReplacement), 8u) << info.tag;
   EXPECT_EQ(info.tag.find('\xFF'), std::string::npos);
   // The same bytes give the same site (the key is the caller's text), and through
-  // InternSite and the per-thread cache too.
+  // InternSite and the pointer index too.
   EXPECT_EQ(InternNamedSite("site_test/\xFE.cc", 7, "fn\xE2\x82", SiteKind::kAlloc, bad_tag),
             id);
   const std::source_location loc = FixedLoc();
@@ -330,8 +331,8 @@ TEST(ScopedSiteTagTest, TagsArePerThread) {
   EXPECT_EQ(CurrentSiteTag(), "site_test.main_thread");
 }
 
-// 100 distinct sites (more than the 64-entry cache holds, so entries are evicted and
-// looked up again), interned by 4 threads at once, twice each.
+// 100 distinct sites (first interned concurrently: racing inserts into the table and the
+// pointer index), interned by 4 threads at once, twice each.
 std::vector<SiteId> InternHundredSites() {
   std::vector<SiteId> ids;
   const std::source_location loc = FixedLoc();
@@ -384,6 +385,64 @@ TEST(SiteTest, ManySitesThroughTheCacheStayDistinct) {
   }
   absl::flat_hash_set<SiteId> distinct(ids.begin(), ids.end());
   EXPECT_EQ(distinct.size(), 1000u);
+}
+
+// 256 call sites: one per instantiation (each has its own function name).
+template <int N>
+std::source_location SiteOf() {
+  return std::source_location::current();
+}
+template <int... N>
+std::vector<std::source_location> SitesOf(std::integer_sequence<int, N...>) {
+  return {SiteOf<N>()...};
+}
+
+TEST(SiteTest, KnownSitesAreFoundWithoutTheTableAcrossThreads) {
+  // Interning a known site is a read-only lookup, however many sites are hot: 256 of
+  // them in rotation (a 64-entry per-thread cache missed on every call here and took
+  // the table's lock) never reach the table once each was interned.
+  const std::vector<std::source_location> locs =
+      SitesOf(std::make_integer_sequence<int, 256>{});
+  std::vector<SiteId> ids;
+  for (const std::source_location& loc : locs) ids.push_back(InternSite(loc, SiteKind::kAlloc));
+  EXPECT_EQ(absl::flat_hash_set<SiteId>(ids.begin(), ids.end()).size(), 256u);
+  const uint64_t before = internal::SiteTableLookups();
+  for (int round = 0; round < 4; ++round) {
+    for (size_t i = 0; i < locs.size(); ++i) {
+      ASSERT_EQ(InternSite(locs[i], SiteKind::kAlloc), ids[i]) << i;
+    }
+  }
+  EXPECT_EQ(internal::SiteTableLookups(), before);
+  // From another thread too: the index is the process's, not the thread's.
+  std::thread other([&] {
+    for (size_t i = 0; i < locs.size(); ++i) EXPECT_EQ(InternSite(locs[i], SiteKind::kAlloc), ids[i]);
+  });
+  other.join();
+  EXPECT_EQ(internal::SiteTableLookups(), before);
+}
+
+TEST(SiteTest, RacingFirstInternsIndexOneId) {
+  // 4 threads intern the same new sites at once, each through the index's slow path:
+  // every thread gets the same id for a site, and a later lookup is read-only.
+  const std::vector<std::source_location> locs =
+      SitesOf(std::make_integer_sequence<int, 256>{});
+  constexpr int kThreads = 4;
+  std::vector<std::vector<SiteId>> results(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 64; ++i) {
+        results[t].push_back(InternSite(locs[i], SiteKind::kClone, "site_test.racing"));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 1; t < kThreads; ++t) EXPECT_EQ(results[t], results[0]) << "thread " << t;
+  const uint64_t before = internal::SiteTableLookups();
+  for (int i = 0; i < 64; ++i) {
+    EXPECT_EQ(InternSite(locs[i], SiteKind::kClone, "site_test.racing"), results[0][i]);
+  }
+  EXPECT_EQ(internal::SiteTableLookups(), before);
 }
 
 TEST(SiteInfoTest, ToString) {

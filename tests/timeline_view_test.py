@@ -11,7 +11,9 @@ On a small trace with known values (two sites in the same function, one a clone,
     time unit; the legend names each site's kind and id, and a long name is cut to fit
     (the whole name in its tooltip);
   - HTML, in headless Chromium (Debian's chromium), driven by DOM events: the readout
-    at a known time equals the trace's value there; the site under the pointer is
+    at a known time equals the trace's value there; so does the segment view (segments
+    as runs of mapped memory, the blocks live in them, a tooltip naming a block's site,
+    size and address); the site under the pointer is
     named; a per-site toggle restacks the others; a drag zooms on that time range
     (ticks and readout follow) and a double-click goes back; the OOM label stays
     inside the picture.
@@ -43,15 +45,19 @@ sites = [
     {"id": 2, "file": "model.py", "line": 10, "function": "forward", "tag": "", "kind": "clone"},
     {"id": 3, "file": "model.py", "line": 99, "function": LONG, "tag": "", "kind": "alloc"},
 ]
+G = 1 << 30
 events = [  # (action, addr, size, site, time)
-    ("segment_alloc", 1 << 30, 64 * MiB, 0, 0),
-    ("alloc", 4096, 1 * MiB, 1, 1 * MS),
-    ("alloc", 8192, 3 * MiB, 2, 2 * MS),
-    ("alloc", 16384, 512 * 1024, 3, 3 * MS),
-    ("free", 4096, 0, 0, 5 * MS),
-    ("free", 16384, 0, 0, 7 * MS),
+    ("segment_alloc", G, 64 * MiB, 0, 0),
+    ("alloc", G, 1 * MiB, 1, 1 * MS),
+    ("segment_map", 2 * G, 8 * MiB, 0, 1_200_000),
+    ("alloc", G + 4 * MiB, 3 * MiB, 2, 2 * MS),
+    ("segment_map", 2 * G + 8 * MiB, 2 * MiB, 0, 2 * MS),
+    ("alloc", 2 * G + 8 * MiB, 512 * 1024, 3, 3 * MS),
+    ("free", G, 0, 0, 5 * MS),
+    ("segment_unmap", 2 * G + 2 * MiB, 2 * MiB, 0, 6 * MS),
+    ("free", 2 * G + 8 * MiB, 0, 0, 7 * MS),
     ("oom", 0, 128 * MiB, 2, 9_900_000),
-    ("free", 8192, 0, 0, 10 * MS),
+    ("free", G + 4 * MiB, 0, 0, 10 * MS),
 ]
 # The trace's allocated bytes at a time (after the events at or before it).
 def allocated_at(t):
@@ -64,6 +70,28 @@ def allocated_at(t):
         elif a == "free":
             live.pop(addr, None)
     return sum(live.values())
+
+
+# The segment view's figures at a time, from a model of mapped 512 KiB granules: a
+# segment is a maximal run of mapped granules; blocks count when they lie in one.
+def segments_at(t):
+    g = 512 * 1024
+    mapped, live = set(), {}
+    for a, addr, size, _, et in events:
+        if et > t:
+            break
+        if a in ("segment_alloc", "segment_map"):
+            mapped |= set(range(addr // g, (addr + size) // g))
+        elif a in ("segment_free", "segment_unmap"):
+            mapped -= set(range(addr // g, (addr + size) // g))
+        elif a == "alloc":
+            live[addr] = size
+        elif a == "free":
+            live.pop(addr, None)
+    runs = sum(1 for x in mapped if x - 1 not in mapped)
+    inside = {a: s for a, s in live.items() if a // g in mapped}
+    return {"segments": runs, "mapped": len(mapped) * g, "blocks": len(inside),
+            "blockBytes": sum(inside.values())}
 
 
 with tempfile.TemporaryDirectory() as d:
@@ -142,6 +170,17 @@ with tempfile.TemporaryDirectory() as d:
             text: ro.textContent};
   }
   res.readouts = TIMES.map((t) => hover(t, 0.25 * MIB).allocated);
+  const seg = document.getElementById("segsummary");
+  res.segments = TIMES.map((t) => {
+    hover(t, 0.25 * MIB);
+    const d = seg.dataset;
+    return {segments: Number(d.segments), mapped: Number(d.mapped), blocks: Number(d.blocks),
+            blockBytes: Number(d.blockBytes)};
+  });
+  hover(2.5e6, 0.25 * MIB);
+  res.segRows = document.querySelectorAll("#segments g.segment").length;
+  res.blockTitles = [...document.querySelectorAll("#segments rect.block title")].map(
+      (e) => e.textContent);
   res.under = hover(2.5e6, 0.5 * MIB);
   const box0 = document.querySelector('#toggles input[data-series="0"]');
   box0.click();
@@ -183,6 +222,15 @@ with tempfile.TemporaryDirectory() as d:
     want = [allocated_at(t) for t in times]
     if res["readouts"] != want:
         fail(f"readouts {res['readouts']} at {times} are not the trace's values {want}")
+    want_segments = [segments_at(t) for t in times]
+    if res["segments"] != want_segments:
+        fail(f"segment view {res['segments']} at {times} is not the trace's {want_segments}")
+    if res["segRows"] != 2:
+        fail(f"at 2.5 ms the segment view draws {res['segRows']} rows, not 2 (the two maps "
+             "at 2 GiB are adjacent: one row)")
+    if not any("clone" in t and "3.0 MiB" in t and hex(G + 4 * MiB) in t
+               for t in res["blockTitles"]):
+        fail(f"no block tooltip names the clone site, its size and address: {res['blockTitles']}")
     # At 2.5 ms, 0.5 MiB up: the bottom band is the largest site (the clone, 3 MiB).
     if res["under"]["under"] != "0" or "clone" not in res["under"]["text"]:
         fail(f"the site under the pointer is not the clone: {res['under']}")
@@ -199,4 +247,5 @@ with tempfile.TemporaryDirectory() as d:
         fail(f"double-click did not show the whole trace again: {res['unzoomed']}")
     if res["oomRight"] > res["width"]:
         fail(f"the OOM label runs past the picture ({res['oomRight']} > {res['width']})")
-    print("ok: readout by time, site under the pointer, toggle, zoom, OOM label")
+    print("ok: readout by time, site under the pointer, toggle, zoom, OOM label, "
+          "segment view")

@@ -1,9 +1,11 @@
-// tools/memtrace_timeline.cc: `memtrace timeline SOURCE -o FILE.svg|FILE.html`: memory
-// over time from a trace file, a flight record (flight_recorder:FILE: its rings) or a running process (its whole /debug/trace, page after
+// tools/memtrace_timeline.cc: `memtrace timeline SOURCE -o FILE.svg|FILE.html|-`: memory
+// over time from a trace file, a flight record (flight_recorder:FILE: its rings) or a
+// running process (its whole /debug/trace, page after
 // page with the sites' names: tools/live_trace.h), stacked
 // by the sites that hold the most, with allocated and reserved lines and OOM marks
 // (tools/timeline.h says how it is computed and downsampled). The format follows the
-// output's extension.
+// output's extension, or --format (required with `-o -`, which writes to stdout and
+// moves the summary to stderr).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -21,17 +23,34 @@ namespace devmem::memtrace {
 namespace {
 
 struct TimelineArgs {
-  std::string source, output, conf, token_file;
+  std::string source, output, conf, token_file, format;
   int points = 800, top = 8;
   bool json = false;
 };
 
 int RunTimeline(const TimelineArgs& a) {
-  const bool html = absl::EndsWith(a.output, ".html") || absl::EndsWith(a.output, ".htm");
-  if (!html && !absl::EndsWith(a.output, ".svg")) {
-    std::fprintf(stderr, "memtrace timeline: -o %s: expected a .svg or .html file name\n",
-                 a.output.c_str());
+  const bool to_stdout = a.output == "-";
+  bool html = false;
+  if (!a.format.empty()) {
+    if (a.format != "svg" && a.format != "html") {
+      std::fprintf(stderr, "memtrace timeline: --format %s: expected svg or html\n",
+                   a.format.c_str());
+      return kExitBadInput;
+    }
+    html = a.format == "html";
+  } else if (to_stdout) {
+    std::fprintf(stderr,
+                 "memtrace timeline: -o - (stdout) needs --format svg or --format html\n");
     return kExitBadInput;
+  } else {
+    html = absl::EndsWith(a.output, ".html") || absl::EndsWith(a.output, ".htm");
+    if (!html && !absl::EndsWith(a.output, ".svg")) {
+      std::fprintf(stderr,
+                   "memtrace timeline: -o %s: expected a .svg or .html file name (or "
+                   "--format svg|html)\n",
+                   a.output.c_str());
+      return kExitBadInput;
+    }
   }
   if (a.points < 2 || a.points > 100000 || a.top < 1 || a.top > 64) {
     std::fprintf(stderr, "memtrace timeline: --points must be 2..100000, --top 1..64\n");
@@ -93,15 +112,25 @@ int RunTimeline(const TimelineArgs& a) {
   }
   WarnUnmatchedFrees("timeline", a.source, t->unmatched_frees);
   const std::string out = html ? TimelineHtml(*t, a.source) : TimelineSvg(*t, a.source);
-  std::ofstream file(a.output, std::ios::binary | std::ios::trunc);
-  file << out;
-  file.flush();
-  if (!file) {
-    std::fprintf(stderr, "memtrace timeline: %s: cannot write\n", a.output.c_str());
-    return kExitBadInput;
+  if (to_stdout) {
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    if (std::fflush(stdout) != 0) {
+      std::fprintf(stderr, "memtrace timeline: -o -: cannot write to stdout\n");
+      return kExitBadInput;
+    }
+  } else {
+    std::ofstream file(a.output, std::ios::binary | std::ios::trunc);
+    file << out;
+    file.flush();
+    if (!file) {
+      std::fprintf(stderr, "memtrace timeline: %s: cannot write\n", a.output.c_str());
+      return kExitBadInput;
+    }
   }
+  // The summary goes to stderr when the picture itself is on stdout.
+  FILE* report = to_stdout ? stderr : stdout;
   if (a.json) {
-    std::printf("{\"output\": \"%s\", \"events\": %llu, \"points\": %zu, "
+    std::fprintf(report, "{\"output\": \"%s\", \"events\": %llu, \"points\": %zu, "
                 "\"peak_allocated_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
                 "\"reserved_from_replay\": %s, \"ooms\": %zu, \"sites\": %zu, "
                 "\"unmatched_frees\": %llu, \"time_backwards\": %llu}\n",
@@ -112,7 +141,7 @@ int RunTimeline(const TimelineArgs& a) {
                 t->site_names.size(), static_cast<unsigned long long>(t->unmatched_frees),
                 static_cast<unsigned long long>(t->time_backwards));
   } else {
-    std::printf("%s: %llu events, %zu points, peak allocated %s, peak reserved %s%s, "
+    std::fprintf(report, "%s: %llu events, %zu points, peak allocated %s, peak reserved %s%s, "
                 "%zu OOMs\n",
                 a.output.c_str(), static_cast<unsigned long long>(t->events), t->x.size(),
                 FormatBytes(t->peak_allocated).c_str(), FormatBytes(t->peak_reserved).c_str(),
@@ -131,7 +160,10 @@ void AddTimelineCommand(CLI::App& app, int* exit_code) {
                   "trace file (JSON Lines), flight record, or a running process's URL "
                   "(http://HOST:PORT)")
       ->required();
-  cmd->add_option("-o,--output", a->output, "FILE.svg or FILE.html")->required();
+  cmd->add_option("-o,--output", a->output, "FILE.svg, FILE.html, or - for stdout")
+      ->required();
+  cmd->add_option("--format", a->format,
+                  "svg or html (default: from the output's extension; required with -o -)");
   cmd->add_option("--points", a->points, "at most this many points along x (default 800)");
   cmd->add_option("--top", a->top, "sites drawn separately, the rest summed (default 8)");
   cmd->add_option("--conf", a->conf,

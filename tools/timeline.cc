@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -270,6 +271,39 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   std::vector<uint64_t> allocated_at_end;      // per point: the sum over all sites
   absl::flat_hash_map<uint64_t, std::pair<uint64_t, uint32_t>> live;  // addr -> size, site
   uint64_t allocated = 0, reserved = 0;
+  // The segment view's spans: blocks by address while live (index into block_spans),
+  // mapped ranges by start (end, index into segment_spans).
+  bool spans_on = has_segments;
+  std::vector<uint32_t> block_span_site;  // dense site of each block span
+  absl::flat_hash_map<uint64_t, size_t> open_block;
+  absl::btree_map<uint64_t, std::pair<uint64_t, size_t>> open_range;
+  auto open_segment_range = [&](uint64_t at, uint64_t end, int64_t x0) {
+    tl.segment_spans.push_back(TimelineSpan{at, end - at, x0, -1, -1});
+    open_range[at] = {end, tl.segment_spans.size() - 1};
+  };
+  // Closes [at, end) of the open ranges at x: each overlapped range ends there, and its
+  // parts outside [at, end) go on from the range's own start.
+  auto close_segment_range = [&](uint64_t at, uint64_t end, int64_t x) {
+    auto it = open_range.upper_bound(at);
+    if (it != open_range.begin() && std::prev(it)->second.first > at) --it;
+    std::vector<std::pair<uint64_t, uint64_t>> left_over;
+    std::vector<int64_t> left_over_x0;
+    while (it != open_range.end() && it->first < end) {
+      const uint64_t s0 = it->first, s1 = it->second.first;
+      TimelineSpan& span = tl.segment_spans[it->second.second];
+      const int64_t x0 = span.x0;
+      // The closed span covers only the part unmapped now; the rest reopens.
+      span.addr = std::max(s0, at);
+      span.size = std::min(s1, end) - span.addr;
+      span.x1 = x;
+      if (s0 < at) { left_over.emplace_back(s0, at); left_over_x0.push_back(x0); }
+      if (s1 > end) { left_over.emplace_back(end, s1); left_over_x0.push_back(x0); }
+      it = open_range.erase(it);
+    }
+    for (size_t k = 0; k < left_over.size(); ++k) {
+      open_segment_range(left_over[k].first, left_over[k].second, left_over_x0[k]);
+    }
+  };
   int current_bucket = -1;
   int64_t bucket_last_x = 0;  // x of the open interval's last event
   uint64_t bucket_alloc_max = 0, bucket_res_max = 0;
@@ -313,6 +347,17 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
           allocated += e.size;
           site_live[e.site] += e.size;
           touch(e.site);
+          if (spans_on && tl.block_spans.size() == kMaxSegmentViewSpans) {
+            spans_on = false;
+            tl.segment_view_note = absl::StrCat(
+                "the segment view is left out: the trace has more than ",
+                kMaxSegmentViewSpans, " allocations");
+          }
+          if (spans_on) {
+            tl.block_spans.push_back(TimelineSpan{e.addr, e.size, x_of(i), -1, -1});
+            block_span_site.push_back(e.site);
+            open_block[e.addr] = tl.block_spans.size() - 1;
+          }
         }
         break;
       case Kind::kFree: {
@@ -322,14 +367,27 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
           site_live[it->second.second] -= it->second.first;
           touch(it->second.second);
           live.erase(it);
+          if (spans_on) {
+            auto open = open_block.find(e.addr);
+            if (open != open_block.end()) {
+              tl.block_spans[open->second].x1 = x_of(i);
+              open_block.erase(open);
+            }
+          }
         }
         break;
       }
       case Kind::kSegmentUp:
         reserved += e.size;
+        if (spans_on && e.size > 0) {
+          // A map over a range still open (a trace that missed its unmap) replaces it.
+          close_segment_range(e.addr, e.addr + e.size, x_of(i));
+          open_segment_range(e.addr, e.addr + e.size, x_of(i));
+        }
         break;
       case Kind::kSegmentDown:
         reserved -= std::min(reserved, e.size);
+        if (spans_on && e.size > 0) close_segment_range(e.addr, e.addr + e.size, x_of(i));
         break;
       case Kind::kOom:
         tl.ooms.push_back(x_of(i));
@@ -346,6 +404,18 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
 
   live = {};
   site_live = {};
+  open_block = {};
+  open_range = {};
+  if (!has_segments) {
+    tl.segment_view_note =
+        "the segment view needs a trace with segment events (segment_alloc, segment_map), "
+        "as devmem records them; this one has none (reserved bytes come from a replay)";
+  }
+  if (!spans_on) {
+    tl.block_spans = {};
+    tl.segment_spans = {};
+    block_span_site = {};
+  }
   // Top sites by their highest sampled bytes; the rest summed as "other sites" (at each
   // point: all sites' bytes, which is allocated_at_end, less the top sites').
   std::vector<size_t> order(nsites);
@@ -391,6 +461,12 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     tl.has_other = true;
     tl.site_peak_bytes.push_back(other_peak);
     tl.by_site.push_back(std::move(other));
+  }
+  // Each block span drawn in its site's colour: a top site's series, else "other".
+  for (size_t k = 0; k < tl.block_spans.size(); ++k) {
+    const int32_t r = rank[block_span_site[k]];
+    tl.block_spans[k].series =
+        r >= 0 ? r : (tl.has_other ? static_cast<int32_t>(tl.by_site.size() - 1) : -1);
   }
   return tl;
 }

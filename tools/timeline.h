@@ -26,6 +26,14 @@
 // Drawn as steps (a value holds until the next point), the picture is exact wherever
 // the trace is quiet; within a busy interval, the *_max series show how high it went. Memory is O(events + sites): at most
 // max_points intervals whatever the order of times, per-site samples stored sparsely.
+//
+// Segment view (HTML): when the trace has segment events, the lifetime of every mapped
+// address range and every block is kept as a span, so the page can draw the segments
+// live at the time under the pointer with their blocks (memory_viz's allocator state
+// view). A segment_free/segment_unmap closes the part of the ranges it covers; the
+// rest stays open from its original start. At most kMaxSegmentViewSpans block spans are
+// kept: past that the view is left out, and `segment_view_note` says why (as it does
+// for a trace without segment events).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +51,18 @@ struct TimelineOptions {
   int top_sites = 8;   // the rest are summed as "other sites"
   Config config;       // the policy replayed when the trace has no segment events
 };
+
+// The lifetime of a mapped address range or a block: live over [x0, x1) on the x axis,
+// the same convention as the points (an event at x has happened at x).
+struct TimelineSpan {
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  int64_t x0 = 0;
+  int64_t x1 = -1;     // -1: still live at the end of the trace
+  int32_t series = -1; // blocks: the site series (by_site index), -1: none drawn
+};
+
+inline constexpr size_t kMaxSegmentViewSpans = 200000;
 
 struct Timeline {
   // Per point: the x of its interval's last event (ns since the first event, or the
@@ -67,6 +87,10 @@ struct Timeline {
   uint64_t time_backwards = 0;                // events earlier than the one before
   uint64_t peak_allocated = 0;
   uint64_t peak_reserved = 0;
+  // The segment view's spans (empty with a note when it is not available).
+  std::vector<TimelineSpan> segment_spans;
+  std::vector<TimelineSpan> block_spans;
+  std::string segment_view_note;
 };
 
 absl::StatusOr<Timeline> BuildTimeline(std::string_view text, const std::string& name,

@@ -364,7 +364,20 @@ std::string TimelineHtml(const Timeline& t, const std::string& title) {
     array(&data, t.by_site[k]);
     data += '}';
   }
-  absl::StrAppend(&data, "]}");
+  // The segment view's spans, flat: [addr, size, x0, x1] per range and
+  // [addr, size, x0, x1, series] per block (addresses stay below 2^53, exact in JS).
+  data += "],\"segs\":[";
+  for (size_t i = 0; i < t.segment_spans.size(); ++i) {
+    const TimelineSpan& sp = t.segment_spans[i];
+    absl::StrAppend(&data, i ? "," : "", sp.addr, ",", sp.size, ",", sp.x0, ",", sp.x1);
+  }
+  data += "],\"blocks\":[";
+  for (size_t i = 0; i < t.block_spans.size(); ++i) {
+    const TimelineSpan& sp = t.block_spans[i];
+    absl::StrAppend(&data, i ? "," : "", sp.addr, ",", sp.size, ",", sp.x0, ",", sp.x1, ",",
+                    sp.series);
+  }
+  absl::StrAppend(&data, "],\"segNote\":", JsString(t.segment_view_note), "}");
   std::string html = absl::StrCat(
       "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n<title>",
       Xml(title),
@@ -377,6 +390,10 @@ std::string TimelineHtml(const Timeline& t, const std::string& title) {
       "<button id=\"unzoom\">whole trace</button>. Sites shown:</p>\n"
       "<div id=\"toggles\"></div>\n"
       "<div id=\"readout\">move the pointer over the chart</div>\n"
+      "<h3>Segments at the time under the pointer</h3>\n"
+      "<p id=\"segsummary\"></p>\n"
+      "<svg id=\"segments\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1100\" "
+      "height=\"20\"></svg>\n"
       "<p id=\"status\"></p>\n<script>\n\"use strict\";\nconst data = ",
       data, ";\n");
   // The script. Plot coordinates are those of <svg id="plot"> (tools/timeline_render.cc);
@@ -513,6 +530,86 @@ function show(x, py) {
   readout.dataset.allocated = at(data.allocated);
   readout.dataset.reserved = at(data.reserved);
   readout.dataset.under = under === null ? "" : under;
+  drawSegments(x);
+}
+// The segment view (tools/timeline.h): the address ranges mapped at x (adjacent ones
+// merged into one row: an expandable segment's granules), each drawn to one scale with
+// the blocks live in it at x in their site's colour; a block's tooltip names its site,
+// size and address. At most SEG_ROWS rows are drawn (the summary counts them all).
+const SEG_ROWS = 64, SEG_W = 760, SEG_H = 14;
+const segSvg = document.getElementById("segments");
+const segSummary = document.getElementById("segsummary");
+function liveAt(x, x0, x1) { return x0 <= x && (x1 < 0 || x1 > x); }
+function seriesColor(k) {
+  const poly = k >= 0 ? plot.querySelector('polygon[data-series="' + k + '"]') : null;
+  return poly ? poly.getAttribute("fill") : "#777";
+}
+function hex(a) { return "0x" + a.toString(16); }
+let lastX = xEnd;
+function drawSegments(x) {
+  lastX = x;
+  if (data.segNote) { segSummary.textContent = data.segNote; return; }
+  const S = data.segs, B = data.blocks;
+  const ranges = [];
+  for (let i = 0; i < S.length; i += 4) {
+    if (liveAt(x, S[i + 2], S[i + 3])) ranges.push([S[i], S[i] + S[i + 1]]);
+  }
+  ranges.sort((a, b) => a[0] - b[0]);
+  const rows = [];
+  for (const [a, b] of ranges) {
+    const last = rows[rows.length - 1];
+    if (last && last.end === a) { last.end = b; last.ranges++; }
+    else rows.push({start: a, end: b, ranges: 1, blocks: []});
+  }
+  let blocks = 0, blockBytes = 0, outside = 0;
+  for (let i = 0; i < B.length; i += 5) {
+    if (!liveAt(x, B[i + 2], B[i + 3])) continue;
+    let lo = 0, hi = rows.length;  // the last row starting at or before the block
+    while (lo < hi) { const m = (lo + hi) >> 1; if (rows[m].start <= B[i]) lo = m + 1; else hi = m; }
+    const row = lo > 0 && B[i] < rows[lo - 1].end ? rows[lo - 1] : null;
+    if (row === null) { ++outside; continue; }
+    row.blocks.push(i);
+    ++blocks;
+    blockBytes += B[i + 1];
+  }
+  const mapped = rows.reduce((sum, r) => sum + (r.end - r.start), 0);
+  segSummary.textContent = rows.length + " segments (" + ranges.length + " mapped ranges), " +
+      fmt(mapped) + " mapped; " + blocks + " blocks, " + fmt(blockBytes) + " allocated in them" +
+      (outside ? "; " + outside + " live blocks outside any segment" : "") +
+      (rows.length > SEG_ROWS ? "; the first " + SEG_ROWS + " by address are drawn" : "");
+  Object.assign(segSummary.dataset, {segments: rows.length, ranges: ranges.length,
+                                     mapped: mapped, blocks: blocks, blockBytes: blockBytes});
+  const ns = "http://www.w3.org/2000/svg";
+  const shownRows = rows.slice(0, SEG_ROWS);
+  const scale = SEG_W / Math.max(1, ...shownRows.map((r) => r.end - r.start));
+  segSvg.replaceChildren();
+  segSvg.setAttribute("height", Math.max(20, shownRows.length * (SEG_H + 4)));
+  const el = (name, attrs, text) => {
+    const e = document.createElementNS(ns, name);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  };
+  shownRows.forEach((r, n) => {
+    const y = n * (SEG_H + 4);
+    const g = el("g", {class: "segment", "data-start": r.start, "data-bytes": r.end - r.start});
+    g.append(el("rect", {x: 0, y: y, width: (r.end - r.start) * scale, height: SEG_H,
+                         fill: "#eee", stroke: "#999"}),
+             el("text", {x: (r.end - r.start) * scale + 6, y: y + SEG_H - 3, "font-size": 11},
+                fmt(r.end - r.start) + " at " + hex(r.start) +
+                    (r.ranges > 1 ? " (" + r.ranges + " mapped ranges)" : "")));
+    for (const i of r.blocks) {
+      const k = B[i + 4];
+      if (k >= 0 && !shown[k]) continue;
+      const name = k >= 0 ? data.sites[k].name : "a site not drawn";
+      const b = el("rect", {class: "block", x: (B[i] - r.start) * scale, y: y,
+                            width: Math.max(1, B[i + 1] * scale), height: SEG_H,
+                            fill: seriesColor(k), "data-series": k});
+      b.append(el("title", {}, name + " \u00b7 " + fmt(B[i + 1]) + " at " + hex(B[i])));
+      g.append(b);
+    }
+    segSvg.append(g);
+  });
 }
 let dragFrom = null;
 plot.addEventListener("mousedown", (ev) => { dragFrom = toX(plotXOf(ev)); ev.preventDefault(); });
@@ -534,10 +631,11 @@ data.sites.forEach((s, k) => {
   const label = document.createElement("label");
   const box = document.createElement("input");
   box.type = "checkbox"; box.checked = true; box.dataset.series = k;
-  box.addEventListener("change", () => { shown[k] = box.checked; restack(); });
+  box.addEventListener("change", () => { shown[k] = box.checked; restack(); drawSegments(lastX); });
   label.append(box, " " + s.name);
   toggles.append(label);
 });
+drawSegments(xEnd);
 document.getElementById("status").textContent =
     "timeline ready: " + data.x.length + " points, " + data.sites.length + " site series";
 document.body.setAttribute("data-timeline", "ready");

@@ -44,6 +44,11 @@
 //     and no longer mapped), cuMemMap / cuMemUnmap, cuMemSetAccess, with a minimum and
 //     recommended granularity of 2 MiB. Data survives unmapping until the allocation
 //     is freed. CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 1.
+//   * Pinned host memory: cudaHostAlloc (cudaHostAllocDefault or Portable; other flags
+//     are misuse: not modeled) gives real host memory, which the host may touch, and
+//     cudaFreeHost frees it (a pointer it did not give, or a second free, is misuse);
+//     it is not charged against a device. cudaStreamGetDevice says a stream's device
+//     (the current one for the legacy default stream).
 //   * cudaGetDriverEntryPointByVersion: cudaErrorInvalidValue for a version newer than
 //     the driver (DEVMEM_FAKE_CUDA_DRIVER_VERSION, default the toolkit's CUDA_VERSION);
 //     otherwise cudaSuccess, with the pointer, or NULL and SymbolNotFound /
@@ -84,7 +89,7 @@
 // cudaGetDeviceCount fail with cudaErrorNoDevice.
 //
 // What it cannot do: it is host memory and host threads. There are no kernels, no
-// copies between devices or peer access, no pinned host memory, no graphs, no IPC,
+// copies between devices or peer access, no mapped or write-combined host memory, no graphs, no IPC,
 // no stream priorities or capture, no timing events; a stream's work is only host
 // functions, memsets and copies. It cannot tell how long real work takes, whether a
 // real driver would be slower or run out of memory earlier (fragmentation, context
@@ -315,6 +320,7 @@ struct State {
   std::vector<Stream*> retired;  // destroyed (kept: events refer to them)
   std::vector<Stream*> legacy;   // per device, made on first use
   std::map<uintptr_t, Event> events;
+  std::map<uintptr_t, size_t> pinned;  // cudaHostAlloc: address -> bytes
   uintptr_t next_stream = 0x5f0000;  // handles count up and are never reused
   uintptr_t next_event = 0xe70000;
   CUmemGenericAllocationHandle next_handle = 0x4a0000;
@@ -1063,6 +1069,9 @@ void LeakCheck() {
   for (const auto& [h, e] : st.events) {
     add("  event %p not destroyed\n", reinterpret_cast<void*>(h));
   }
+  for (const auto& [p, bytes] : st.pinned) {
+    add("  cudaHostAlloc %p (%zu bytes) not freed\n", reinterpret_cast<void*>(p), bytes);
+  }
   if (report.empty()) return;
   std::fflush(stdout);
   std::fprintf(stderr, "fake-cuda: leaked at exit:\n%s", report.c_str());
@@ -1085,6 +1094,7 @@ size_t devmem_fake_cuda_live(const char* what) {
   if (w == "reservations") return st.reservations.size();
   if (w == "streams") return st.streams.size();
   if (w == "events") return st.events.size();
+  if (w == "pinned") return st.pinned.size();
   if (w == "handles") {
     size_t n = 0;
     for (const auto& [h, x] : st.handles) n += x.released ? 0 : 1;
@@ -1254,6 +1264,48 @@ cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
   st.used[static_cast<size_t>(a.device)] -= a.charged;
   VaFree(st, a.va, a.va_bytes);
   st.allocations.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaHostAlloc(void** host_ptr, size_t size, unsigned int flags) {
+  Enter("cudaHostAlloc");
+  if (host_ptr == nullptr || size == 0) return Fail(cudaErrorInvalidValue);
+  if ((flags & ~cudaHostAllocPortable) != 0) {
+    Misuse("cudaHostAlloc(%zu bytes, flags %#x): only cudaHostAllocDefault and "
+           "cudaHostAllocPortable are modeled", size, flags);
+  }
+  RuntimeDevice();
+  if (int e = Injected("cudaHostAlloc")) return Fail(static_cast<cudaError_t>(e));
+  char* data = HostBytes(size);  // host memory: the host may touch it
+  if (data == nullptr) return Fail(cudaErrorMemoryAllocation);
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  st.pinned.emplace(reinterpret_cast<uintptr_t>(data), size);
+  *host_ptr = data;
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
+  Enter("cudaFreeHost");
+  if (ptr == nullptr) return cudaSuccess;
+  if (int e = Injected("cudaFreeHost")) return Fail(static_cast<cudaError_t>(e));
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.pinned.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == st.pinned.end()) {
+    Misuse("cudaFreeHost(%p): not a pointer cudaHostAlloc returned, or freed already", ptr);
+  }
+  munmap(ptr, it->second);
+  st.pinned.erase(it);
+  return cudaSuccess;
+}
+
+cudaError_t CUDARTAPI cudaStreamGetDevice(cudaStream_t stream, int* device) {
+  Enter("cudaStreamGetDevice");
+  if (device == nullptr) return Fail(cudaErrorInvalidValue);
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  *device = FindStream(st, stream, "cudaStreamGetDevice")->device;
   return cudaSuccess;
 }
 

@@ -10,8 +10,8 @@ extern "C" {
 // How many of `what` are live right now, over every device: "allocations" (cudaMalloc),
 // "handles" (cuMemCreate, not yet released), "mappings" (cuMemMap), "reservations"
 // (cuMemAddressReserve), "streams" (created, not destroyed; default streams are not
-// counted), "events" (created, not destroyed), "used_bytes" (memory charged against
-// the devices' capacity). Any other name aborts.
+// counted), "events" (created, not destroyed), "pinned" (cudaHostAlloc, not yet freed),
+// "used_bytes" (memory charged against the devices' capacity). Any other name aborts.
 size_t devmem_fake_cuda_live(const char* what);
 
 }  // extern "C"

@@ -13,6 +13,11 @@
 //                          segments: cross-stream reuse, out of memory, driver errors,
 //                          and that memory goes back only after its stream passed the
 //                          work that uses it (the fake aborts otherwise).
+//   FakeCudaPinnedHostTest the cpu_pinned backend (cudaHostAlloc) under the caching
+//                          allocator: host-touchable memory, and reuse gated on the
+//                          events of the GPU streams that used a block (record_stream);
+//                          PinnedHostWithoutADevice (in fake_cuda.no_device): plain
+//                          host memory with a one-line message.
 //   FakeCudaSelfTest       the fake's own checks fire (misuse aborts, leaks fail the
 //                          process, device memory is not host memory).
 #include "tests/fake_cuda/fake_cuda.h"
@@ -25,6 +30,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <algorithm>
 #include <future>
 #include <memory>
 #include <new>
@@ -82,7 +89,7 @@ size_t Live(const char* what) { return devmem_fake_cuda_live(what); }
 // Nothing of the fake's is live (default streams aside).
 void ExpectNothingLive() {
   for (const char* what : {"allocations", "handles", "mappings", "reservations",
-                           "streams", "events", "used_bytes"}) {
+                           "streams", "events", "pinned", "used_bytes"}) {
     EXPECT_EQ(Live(what), 0u) << what;
   }
 }
@@ -677,6 +684,92 @@ TEST_F(FakeCudaSelfTest, LegacyDefaultStreamWaitsForBlockingStreams) {
     ASSERT_EQ(cudaEventDestroy(e), cudaSuccess);
   for (cudaStream_t s : {blocking, non_blocking})
     ASSERT_EQ(cudaStreamDestroy(s), cudaSuccess);
+}
+
+// --- cpu_pinned: page-locked host memory -------------------------------------------
+
+std::unique_ptr<Backend> Pinned() {
+  absl::StatusOr<std::unique_ptr<Backend>> b = NewCudaPinnedHostBackend();
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? *std::move(b) : nullptr;
+}
+
+TEST(FakeCudaPinnedHostTest, HostTouchableMemoryCachedLikeAnyDevice) {
+  {
+    CachingAllocator pinned(Pinned(), Config{});
+    EXPECT_EQ(pinned.device(), (DeviceId{DeviceType::kCpuPinned, 0}));
+    EXPECT_EQ(pinned.device().ToString(), "cpu_pinned");
+    EXPECT_TRUE(pinned.backend().caps().host_accessible);
+    void* p = pinned.allocate(kMiB, kPinnedHostStream);
+    std::memset(p, 7, kMiB);  // cudaHostAlloc memory is the host's
+    EXPECT_EQ(Live("pinned"), 1u);
+    pinned.free(p);
+    void* q = pinned.allocate(kMiB, kPinnedHostStream);
+    EXPECT_EQ(q, p) << "no stream used it: cached and reused at once";
+    EXPECT_EQ(pinned.stats().num_device_alloc, 1);
+    pinned.free(q);
+    pinned.empty_cache();
+    EXPECT_EQ(Live("pinned"), 0u);
+  }
+  ExpectNothingLive();
+}
+
+// A staging buffer whose copy is still queued on a GPU stream is not handed out again:
+// the next copy's host-side fill would overwrite what the pending copy reads.
+TEST(FakeCudaPinnedHostTest, ReuseWaitsForTheGpuStreamsThatUsedTheBlock) {
+  std::unique_ptr<Backend> gpu = Cuda();
+  ASSERT_TRUE(gpu);
+  absl::StatusOr<Stream> copies = gpu->create_stream();
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  {
+    CachingAllocator pinned(Pinned(), Config{});
+    void* p = pinned.allocate(kMiB, kPinnedHostStream);
+    {
+      testutil::StreamBlocker pending(*gpu, *copies);  // the "copy" has not run
+      pinned.record_stream(p, *copies);
+      pinned.free(p);
+      void* q = pinned.allocate(kMiB, kPinnedHostStream);
+      EXPECT_NE(q, p) << "reused while a copy on the GPU stream may still read it";
+      pinned.free(q);
+      pending.Release();
+      gpu->synchronize_stream(*copies);
+    }
+    pinned.process_events();
+    void* again = pinned.allocate(kMiB, kPinnedHostStream);
+    EXPECT_EQ(again, p) << "the copy completed: the block is free again";
+    pinned.free(again);
+    EXPECT_TRUE(pinned.validate().ok()) << pinned.validate();
+    pinned.empty_cache();
+  }
+  gpu->destroy_stream(*copies);
+  gpu.reset();
+  ExpectNothingLive();
+}
+
+TEST(FakeCudaPinnedHostTest, TheFactoryGivesCudaPinnedMemoryWhereThereIsADevice) {
+  std::unique_ptr<Backend> b = MakePinnedHostBackend();
+  EXPECT_EQ(b->device(), (DeviceId{DeviceType::kCpuPinned, 0}));
+  EXPECT_TRUE(absl::StrContains(b->info().name, "cudaHostAlloc")) << b->info().name;
+  absl::StatusOr<void*> p = b->allocate_segment(4096);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(Live("pinned"), 1u);
+  b->free_segment(*p, 4096);
+}
+
+// Run by fake_cuda.no_device (DEVMEM_FAKE_CUDA_DEVICES=0): no GPU, so cpu_pinned is
+// plain host memory, and says so in one line.
+TEST(PinnedHostWithoutADevice, IsPlainHostMemoryWithAMessage) {
+  testing::internal::CaptureStderr();
+  std::unique_ptr<Backend> b = MakePinnedHostBackend();
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(absl::StrContains(err, "devmem: cpu_pinned is plain host memory here (")) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+  EXPECT_EQ(b->device(), (DeviceId{DeviceType::kCpuPinned, 0}));
+  absl::StatusOr<void*> p = b->allocate_segment(4096);
+  ASSERT_TRUE(p.ok()) << p.status();
+  std::memset(*p, 1, 4096);
+  b->free_segment(*p, 4096);
+  EXPECT_EQ(Live("pinned"), 0u);
 }
 
 }  // namespace

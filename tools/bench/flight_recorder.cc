@@ -1,5 +1,5 @@
-// tools/bench_flight.cc: devmem-bench's flight_recorder_overhead_ratio (declared in
-// tools/bench_flight.h).
+// tools/bench/flight_recorder.cc: devmem-bench's flight_recorder_overhead_ratio
+// (declared in tools/bench/flight_recorder.h).
 //
 // The small workload (cache-hit alloc+free pairs, 512 B .. 1 MiB) on one allocator,
 // passes alternating between plain (no observer) and recorded (a FlightDevice of a
@@ -12,7 +12,7 @@
 // development VM runs builds beside the bench) wall-clock medians of passes of a few
 // milliseconds measured preemption, not the recorder (ratios from 0.2 to 8 between
 // runs); the fastest CPU-time pass of each side is what the code costs when it runs.
-#include "tools/bench_flight.h"
+#include "tools/bench/flight_recorder.h"
 
 #include <unistd.h>
 
@@ -28,11 +28,10 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/site.h"
 #include "runtime/flight_recorder.h"
+#include "tools/bench/bench_util.h"
 
-namespace devmem::bench {
+namespace devmem::devbench {
 namespace {
-
-constexpr size_t kLive = 8;
 
 // This thread's CPU time: a pass that is preempted (the machine is shared) does not
 // count the time it waited.
@@ -94,4 +93,4 @@ absl::StatusOr<FlightFigures> MeasureFlightRecorder(const std::vector<size_t>& s
   return f;
 }
 
-}  // namespace devmem::bench
+}  // namespace devmem::devbench

@@ -1,4 +1,4 @@
-// tools/bench_flight.h: the flight recorder's cost, for devmem-bench
+// tools/bench/flight_recorder.h: the flight recorder's cost, for devmem-bench
 // (flight_recorder_overhead_ratio = recorded_ns / plain_ns; target <= 1.15).
 #pragma once
 
@@ -9,7 +9,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
 
-namespace devmem::bench {
+namespace devmem::devbench {
 
 struct FlightFigures {
   double plain_ns = 0;     // median ns per cache-hit pair, no observer
@@ -22,4 +22,4 @@ struct FlightFigures {
 absl::StatusOr<FlightFigures> MeasureFlightRecorder(const std::vector<size_t>& sizes,
                                                     const Config& base, int repetitions);
 
-}  // namespace devmem::bench
+}  // namespace devmem::devbench

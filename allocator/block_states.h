@@ -1,0 +1,153 @@
+// allocator/block_states.h: the user-visible state changes of a DevicePool's blocks,
+// each in one method that updates the containers and PoolAccounting together
+// (internal).
+//
+// Every block state change and the one place that makes it:
+//   free -> allocated          BlockStates::allocate (split first: FreeIndex::split)
+//   allocated -> free/pending  BlockStates::free (pending: events queued, EventQueues)
+//   pending -> free            BlockStates::complete_events
+//   free + free -> free        FreeIndex::coalesce (merge), FreeIndex::split
+//   mapped / unmapped bytes    ExpandableSegments (link_mapped, unmap_range)
+//   segment allocated/freed    the segment sources (regular_segments.h, ...)
+// Each of them reports to PoolAccounting in the same method, through the accounting
+// method named for the change, so the statistics, site counters and trace cannot drift
+// from the containers.
+//
+// Owns: the allocated table (address -> block, what free() looks up) and the use clock
+// (ticks once per allocation; Segment::last_used, garbage collection's age). Uses
+// FreeIndex, EventQueues and PoolAccounting; does not own blocks or segments.
+// Invariants (validate_block, validate_count): the allocated table holds exactly the
+// allocated blocks; an allocated block's requested bytes are in (0, size]; a pending
+// block waits for at least one event; free blocks are in their set and not adjacent.
+//
+// The hot path (allocate, free) is defined here so that it inlines into DevicePool.
+// Thread-safety: none; guarded by the owning DevicePool's mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "allocator/backend.h"
+#include "allocator/block.h"
+#include "allocator/event_queues.h"
+#include "allocator/free_index.h"
+#include "allocator/pool_accounting.h"
+
+namespace devmem::internal {
+
+// What validate_block counts besides the statistics.
+struct BlockTally {
+  size_t free_blocks = 0;
+  size_t allocated_blocks = 0;
+  int64_t pending_events = 0;  // summed over pending blocks
+};
+
+class BlockStates {
+ public:
+  using AllocatedTable = absl::flat_hash_map<uintptr_t, Block*>;
+
+  BlockStates(Backend& backend, FreeIndex& free, EventQueues& events, PoolAccounting& acct)
+      : backend_(backend), free_(free), events_(events), acct_(acct) {}
+  BlockStates(const BlockStates&) = delete;
+  BlockStates& operator=(const BlockStates&) = delete;
+
+  // What may need host memory before an allocation changes anything: a slot in the
+  // allocated table, the site's counters, a spare Block for the split (may throw
+  // std::bad_alloc; changes nothing observable). The free sets' own nodes are the
+  // exception: a btree insert that cannot allocate is not rolled back.
+  void prepare_allocation(SiteId site) {
+    allocated_.reserve(allocated_.size() + 1);
+    acct_.reserve_site(site);
+    free_.reserve_spare();
+  }
+
+  // free -> allocated: `b` (free, out of any set, >= size) is split to `size` when the
+  // split rule says so and handed out for `requested` bytes from `site`.
+  void allocate(Block* b, size_t size, size_t requested, SiteId site, size_t max_split_size) {
+    free_.split(b, size, max_split_size);
+    b->state = BlockState::kAllocated;
+    b->requested = requested;
+    b->site = site;
+    b->alloc_time_ns = CoarseNowNs();
+    ++b->segment->busy_blocks;
+    allocated_.emplace(b->addr, b);
+    ++use_clock_;
+    acct_.block_allocated(b);
+  }
+
+  // allocated -> free (coalesced into its free set), or pending when other streams
+  // used it. False, changing nothing, when `addr` is not a live allocation.
+  // Transactional: a block used on other streams needs an event recorded on each and a
+  // queue entry for each; if a record (or the memory for an entry) throws, the events
+  // recorded so far are released and the block stays allocated, its stats and site
+  // counts untouched, so the caller may free it again.
+  bool free(uintptr_t addr) {
+    auto it = allocated_.find(addr);
+    if (it == allocated_.end()) return false;
+    Block* b = it->second;
+    const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(backend_, b);
+    // Past this point nothing throws.
+    allocated_.erase(it);
+    acct_.block_freed_by_user(b);
+    if (b->stream_uses.empty()) {
+      make_free(b);
+      return true;
+    }
+    // Used on other streams: the block may be reused only once each of those streams
+    // has reached this point; the events recorded above say when.
+    b->pending_events += static_cast<int>(queued);
+    b->stream_uses.clear();
+    b->state = BlockState::kPending;
+    acct_.block_pending(b);
+    return true;
+  }
+
+  // pending -> free for every block whose events completed (with `wait`: synchronizes
+  // every queued event first, so none stays pending).
+  void complete_events(bool wait) {
+    events_.poll(backend_, wait, [this](Block* b) {
+      acct_.block_free_completed(b);
+      make_free(b);
+    });
+  }
+
+  // The allocated block starting at `addr`, or nullptr.
+  Block* allocated(uintptr_t addr) const {
+    auto it = allocated_.find(addr);
+    return it == allocated_.end() ? nullptr : it->second;
+  }
+  const AllocatedTable& allocated_table() const { return allocated_; }
+  uint64_t now() const { return use_clock_; }
+
+  // This part's share of validate(): `b`, a block of a segment, against the allocated
+  // table and its state's rules; adds it to the recount and the tally.
+  absl::Status validate_block(const Block* b, StatRecount* rc, BlockTally* tally) const;
+  // ... and the allocated table holds no other blocks than the `allocated_blocks`.
+  absl::Status validate_count(size_t allocated_blocks) const;
+
+ private:
+  // A user-freed or completed block (out of any set) becomes free and coalesces.
+  void make_free(Block* b) {
+    Segment* s = b->segment;
+    acct_.block_inactive(b);
+    b->state = BlockState::kFree;
+    b->requested = 0;
+    b->site = kUnknownSite;
+    b->alloc_time_ns = 0;
+    b->stream_uses.clear();
+    --s->busy_blocks;
+    free_.coalesce(b);
+    if (s->busy_blocks == 0) s->last_used = use_clock_;
+  }
+
+  Backend& backend_;
+  FreeIndex& free_;
+  EventQueues& events_;
+  PoolAccounting& acct_;
+  AllocatedTable allocated_;
+  uint64_t use_clock_ = 0;
+};
+
+}  // namespace devmem::internal

@@ -1,0 +1,161 @@
+// allocator/device_pool_introspection.cc: DevicePool's read-only views: statistics,
+// snapshots, allocation lookups, the messages for bad pointers and the OOM report.
+// Each takes the device lock (or runs under it, for the *_report and describe_*
+// helpers) and changes nothing but the statistics' peaks and totals when asked.
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "allocator/device_pool.h"
+
+namespace devmem::internal {
+
+DeviceStats DevicePool::stats() const {
+  MutexLock lock(&mu_);
+  return acct_.stats();
+}
+
+void DevicePool::reset_peak_stats() {
+  MutexLock lock(&mu_);
+  acct_.reset_peak();
+}
+
+void DevicePool::reset_accumulated_stats() {
+  MutexLock lock(&mu_);
+  acct_.reset_accumulated();
+}
+
+std::vector<SiteStats> DevicePool::site_stats() const {
+  MutexLock lock(&mu_);
+  return acct_.site_stats();
+}
+
+std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
+  MutexLock lock(&mu_);
+  return acct_.top_sites(k);
+}
+
+AllocatorSnapshot DevicePool::snapshot() const {
+  AllocatorSnapshot snap;
+  snap.device = device_;
+  snap.info = backend_->info();
+  MutexLock lock(&mu_);
+  snap.mem_info = backend_->mem_info();
+  snap.stats = acct_.stats();
+  snap.time_ns = CoarseNowNs();
+  snap.segments.reserve(segments_.size());
+  for (const auto& [addr, s] : segments_) {
+    SegmentInfo& si = snap.segments.emplace_back();
+    si.addr = s->addr;
+    si.size = s->size;
+    si.stream = s->stream;
+    si.small_pool = s->small_pool;
+    si.expandable = s->expandable();
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      si.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, b->state, b->stream,
+                                    b->site, b->alloc_time_ns});
+    }
+  }
+  return snap;
+}
+
+std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {
+  MutexLock lock(&mu_);
+  const Block* b = blocks_.allocated(reinterpret_cast<uintptr_t>(ptr));
+  if (b == nullptr) return std::nullopt;
+  return BlockInfo{b->addr, b->size, b->requested, b->state, b->stream, b->site,
+                   b->alloc_time_ns};
+}
+
+void DevicePool::set_observer(AllocatorObserver* observer) {
+  MutexLock lock(&mu_);
+  acct_.set_observer(observer);
+}
+
+std::string DevicePool::describe_bad_pointer(const char* op, const void* ptr) const {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  const std::string where = absl::StrFormat("devmem: %s(%p) on %s: ", op, ptr,
+                                            device_.ToString());
+  const Block* b = block_containing(addr);
+  // One past the end of a live allocation (an end pointer passed by mistake): say so,
+  // rather than calling it a double free of whatever starts there. No live allocation
+  // starts at `addr` here, or free() would have found it.
+  const Block* before = addr == 0 ? nullptr : block_containing(addr - 1);
+  if (before != nullptr && before->state == BlockState::kAllocated &&
+      before->addr + before->size == addr) {
+    // A free or pending block may start there: then a double free of it reads the same,
+    // and the message names both.
+    return where + absl::StrFormat(
+                       "not the start of a live allocation: one past the end of the "
+                       "allocated block %p of %u bytes (an end pointer?)%s",
+                       reinterpret_cast<void*>(before->addr), before->size,
+                       b == nullptr || b->addr != addr
+                           ? ""
+                           : absl::StrFormat("; a %s block starts there, so if allocate() "
+                                             "returned this pointer it is a double free",
+                                             BlockStateName(b->state)));
+  }
+  if (b == nullptr) {
+    return where + "not a pointer allocated by this allocator (no segment holds it)";
+  }
+  if (b->addr == addr) {
+    return where + (b->state == BlockState::kPending
+                        ? "the block was already freed and waits for other streams "
+                          "(double free?)"
+                        : "the block was already freed and is cached (double free?)");
+  }
+  if (b->state == BlockState::kAllocated) {
+    return where + absl::StrFormat(
+                       "interior pointer, %u bytes into the allocated block %p of %u "
+                       "bytes; pass the pointer that allocate() returned",
+                       addr - b->addr, reinterpret_cast<void*>(b->addr), b->size);
+  }
+  return where + absl::StrFormat("points into a %s block at %p (%u bytes), not into a "
+                                 "live allocation",
+                                 BlockStateName(b->state), reinterpret_cast<void*>(b->addr),
+                                 b->size);
+}
+
+OomReport DevicePool::oom_report(size_t requested, size_t size, Stream stream,
+                                 SiteId site) {
+  OomReport report;
+  OomReport* r = &report;
+  size_t segment_size = 0;
+  SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
+  // With expandable segments the last attempt was a map of the request's granules.
+  if (expandable_ != nullptr) segment_size = RoundToGranule(size, expandable_->granularity());
+  const MemInfo mi = backend_->mem_info();
+  r->device = device_;
+  r->stream = stream;
+  r->site = site;
+  r->requested_bytes = requested;
+  r->rounded_bytes = size;
+  r->segment_bytes = segment_size;
+  r->device_total = mi.total_bytes;
+  r->driver_free = mi.free_bytes;
+  r->memory_limit = std::min(memory_limit(), mi.total_bytes);
+  r->allocated = static_cast<size_t>(acct_.stats().allocated_bytes[kAggregatePool].current);
+  r->reserved = static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
+  r->pending = static_cast<size_t>(acct_.stats().pending_bytes[kAggregatePool].current);
+  r->reserved_unallocated = r->reserved - r->allocated;
+  size_t total_free = 0;
+  for (const FreeIndex::FreeSet* set : {&free_.set(true), &free_.set(false)}) {
+    for (const Block* b : *set) {
+      total_free += b->size;
+      r->largest_free_block = std::max(r->largest_free_block, b->size);
+      ++r->free_blocks;
+    }
+  }
+  r->fragmentation =
+      total_free == 0 ? 0.0
+                      : 1.0 - static_cast<double>(r->largest_free_block) /
+                                  static_cast<double>(total_free);
+  r->segment_count = segments_.size();
+  r->top_sites = acct_.top_sites(10);
+  r->copy_bytes = acct_.copy_bytes();
+  ChooseRemedy(r, config_.max_split_size, expandable_ != nullptr,
+               backend_->caps().virtual_memory && backend_->granularity() > 0);
+  return report;
+}
+
+}  // namespace devmem::internal

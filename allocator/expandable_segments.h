@@ -1,0 +1,128 @@
+// allocator/expandable_segments.h: expandable segments, a DevicePool's use of the
+// backend's virtual memory (internal; block.h defines Reservation and its runs).
+//
+// Each (stream, pool) gets one reserved address range. Memory is mapped into it one
+// granule (2 MiB on CUDA) at a time, where a request needs it, and unmapped from
+// inside free blocks, so the device footprint follows what is allocated rather than
+// where it was allocated: a 32 MiB request that fits in none of the 16 MiB holes
+// between live buffers can take the holes' physical memory (unmapped) at a new
+// address, instead of new memory next to them.
+//
+// When granules are unmapped ("recycled"):
+//   * under memory pressure: the device or the memory fraction refuses a map, or the
+//     reclaimer (staged retry, trim, empty_cache, garbage collection) asks for bytes;
+//   * proactively, when a request must map new memory and reserved bytes would then
+//     exceed (1 + expandable_recycle_threshold) x allocated: that is fragmentation
+//     growing the footprint, so idle granules are unmapped first (at most as many as
+//     are being mapped; the footprint never shrinks on the allocation path).
+// Steady workloads whose cached memory stays under the threshold never recycle, so
+// they map once and then run from the cache like regular segments.
+//
+// The cost of recycling is a stream synchronization (a free block may still be used
+// by work queued on its stream before the free; unmapping, unlike cudaFree, does not
+// wait for it) plus the unmap and map calls; it is counted in num_device_free and
+// num_device_alloc.
+//
+// Owns: the reservations (their address ranges are released by empty_cache when they
+// map nothing, and by the destructor), the record of refused reservations, and the
+// Segment objects of the mapped runs.
+// Invariants (validate): those of Reservation (block.h): runs inside their range, on
+// granule boundaries, never adjacent, summing to `mapped`, counted in `runs`; each
+// run's reservation is in the table, with the run's stream and pool.
+// Thread-safety: none; guarded by the owning DevicePool's mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "allocator/backend.h"
+#include "allocator/free_index.h"
+#include "allocator/pool_accounting.h"
+#include "allocator/pool_policy.h"
+#include "allocator/segment_source.h"
+#include "allocator/segment_table.h"
+
+namespace devmem::internal {
+
+class ExpandableSegments final : public SegmentSource {
+ public:
+  // `granularity` > 0: the backend's; `recycle_threshold`: expandable_recycle_threshold
+  // (+inf: recycle only under memory pressure).
+  ExpandableSegments(Backend& backend, size_t device_total, size_t granularity,
+                     double recycle_threshold, SegmentTable& table, FreeIndex& free,
+                     PoolAccounting& acct)
+      : SegmentSource(backend, table, free, acct),
+        device_total_(device_total),
+        granularity_(granularity),
+        recycle_threshold_(recycle_threshold) {}
+  // Releases every reservation's address range (destroy() has unmapped the runs).
+  ~ExpandableSegments() override;
+
+  // Maps memory in the (stream, pool)'s reservation for the request, first recycling
+  // idle granules when the footprint would grow past expandable_recycle_threshold or
+  // the memory limit, or when the device is out of memory. no_room when the
+  // reservation cannot be had or none of its unmapped gaps can hold the request.
+  Grown grow(const GrowRequest& req) override;
+  // Unmaps whole free granules of any reservation, largest blocks first.
+  size_t recycle(size_t bytes) override {
+    return recycle_except(bytes, nullptr, nullptr, nullptr);
+  }
+  // Releases the address ranges of reservations that map nothing, and forgets the
+  // refusals (address space was given back: worth asking again).
+  void release_address_space() override;
+  absl::Status validate() const override;
+
+  size_t granularity() const { return granularity_; }
+
+ private:
+  // Where mapping for a request goes: map [at, at + bytes), which joins the free
+  // blocks `left` (ending at `at`) and/or `right` (starting at at + bytes) when set.
+  struct Placement {
+    uintptr_t at = 0;
+    size_t bytes = 0;  // 0: nothing fits in the reservation's unmapped gaps
+    Block* left = nullptr;
+    Block* right = nullptr;
+  };
+  using Key = std::pair<uintptr_t, bool>;  // (stream handle, small pool)
+
+  // The reservation of (stream, pool), reserving its address range on first use;
+  // nullptr when no address range can be reserved. A refused reservation is not asked
+  // for again until empty_cache() (which gives address space back): every miss would
+  // otherwise repeat a driver call that fails.
+  Reservation* reservation(Stream stream, bool small, size_t limit);
+  // The placement in `r` that maps the fewest bytes for a block of `size` (ties: the
+  // lowest address), using free blocks at the edges of its runs.
+  Placement place(const Reservation* r, size_t size) const;
+  // Maps memory in `r` for the request (see grow()); *va_full when no unmapped gap can
+  // hold it.
+  Block* expand(Reservation* r, const GrowRequest& req, bool* va_full);
+  // Records that [at, at + bytes) of `r` was just mapped: extends, creates or merges
+  // runs and returns the free block holding the range (coalesced with free
+  // neighbours), out of any free set.
+  Block* link_mapped(Reservation* r, uintptr_t at, size_t bytes, uint64_t now);
+  // Unmaps [c0, c1) (granule-aligned) of the free block `b` of a run, splitting the
+  // run around the hole. The caller has synchronized the run's stream. Returns the
+  // bytes unmapped.
+  size_t unmap_range(Block* b, uintptr_t c0, uintptr_t c1);
+  // Unmaps whole free granules of runs, from the blocks with the most whole granules
+  // first (only as many of a block's granules as are still wanted, from its top),
+  // until `bytes` are unmapped or none are left; never touches `keep_a` or `keep_b`,
+  // and with `only` takes from that reservation alone. Synchronizes each run's stream
+  // before unmapping its memory. Returns the bytes unmapped.
+  size_t recycle_except(size_t bytes, const Block* keep_a, const Block* keep_b,
+                        const Reservation* only);
+  size_t round_to_granule(size_t bytes) const { return RoundToGranule(bytes, granularity_); }
+  // A whole run is unmapped (release, destroy).
+  void give_back(Segment* s) override;
+
+  const size_t device_total_;
+  const size_t granularity_;
+  const double recycle_threshold_;
+  absl::flat_hash_map<Key, Reservation*> reservations_;
+  absl::flat_hash_set<Key> refused_;  // reserve_address failed, until empty_cache
+};
+
+}  // namespace devmem::internal

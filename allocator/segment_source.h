@@ -1,0 +1,82 @@
+// allocator/segment_source.h: where a DevicePool's segments come from and go back to
+// (internal).
+//
+// Two implementations: RegularSegments (regular_segments.h: one backend allocation per
+// segment) and ExpandableSegments (expandable_segments.h: granules mapped into reserved
+// address ranges). A source creates and deletes its own Segment objects, keeps the
+// SegmentTable in step, and reports every segment state change to PoolAccounting
+// through the method named for it. It uses FreeIndex for the free blocks at its
+// segments' edges and never calls DevicePool; the reclaimer (reclaimer.h) drives its
+// release and recycle.
+//
+// Thread-safety: none; every method requires the owning DevicePool's mutex.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "allocator/backend.h"
+#include "allocator/block.h"
+#include "allocator/free_index.h"
+#include "allocator/pool_accounting.h"
+#include "allocator/segment_table.h"
+#include "allocator/types.h"
+
+namespace devmem::internal {
+
+// One request for more memory.
+struct GrowRequest {
+  size_t size = 0;          // the rounded request
+  size_t segment_size = 0;  // regular segments: the segment to allocate
+  bool small = false;       // small pool
+  Stream stream;
+  size_t limit = SIZE_MAX;  // the memory limit (per_process_memory_fraction)
+  uint64_t now = 0;         // the pool's use clock, for Segment::last_used
+};
+
+// What grow() got: a free block of at least the request's size, out of any free set,
+// in a segment that is in the table; or nullptr. `no_room`: this source cannot hold
+// the request at all (no address range, or none of its gaps is large enough), so
+// another source may; otherwise nullptr means out of memory.
+struct Grown {
+  Block* block = nullptr;
+  bool no_room = false;
+};
+
+class SegmentSource {
+ public:
+  virtual ~SegmentSource() = default;
+  SegmentSource(const SegmentSource&) = delete;
+  SegmentSource& operator=(const SegmentSource&) = delete;
+
+  virtual Grown grow(const GrowRequest& req) = 0;
+  // release_segment: gives one unused segment of this source (one free block) back to
+  // the backend, after waiting for its stream; `s` is deleted.
+  void release(Segment* s);
+  // recycle: gives back up to `bytes` without releasing whole segments (unmaps whole
+  // free granules); returns the bytes given back. Waits for each affected stream.
+  virtual size_t recycle(size_t bytes) = 0;
+  // empty_cache's last step: gives back what the source holds besides segments.
+  virtual void release_address_space() = 0;
+  // Pool destruction: gives `s` back to the backend whatever its blocks' states and
+  // deletes it and its blocks, with no statistics or trace. The caller has waited for
+  // the segment's stream.
+  void destroy(Segment* s);
+  // This part's share of validate(): the source's own records against its segments.
+  virtual absl::Status validate() const = 0;
+
+ protected:
+  SegmentSource(Backend& backend, SegmentTable& table, FreeIndex& free, PoolAccounting& acct)
+      : backend_(backend), table_(table), free_(free), acct_(acct) {}
+  // The backend call that gives all of `s`'s memory back (free_segment, unmap) and the
+  // source's own records of it. The segment is still in the table.
+  virtual void give_back(Segment* s) = 0;
+
+  Backend& backend_;
+  SegmentTable& table_;
+  FreeIndex& free_;
+  PoolAccounting& acct_;
+};
+
+}  // namespace devmem::internal

@@ -1,0 +1,60 @@
+// tools/bench/bench_util.h: what every devmem-bench measurement shares: the size
+// streams, the pair loop, medians, the sim configuration and the 256 call sites.
+//
+// Thread-safety: every function may be called from any thread; TimePairs runs its
+// callbacks on the calling thread only.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <source_location>
+#include <vector>
+
+#include "allocator/config.h"
+
+namespace devmem::devbench {
+
+inline constexpr int kRepetitions = 9;     // timed passes per figure; the median is kept
+inline constexpr size_t kSizes = 1 << 14;  // alloc+free pairs per pass
+inline constexpr size_t kLive = 8;         // allocations live at once in a pair loop
+inline constexpr size_t kNumSites = 256;   // call sites the shipped path rotates over
+
+// `n` sizes drawn log-uniformly from [lo, hi), seeded (the same seed, the same stream).
+std::vector<size_t> LogUniformSizes(size_t lo, size_t hi, uint64_t seed, size_t n = kSizes);
+
+double Median(std::vector<double> v);
+
+// `base`'s policy keys with the bench's own backend: sim, with 1 TiB of address space
+// (nothing is touched, nothing runs out).
+Config SimConfig(const Config& base);
+
+// kNumSites distinct source locations (one per instantiation of a template, so each has
+// its own function name), built once.
+const std::array<std::source_location, kNumSites>& Sites();
+
+// Runs the size stream through alloc/free with a window of kLive live pointers (allocate
+// the next, free the oldest, so the free lists hold real neighbours) and returns ns per
+// alloc+free pair. alloc(bytes, i) gets the index of the request in the stream;
+// free_fn(ptr, bytes) gets the size it was allocated with.
+template <typename Alloc, typename Free>
+double TimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
+  void* live[kLive] = {};
+  size_t live_size[kLive] = {};
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const size_t slot = i % kLive;
+    if (live[slot] != nullptr) free_fn(live[slot], live_size[slot]);
+    live[slot] = alloc(sizes[i], i);
+    live_size[slot] = sizes[i];
+  }
+  for (size_t slot = 0; slot < kLive; ++slot) {
+    if (live[slot] != nullptr) free_fn(live[slot], live_size[slot]);
+  }
+  const auto end = std::chrono::steady_clock::now();
+  return std::chrono::duration<double, std::nano>(end - start).count() /
+         static_cast<double>(sizes.size());
+}
+
+}  // namespace devmem::devbench
