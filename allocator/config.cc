@@ -342,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 26>& Keys() {
-  static const std::array<KeySpec, 26> keys = {{
+const std::array<KeySpec, 27>& Keys() {
+  static const std::array<KeySpec, 27> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -580,6 +580,22 @@ const std::array<KeySpec, 26>& Keys() {
          return "";
        },
        [](const Config& c) { return FormatString(c.oom_dump_dir); }},
+      {"flight_recorder", "path", "",
+       "File kept up to date with the recent events, the live bytes per site and the "
+       "stats (a shared mapping), so that a process killed for any reason leaves its last "
+       "state there for memtrace postmortem. Empty = none.",
+       [](std::string_view v, Config* c) -> std::string {
+         // Only what can be judged without the filesystem: the runtime opens the file
+         // at start and refuses it there (symlink, not a regular file) with the reason.
+         if (v.size() > 4095) return "is longer than 4095 bytes";
+         if (!v.empty() && v.back() == '/') return "names a directory (ends with /), not a file";
+         for (const char ch : v) {
+           if (static_cast<unsigned char>(ch) < 0x20) return "holds a control character";
+         }
+         c->flight_recorder = std::string(v);
+         return "";
+       },
+       [](const Config& c) { return FormatString(c.flight_recorder); }},
       {"site_top_k", "integer", "10",
        "Number of call sites labelled by name in metrics (1 .. 1000); the rest are "
        "summed as \"other\".",

@@ -96,6 +96,9 @@ struct Config {
   std::string http_allowed_hosts;
   bool http_metrics_token = false; // key http_metrics_token: /metrics needs the token too
   std::string oom_dump_dir;       // key oom_dump_dir: directory for OOM dumps
+  // key flight_recorder: file holding the recent events and live set, kept current
+  // through a shared mapping so it survives the process (runtime/flight_recorder.h)
+  std::string flight_recorder;
   int site_top_k = 10;            // key site_top_k: sites labelled in metrics (1 .. 1000)
 
   friend bool operator==(const Config&, const Config&) = default;

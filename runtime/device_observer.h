@@ -27,6 +27,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "allocator/observer.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/oom.h"
 #include "runtime/size_histogram.h"
 #include "runtime/trace.h"
@@ -38,16 +39,19 @@ class DeviceObserver final : public AllocatorObserver {
   // `allocator` is the allocator this observer is set on (for the dump's snapshot);
   // any of `ring`, `dumper`, `callbacks`, `sizes` may be null.
   DeviceObserver(const CachingAllocator* allocator, TraceRing* ring, OomDumper* dumper,
-                 OomCallbackList* callbacks, SizeHistogram* sizes = nullptr)
+                 OomCallbackList* callbacks, SizeHistogram* sizes = nullptr,
+                 FlightDevice* flight = nullptr)
       : allocator_(allocator),
         ring_(ring),
         dumper_(dumper),
         callbacks_(callbacks),
-        sizes_(sizes) {}
+        sizes_(sizes),
+        flight_(flight) {}
 
   void on_event(const AllocEvent& event) override {
     if (ring_ != nullptr) ring_->Record(event);
     if (sizes_ != nullptr) sizes_->SizeHistogram::on_event(event);  // no virtual call
+    if (flight_ != nullptr) flight_->Record(event);  // the flight record (flight_recorder.h)
   }
   void on_oom(const OomReport& report) override;
 
@@ -57,6 +61,7 @@ class DeviceObserver final : public AllocatorObserver {
   OomDumper* const dumper_;
   OomCallbackList* const callbacks_;
   SizeHistogram* const sizes_;
+  FlightDevice* const flight_;
 };
 
 }  // namespace devmem

@@ -674,6 +674,15 @@ std::string TraceHeaderToJson(const std::vector<TraceEvent>& events) {
   return j.dump();
 }
 
+std::string TraceHeaderFromSites(const SiteMap& sites) {
+  ojson j;
+  j["schema"] = kTraceSchema;
+  ojson table = ojson::array();
+  for (const auto& [id, info] : sites) table.push_back(SiteToJson(id, info));
+  j["sites"] = std::move(table);
+  return j.dump();
+}
+
 absl::Status WriteTraceFile(const std::string& path, const std::vector<TraceEvent>& events) {
   std::ofstream out(path, std::ios::out | std::ios::trunc);
   if (!out) {

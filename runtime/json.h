@@ -71,6 +71,8 @@ absl::StatusOr<TraceEvent> TraceEventFromJson(std::string_view line);
 // The header line of a trace file (no trailing newline): the schema and the site table
 // of every site `events` name.
 std::string TraceHeaderToJson(const std::vector<TraceEvent>& events);
+// The same with a given site table (one read from a file, not this process's).
+std::string TraceHeaderFromSites(const SiteMap& sites);
 // Writes `events` as JSON Lines to `path` (created or truncated): the header line, then
 // one line per event. The error names the path.
 absl::Status WriteTraceFile(const std::string& path, const std::vector<TraceEvent>& events);

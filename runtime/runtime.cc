@@ -34,6 +34,7 @@
 #include "allocator/errors.h"
 #include "allocator/mutex.h"
 #include "runtime/device_observer.h"
+#include "runtime/flight_recorder.h"
 #include "runtime/http_server.h"
 #include "runtime/oom.h"
 #include "runtime/size_histogram.h"
@@ -51,6 +52,19 @@ int64_t UnixNowNs() {
 }
 
 std::string Sv(absl::string_view s) { return std::string(s.data(), s.size()); }
+
+// The recorder of `config.flight_recorder`, or null when the key is empty. Throws
+// InvalidArgumentError naming the key and the file when it cannot be had: the program
+// asked for a record that survives it, and running without one would lose it silently.
+std::unique_ptr<FlightRecorder> OpenFlightRecorder(const Config& config) {
+  if (config.flight_recorder.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<FlightRecorder>> r = FlightRecorder::Create(config.flight_recorder);
+  if (!r.ok()) {
+    throw InvalidArgumentError(
+        absl::StrCat("devmem runtime: flight_recorder: ", r.status().message()));
+  }
+  return *std::move(r);
+}
 
 DeviceId ComputeDefaultDevice(const Config& config) {
   switch (config.backend) {
@@ -96,13 +110,17 @@ struct Runtime::State {
       : config(c),
         default_device(ComputeDefaultDevice(c)),
         trace(c.trace_entries > 0 ? std::make_unique<TraceRing>(c.trace_entries) : nullptr),
-        dumper(c.oom_dump_dir.empty() ? nullptr : std::make_unique<OomDumper>(c.oom_dump_dir)) {}
+        dumper(c.oom_dump_dir.empty() ? nullptr : std::make_unique<OomDumper>(c.oom_dump_dir)),
+        flight(OpenFlightRecorder(c)) {}
 
   // Fixed at construction.
   const Config config;
   const DeviceId default_device;
   const std::unique_ptr<TraceRing> trace;
   const std::unique_ptr<OomDumper> dumper;
+  // The flight record (flight_recorder), or null. Never destroyed with the state's
+  // allocators alive: the runtime lives for the process (runtime.h).
+  const std::unique_ptr<FlightRecorder> flight;
   OomCallbackList callbacks;
 
   mutable Mutex mu;
@@ -148,7 +166,8 @@ struct Runtime::State {
   void Install(const std::shared_ptr<CachingAllocator>& allocator)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     observers.push_back(std::make_unique<DeviceObserver>(
-        allocator.get(), trace.get(), dumper.get(), &callbacks, &SizeHistogram::Process()));
+        allocator.get(), trace.get(), dumper.get(), &callbacks, &SizeHistogram::Process(),
+        flight != nullptr ? flight->AddAllocator(allocator->device()) : nullptr));
     allocator->set_observer(observers.back().get());
     const bool needs_poller =
         config.garbage_collection_threshold > 0 || allocator->backend().caps().streams;

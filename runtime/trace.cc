@@ -31,11 +31,12 @@ namespace {
 
 constexpr uint64_t kBusy = uint64_t{1} << 63;
 
-// A small per-process thread number: 1 for the first thread that records an event.
 std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t tls_thread = 0;
 
-uint32_t ThreadNumber() {
+}  // namespace
+
+uint32_t TraceThreadNumber() {
   uint32_t t = tls_thread;
   if (t == 0) [[unlikely]] {
     t = g_next_thread.fetch_add(1, std::memory_order_relaxed);
@@ -43,8 +44,6 @@ uint32_t ThreadNumber() {
   }
   return t;
 }
-
-}  // namespace
 
 TraceRing::TraceRing(size_t capacity)
     : capacity_(capacity),
@@ -87,7 +86,7 @@ void TraceRing::Record(const AllocEvent& event) {
   const uint64_t packed = static_cast<uint64_t>(event.action) |
                           static_cast<uint64_t>(event.device.type) << 8 |
                           (static_cast<uint64_t>(event.device.index) & 0xffff) << 16 |
-                          static_cast<uint64_t>(ThreadNumber()) << 32;
+                          static_cast<uint64_t>(TraceThreadNumber()) << 32;
   slot.words[0].store(static_cast<uint64_t>(tick), std::memory_order_relaxed);
   slot.words[1].store(packed, std::memory_order_relaxed);
   slot.words[2].store(event.stream.handle, std::memory_order_relaxed);

@@ -45,6 +45,10 @@ struct TraceEvent {
   uint32_t thread = 0;   // a small per-process thread number (1, 2, ...)
 };
 
+// A small per-process thread number: 1 for the first thread that records an event (in
+// a TraceRing or a flight record, runtime/flight_recorder.h: one numbering for both).
+uint32_t TraceThreadNumber();
+
 class TraceRing : public AllocatorObserver {
  public:
   // capacity > 0: the number of events kept (InvalidArgumentError otherwise). The slots

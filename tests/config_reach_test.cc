@@ -221,6 +221,7 @@ const std::set<std::string_view> kRuntimeKeys = {
     "http_allowed_hosts",   // runtime_http_test.cc (HttpAllowedHostsWidensTheHostCheck)
     "http_metrics_token",   // runtime_http_test.cc (HttpMetricsTokenGuardsMetricsToo)
     "oom_dump_dir",         // runtime_oom_test.cc
+    "flight_recorder",      // postmortem_test.py (flight_recorder_child.cc runs the runtime)
     "site_top_k",           // runtime_metrics_test.cc
     // Reached through CachingAllocator, tested where they act: thread_cache_test.cc
     // (OffMeansNoThreadCachedBlocks, CountsAndBytesAreBounded,

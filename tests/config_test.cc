@@ -181,6 +181,8 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
        [](const Config& c) { return c.oom_dump_dir == " edge \" \\ "; }},
       {"site_top_k:1", [](const Config& c) { return c.site_top_k == 1; }},
       {"site_top_k:1000", [](const Config& c) { return c.site_top_k == 1000; }},
+      {"flight_recorder:/tmp/devmem.flight",
+       [](const Config& c) { return c.flight_recorder == "/tmp/devmem.flight"; }},
   };
   for (const GoodCase& gc : cases) {
     absl::StatusOr<Config> c = ParseConfig(gc.text);
@@ -325,6 +327,7 @@ TEST(ParseConfigTest, EveryKeyRejectsBadValuesNamingKeyAndValue) {
       {"http", "a/b:80", "character"},
       {"http", "user@host:80", "character"},
       {"http_allow_remote", "nah", "is not a boolean"},
+      {"flight_recorder", "/tmp/dir/", "names a directory"},
       {"site_top_k", "0", "out of range (1 .. 1000)"},
       {"site_top_k", "1001", "out of range (1 .. 1000)"},
       {"site_top_k", "-1", "is negative"},
@@ -526,7 +529,7 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "thread_cache_max_size:256KiB,thread_cache_max_bytes:4MiB,"
             "thread_cache_max_blocks:256,trace_entries:0,stack_sample_bytes:256MiB,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
-            "http_metrics_token:false,oom_dump_dir:,site_top_k:10");
+            "http_metrics_token:false,oom_dump_dir:,flight_recorder:,site_top_k:10");
 }
 
 TEST(ToStringTest, RoundTripsHandPickedValues) {
@@ -832,6 +835,7 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.http_allowed_hosts = "x";
   base.http_metrics_token = true;
   base.oom_dump_dir = "x";
+  base.flight_recorder = "x";
   base.site_top_k = 1;
   for (const ConfigKeyDoc& doc : ConfigKeys()) {
     ASSERT_NE(CanonicalValue(base, doc.key), CanonicalValue(Config{}, doc.key)) << doc.key;

@@ -441,6 +441,37 @@ def export_json():
     expect(js(*args, "--json").get("blocks") == 7, "export --json")
 
 
+FLIGHT = os.path.join(tmp, "small.flight")
+subprocess.run([sys.executable, os.path.join(src, "tests", "data", "flight", "generate.py"),
+                FLIGHT], check=True)
+
+
+def postmortem_events():
+    lines = lambda *a: [l for l in mt("postmortem", FLIGHT, *a).stdout.splitlines()
+                        if "0x105" in l or "0x106" in l]
+    expect(len(lines("--events", "4")) == 4 and len(lines("--events", "1")) == 1,
+           "postmortem --events: %r" % lines("--events", "4"))
+    expect(len(js("postmortem", FLIGHT, "--json", "--events", "2")
+               .get("devices", [{}])[0].get("events", [])) == 2, "postmortem --events --json")
+
+
+def postmortem_top():
+    two = mt("postmortem", FLIGHT, "--top", "2").stdout
+    one = mt("postmortem", FLIGHT, "--top", "1").stdout
+    expect("model.py:20 (clone)" in two.split("  the last ")[0] and
+           "model.py:20 (clone)" not in one.split("  the last ")[0] and "1 more sites" in one,
+           "postmortem --top:\n%s" % one)
+
+
+def postmortem_json():
+    r = js("postmortem", FLIGHT, "--json")
+    sites = r.get("devices", [{}])[0].get("sites", [])
+    expect(r.get("schema") == "devmem.postmortem/1" and r.get("consistent") is True and
+           [(s["site"], s["live_bytes"]) for s in sites] == [(1, 3 * MIB), (2, MIB)],
+           "postmortem --json: %r" % r)
+    expect(not mt("postmortem", FLIGHT).stdout.startswith("{"), "postmortem: text")
+
+
 CHECKS = {
     ("replay", "--conf"): replay_conf, ("replay", "--capacity"): replay_capacity,
     ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
@@ -466,6 +497,8 @@ CHECKS = {
     ("export", "--to"): export_to, ("export", "--output"): export_output,
     ("export", "--device"): export_device, ("export", "--token-file"): export_token_file,
     ("export", "--json"): export_json,
+    ("postmortem", "--events"): postmortem_events, ("postmortem", "--top"): postmortem_top,
+    ("postmortem", "--json"): postmortem_json,
 }
 # Options that do not change what a command computes.
 EXEMPT = {"--help", "--version"}

@@ -12,6 +12,7 @@
 //   memtrace import --from rmm-csv|pytorch-snapshot|umpire FILE -o TRACE.jsonl
 //   memtrace timeline SOURCE -o FILE.svg|FILE.html [--points N] [--top N]
 //   memtrace export --to pytorch-snapshot SOURCE -o FILE.pickle [--device D]
+//   memtrace postmortem FLIGHT_RECORD [--events N] [--top N]
 //   (each with --json; SOURCE/URL may need --token-file)
 //   memtrace SUBCOMMAND --help     what each one does
 #include <CLI/CLI.hpp>
@@ -46,6 +47,7 @@ int main(int argc, char** argv) {
   mt::AddOomCommand(app, &exit_code);
   mt::AddWatchCommand(app, &exit_code);
   mt::AddExportCommand(app, &exit_code);
+  mt::AddPostmortemCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -68,5 +68,7 @@ void AddOomCommand(CLI::App& app, int* exit_code);
 void AddWatchCommand(CLI::App& app, int* exit_code);
 // Other tools' formats: PyTorch's memory snapshot (tools/memtrace_export.cc).
 void AddExportCommand(CLI::App& app, int* exit_code);
+// What a dead process held, from its flight record (tools/memtrace_postmortem.cc).
+void AddPostmortemCommand(CLI::App& app, int* exit_code);
 
 }  // namespace devmem::memtrace

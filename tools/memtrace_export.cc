@@ -4,8 +4,9 @@
 // pytorch.org/memory_viz and torch.cuda._memory_viz (tools/pytorch_snapshot.h says how;
 // docs/formats.md lists the fields).
 //
-// Which kind a file is: a trace when its first line is a trace header or event (JSON
-// Lines), else a snapshot (an OOM dump is a snapshot with "oom").
+// Which kind a file is: a flight record when it starts with its magic, a trace when its
+// first line is a trace header or event (JSON Lines), else a snapshot (an OOM dump is a
+// snapshot with "oom").
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -17,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/config.h"
+#include "runtime/flight_record_reader.h"
 #include "runtime/json.h"
 #include "tools/http_get.h"
 #include "tools/live_trace.h"
@@ -78,6 +80,15 @@ int ReadFileSource(const std::string& path, PyTorchExportInput* in) {
   std::ifstream file(path, std::ios::binary);
   if (!file) return Fail(absl::StrCat(path, ": cannot open"), kExitBadInput);
   const std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  if (LooksLikeFlightRecord(text)) {
+    // A flight record: its rings are the trace, its site table the names; the state
+    // is rebuilt from the events, as for a trace file.
+    absl::StatusOr<FlightRecord> record = ParseFlightRecord(text, path);
+    if (!record.ok()) return Fail(std::string(record.status().message()), kExitBadInput);
+    in->trace = FlightRecordEvents(*record);
+    in->sites = record->sites;
+    return kExitOk;
+  }
   if (LooksLikeTrace(text)) {
     absl::StatusOr<std::vector<TraceEvent>> trace = TraceFromJsonl(text, &in->sites);
     if (!trace.ok()) return Fail(absl::StrCat(path, ":", trace.status().message()), kExitBadInput);
@@ -198,7 +209,7 @@ void AddExportCommand(CLI::App& app, int* exit_code) {
                 "(pytorch-snapshot: PyTorch's memory snapshot pickle, for memory_viz)");
   cmd->add_option("--to", a->to, "the format: pytorch-snapshot")->required();
   cmd->add_option("source", a->source,
-                  "snapshot, OOM dump or trace file, or a running process's URL "
+                  "snapshot, OOM dump, trace or flight record file, or a running process's URL "
                   "(http://HOST:PORT)")
       ->required();
   cmd->add_option("-o,--output", a->output, "FILE.pickle (- for stdout)")->required();

@@ -1,5 +1,6 @@
 // tools/memtrace_timeline.cc: `memtrace timeline SOURCE -o FILE.svg|FILE.html|-`: memory
-// over time from a trace file or a running process (its whole /debug/trace, page after
+// over time from a trace file, a flight record (flight_recorder:FILE: its rings) or a
+// running process (its whole /debug/trace, page after
 // page with the sites' names: tools/live_trace.h), stacked
 // by the sites that hold the most, with allocated and reserved lines and OOM marks
 // (tools/timeline.h says how it is computed and downsampled). The format follows the
@@ -12,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "allocator/config.h"
+#include "runtime/flight_record_reader.h"
 #include "tools/http_get.h"
 #include "tools/live_trace.h"
 #include "tools/memtrace_commands.h"
@@ -89,6 +91,18 @@ int RunTimeline(const TimelineArgs& a) {
                    a.source.c_str(), static_cast<unsigned long long>(live->missed));
     }
     t = BuildTimeline(live->text, a.source, options);
+  } else if (IsFlightRecordFile(a.source)) {
+    // A flight record (runtime/flight_recorder.h): its rings as one trace.
+    absl::StatusOr<FlightRecord> record = ReadFlightRecord(a.source);
+    if (!record.ok()) {
+      std::fprintf(stderr, "memtrace timeline: %s\n", std::string(record.status().message()).c_str());
+      return kExitBadInput;
+    }
+    if (!record->consistent()) {
+      std::fprintf(stderr, "memtrace timeline: %s: warning: %llu damaged records skipped\n",
+                   a.source.c_str(), static_cast<unsigned long long>(record->damaged));
+    }
+    t = BuildTimeline(FlightRecordToTraceJsonl(*record), a.source, options);
   } else {
     t = ReadTimeline(a.source, options);
   }
@@ -143,7 +157,8 @@ void AddTimelineCommand(CLI::App& app, int* exit_code) {
   CLI::App* cmd = app.add_subcommand(
       "timeline", "Draw memory over time (by site, allocated, reserved, OOMs) as SVG or HTML");
   cmd->add_option("source", a->source,
-                  "trace file (JSON Lines) or a running process's URL (http://HOST:PORT)")
+                  "trace file (JSON Lines), flight record, or a running process's URL "
+                  "(http://HOST:PORT)")
       ->required();
   cmd->add_option("-o,--output", a->output, "FILE.svg, FILE.html, or - for stdout")
       ->required();

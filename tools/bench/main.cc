@@ -21,6 +21,9 @@
 //                     target <= 100) and intern_256_sites_ns (target <= 15).
 //   sampling.cc       sampled_stacks_overhead_ratio: mixed pairs with sampled stacks at
 //                     the default stack_sample_bytes over sampling off (target <= 1.05).
+//   flight_recorder.cc  flight_recorder_overhead_ratio: the same pairs with a flight
+//                     recorder attached over plain (fastest passes in thread CPU time;
+//                     target <= 1.15).
 //   steady_maps.cc    steady_maps_2streams: device maps+unmaps once warm while two
 //                     streams alternate between one and two active threads (target 0).
 //   tensor/bench_kernels.h  tensor handle copy, 2-D slice and a bare atomic pair.
@@ -48,6 +51,7 @@
 #include "tools/bench/arena.h"
 #include "tools/bench/bare_pairs.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/flight_recorder.h"
 #include "tools/bench/host_allocators.h"
 #include "tools/bench/sampling.h"
 #include "allocator/stack_sampler.h"
@@ -128,6 +132,8 @@ int Main(int argc, char** argv) {
   const SamplingFigures sampling =
       MeasureSampling(LogUniformSizes(512, 64 * kMiB, 2), *env, kDefaultStackSampleBytes);
   const double sampling_ratio = sampling.sampled_ns / sampling.off_ns;
+  const absl::StatusOr<FlightFigures> flight =
+      MeasureFlightRecorder(LogUniformSizes(512, kMiB, 1), *env, kRepetitions);
   const std::vector<size_t> tcache_sizes = LogUniformSizes(512, 32 * kKiB, 3);
   const ShippedPairFigures tcache = MeasureShippedPairs(*shipped, tcache_sizes);
   const ThreadsFigures threads =
@@ -173,6 +179,13 @@ int Main(int argc, char** argv) {
     out.add("unsampled_pair_ns", sampling.off_ns);
     out.add("sampled_pair_ns", sampling.sampled_ns);
     out.add("sampled_stacks_overhead_ratio", sampling_ratio, "%.3f");
+    if (flight.ok()) {
+      out.add("flight_recorded_pair_ns", flight->recorded_ns);
+      out.add("flight_recorder_overhead_ratio", flight->recorded_ns / flight->plain_ns, "%.3f");
+    } else {
+      std::fprintf(stderr, "devmem-bench: note: flight recorder: %s: no "
+                   "flight_recorder_overhead_ratio\n", flight.status().ToString().c_str());
+    }
     out.add("tcache_pair_ns", tcache.devmem_ns);
     if (tcache.mimalloc_ns) {
       out.add("mimalloc_pair_ns_tcache", *tcache.mimalloc_ns);

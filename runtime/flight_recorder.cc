@@ -1,0 +1,414 @@
+// runtime/flight_recorder.cc: the flight record's writer (see flight_recorder.h; the
+// layout: flight_record_format.h).
+//
+// Every word of the mapping is written through std::atomic_ref with relaxed order (a
+// plain store on x86 and arm64), so that a reader mapping the same file, or a test in
+// this process, racing a writer is defined behaviour; commits are release stores, and a
+// release fence follows each "busy" mark, the seqlock writer's half of Boehm's protocol
+// (the reader's half is in flight_record_reader.cc).
+#include "runtime/flight_recorder.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/site.h"
+#include "allocator/snapshot.h"
+#include "runtime/flight_record_format.h"
+#include "runtime/trace.h"
+
+namespace devmem {
+namespace {
+
+using namespace flight;  // NOLINT: the format's names are this file's vocabulary
+
+inline void Put(uint64_t* w, uint64_t v) {
+  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_relaxed);
+}
+inline void Commit(uint64_t* w, uint64_t v) {
+  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
+}
+inline void MarkBusy(uint64_t* w) {
+  Put(w, kBusy);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+inline uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
+
+std::string Errno(int e) { return std::strerror(e); }
+
+// Opens `path` for the record: a new file, or an existing regular file of this user
+// with one link (see flight_recorder.h). *created says which (to undo on error).
+absl::StatusOr<int> OpenRecordFile(const std::string& path, bool* created) {
+  *created = false;
+  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    *created = true;
+    return fd;
+  }
+  if (errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot create ", path, ": ", Errno(errno)));
+  }
+  fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(path, " is a symbolic link: refusing to write through it"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat("cannot open ", path, ": ", Errno(errno)));
+  }
+  struct stat st {};
+  std::string why;
+  if (fstat(fd, &st) != 0) {
+    why = absl::StrCat("cannot stat it: ", Errno(errno));
+  } else if (!S_ISREG(st.st_mode)) {
+    why = "it exists and is not a regular file";
+  } else if (st.st_uid != geteuid()) {
+    why = absl::StrCat("it belongs to uid ", st.st_uid, ", not to this process's user (uid ",
+                       geteuid(), ")");
+  } else if (st.st_nlink != 1) {
+    why = absl::StrCat("it has ", st.st_nlink, " hard links (another name could be a file "
+                       "someone else reads)");
+  }
+  if (!why.empty()) {
+    close(fd);
+    return absl::PermissionDeniedError(absl::StrCat("refusing ", path, ": ", why));
+  }
+  return fd;
+}
+
+// Cuts `s` to at most `n` bytes without splitting a UTF-8 sequence.
+std::string_view CutUtf8(std::string_view s, size_t n) {
+  if (s.size() <= n) return s;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n);
+}
+
+}  // namespace
+
+// --- FlightRecorder -------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(
+    const std::string& path, const Options& o) {
+  if (o.device_slots == 0 || o.device_slots > kMaxDeviceSlots || o.ring_slots == 0 ||
+      o.ring_slots > kMaxRingSlots || (o.ring_slots & (o.ring_slots - 1)) != 0 ||
+      o.site_slots < 2 || o.site_slots > kMaxSiteSlots ||
+      o.name_slot_bytes < kMinNameSlotBytes || o.name_slot_bytes > kMaxNameSlotBytes ||
+      o.name_slot_bytes % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flight recorder ", path, ": bad layout options (devices 1..", kMaxDeviceSlots,
+        ", ring a power of two up to ", kMaxRingSlots, ", sites 2..", kMaxSiteSlots,
+        ", name slots a multiple of 8 in ", kMinNameSlotBytes, "..", kMaxNameSlotBytes, ")"));
+  }
+  const Layout layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes};
+  const size_t bytes = layout.file_bytes();
+  bool created = false;
+  absl::StatusOr<int> opened = OpenRecordFile(path, &created);
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
+  auto fail = [&](std::string what, int e) {
+    close(fd);
+    if (created) unlink(path.c_str());
+    return absl::FailedPreconditionError(absl::StrCat(what, ": ", Errno(e)));
+  };
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) {
+      close(fd);
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is the flight record of another running process (it holds the file's "
+                "lock): give each process its own file"));
+    }
+    return fail(absl::StrCat("cannot lock ", path), errno);
+  }
+  if (!created && fchmod(fd, 0600) != 0) return fail(absl::StrCat("cannot chmod ", path), errno);
+  // Truncated first, so that no byte of an earlier record survives in the new one.
+  if (ftruncate(fd, 0) != 0 || ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    return fail(absl::StrCat("cannot size ", path, " to ", bytes, " bytes"), errno);
+  }
+  if (const int e = posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      e != 0 && e != EOPNOTSUPP && e != EINVAL) {
+    return fail(absl::StrCat("cannot reserve ", bytes, " bytes on disk for ", path), e);
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) return fail(absl::StrCat("cannot map ", path), errno);
+  return std::unique_ptr<FlightRecorder>(
+      new FlightRecorder(path, fd, static_cast<unsigned char*>(base), bytes, o));
+}
+
+FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, size_t bytes,
+                               const Options& options)
+    : path_(std::move(path)),
+      fd_(fd),
+      base_(base),
+      bytes_(bytes),
+      options_(options),
+      name_limit_(options.site_slots - 1),
+      named_(new std::atomic<uint8_t>[options.site_slots]) {
+  for (uint32_t i = 0; i < options.site_slots; ++i) named_[i].store(0, std::memory_order_relaxed);
+  // The header, magic last: a reader that sees the magic sees the whole header.
+  auto u32 = [&](size_t at, uint32_t v) { std::memcpy(base_ + at, &v, 4); };
+  auto u64 = [&](size_t at, uint64_t v) { std::memcpy(base_ + at, &v, 8); };
+  u32(header::kVersion, kVersion);
+  u32(header::kHeaderBytes, kHeaderBytes);
+  u64(header::kFileBytes, bytes_);
+  u32(header::kDeviceSlots, options.device_slots);
+  u32(header::kRingSlots, options.ring_slots);
+  u32(header::kSiteSlots, options.site_slots);
+  u32(header::kNameSlotBytes, options.name_slot_bytes);
+  u32(header::kPid, static_cast<uint32_t>(getpid()));
+  u32(header::kFlags, 0);  // times are CLOCK_MONOTONIC_COARSE ns, not TSC ticks
+  u64(header::kStartUnixNs,
+      U(std::chrono::duration_cast<std::chrono::nanoseconds>(
+            std::chrono::system_clock::now().time_since_epoch())
+            .count()));
+  u64(header::kStartMonoNs, U(NowNs()));
+  u64(header::kTick0, 0);
+  u64(header::kNs0, 0);
+  u64(header::kByteOrder, kByteOrder);
+  std::memcpy(base_ + header::kMagic, kMagic, sizeof(kMagic));
+  u64(header::kCheck, FlightCheckBytes(0, base_, header::kCheck));
+  std::atomic_thread_fence(std::memory_order_release);
+  now_ns_.store(NowNs(), std::memory_order_relaxed);
+  ticker_ = std::thread([this] { Tick(); });
+}
+
+FlightRecorder::~FlightRecorder() {
+  {
+    std::lock_guard<std::mutex> lock(tick_mu_);
+    stop_ = true;
+  }
+  tick_cv_.notify_all();
+  ticker_.join();
+  munmap(base_, bytes_);
+  close(fd_);
+}
+
+void FlightRecorder::Tick() {
+  std::unique_lock<std::mutex> lock(tick_mu_);
+  while (!stop_) {
+    now_ns_.store(NowNs(), std::memory_order_relaxed);
+    tick_cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; });
+  }
+}
+
+FlightDevice* FlightRecorder::AddAllocator(DeviceId device) {
+  MutexLock lock(&mu_);
+  if (devices_.size() >= options_.device_slots) {
+    if (!warned_full_) {
+      warned_full_ = true;
+      std::fprintf(stderr,
+                   "devmem: flight recorder %s: all %u allocator regions are taken; the "
+                   "events of %s and later allocators are not recorded\n",
+                   path_.c_str(), options_.device_slots, device.ToString().c_str());
+    }
+    return nullptr;
+  }
+  const Layout layout{options_.device_slots, options_.ring_slots, options_.site_slots,
+                      options_.name_slot_bytes};
+  const uint32_t d = static_cast<uint32_t>(devices_.size());
+  unsigned char* region = base_ + layout.device_offset(d);
+  devices_.push_back(std::unique_ptr<FlightDevice>(new FlightDevice(this, region)));
+  uint64_t* page = reinterpret_cast<uint64_t*>(region);
+  const uint64_t ident = device::kIdentUsed | static_cast<uint64_t>(device.type) << 16 |
+                         (static_cast<uint64_t>(device.index) & 0xffff);
+  Put(page + device::kIdentCheck / 8, FlightCheck(kSeedIdent, ident, d));
+  Commit(page + device::kIdent / 8, ident);
+  return devices_.back().get();
+}
+
+void FlightRecorder::NameSite(SiteId site) noexcept {
+  uint8_t expected = 0;
+  if (!named_[site].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return;
+  try {
+    const SiteInfo info = GetSite(site);
+    const size_t room = options_.name_slot_bytes - kNameSlotHeaderBytes;
+    const std::string_view tag = CutUtf8(info.tag, std::min<size_t>(64, room / 4));
+    const std::string_view file = CutUtf8(info.file, std::min<size_t>(128, (room - tag.size()) / 2));
+    const std::string_view function = CutUtf8(info.function, room - tag.size() - file.size());
+    unsigned char* slot = base_ + kHeaderBytes + size_t{site} * options_.name_slot_bytes;
+    uint64_t* w = reinterpret_cast<uint64_t*>(slot);
+    Put(w, 1);
+    std::atomic_thread_fence(std::memory_order_release);
+    Put(w + 1, uint64_t{site} | uint64_t{info.line} << 32);
+    Put(w + 2, uint64_t{file.size()} | uint64_t{function.size()} << 16 |
+                   uint64_t{tag.size()} << 32 | uint64_t{static_cast<uint8_t>(info.kind)} << 48);
+    // The strings: written as bytes, but nobody reads this slot before the commit below
+    // (a reader that races sees state 1 and skips it).
+    unsigned char* text = slot + kNameSlotHeaderBytes;
+    std::memcpy(text, file.data(), file.size());
+    std::memcpy(text + file.size(), function.data(), function.size());
+    std::memcpy(text + file.size() + function.size(), tag.data(), tag.size());
+    const size_t n = file.size() + function.size() + tag.size();
+    uint64_t h = FlightCheckBytes(kSeedName, slot + 8, 16);
+    h ^= FlightCheckBytes(kSeedName, text, n);
+    Put(w + 3, h);
+    Commit(w, 2);
+    named_[site].store(2, std::memory_order_release);
+  } catch (...) {
+    // Out of memory while reading the site: left unnamed (flag 1: never retried).
+  }
+}
+
+// --- FlightDevice ---------------------------------------------------------------------
+
+FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region)
+    : recorder_(recorder),
+      page_(reinterpret_cast<uint64_t*>(region)),
+      sites_(reinterpret_cast<uint64_t*>(region + kDevicePageBytes)),
+      ring_(reinterpret_cast<uint64_t*>(region + kDevicePageBytes +
+                                        size_t{recorder->options_.site_slots} * kRecordBytes)),
+      ring_mask_(recorder->options_.ring_slots - 1),
+      site_slots_(recorder->options_.site_slots),
+      live_(recorder->options_.site_slots) {}
+
+void FlightDevice::RecordSite(SiteId site, int64_t bytes, int64_t count, uint64_t seq) {
+  const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
+  SiteLive& s = live_[i];
+  s.bytes += bytes;
+  s.count += count;
+  const uint32_t c = s.next_copy;
+  s.next_copy ^= 1;
+  uint64_t* w = sites_ + 8 * size_t{i} + site::kCopyWords * c;
+  const uint64_t b = U(s.bytes), n = static_cast<uint32_t>(s.count);
+  MarkBusy(w);
+  Put(w + 1, b);
+  Put(w + 2, n | uint64_t{FlightCheck32(FlightCheck(kSeedSite ^ (uint64_t{i} << 8) ^ c, seq, b, n))}
+                     << 32);
+  Commit(w, seq);
+}
+
+void FlightDevice::WriteHot(uint64_t seq, int64_t tick) {
+  uint64_t* w = page_ + device::kHot / 8 + 8 * hot_copy_;
+  const uint64_t c = hot_copy_;
+  hot_copy_ ^= 1;
+  MarkBusy(w);
+  Put(w + 1, U(tick));
+  Put(w + 2, U(allocated_));
+  Put(w + 3, U(peak_allocated_));
+  Put(w + 4, U(allocations_));
+  Put(w + 5, U(alloc_count_));
+  Put(w + 6, U(free_count_));
+  Put(w + 7, FlightCheck(kSeedHot ^ c, seq, U(tick), U(allocated_), U(peak_allocated_),
+                         U(allocations_), U(alloc_count_), U(free_count_)));
+  Commit(w, seq);
+}
+
+void FlightDevice::WriteCold(uint64_t seq) {
+  uint64_t* w = page_ + device::kCold / 8 + 8 * cold_copy_;
+  const uint64_t c = cold_copy_;
+  cold_copy_ ^= 1;
+  const uint64_t packed = static_cast<uint32_t>(segments_) | U(ooms_) << 32;
+  MarkBusy(w);
+  Put(w + 1, U(reserved_));
+  Put(w + 2, U(peak_reserved_));
+  Put(w + 3, packed);
+  Put(w + 4, U(mapped_));
+  Put(w + 5, U(device_allocs_));
+  Put(w + 6, U(device_frees_));
+  Put(w + 7, FlightCheck(kSeedCold ^ c, seq, U(reserved_), U(peak_reserved_), packed,
+                         U(mapped_), U(device_allocs_), U(device_frees_)));
+  Commit(w, seq);
+}
+
+void FlightDevice::Record(const AllocEvent& e) {
+  MutexLock write_lock(&write_mu_);
+  // The recorder's clock: one relaxed load of what its ticker thread last read (see
+  // flight_recorder.h, "Time").
+  const int64_t tick = recorder_->now_ns_.load(std::memory_order_relaxed);
+  const uint64_t s = next_seq_++;
+  Put(page_ + device::kNextSeq / 8, next_seq_);
+  // 1. The ring slot (a seqlock: busy, the words, the number).
+  uint64_t* w = ring_ + 8 * ((s - 1) & ring_mask_);
+  const uint64_t packed = static_cast<uint64_t>(e.action) |
+                          static_cast<uint64_t>(e.device.type) << 8 |
+                          (static_cast<uint64_t>(e.device.index) & 0xffff) << 16 |
+                          static_cast<uint64_t>(TraceThreadNumber()) << 32;
+  MarkBusy(w);
+  Put(w + 1, U(tick));
+  Put(w + 2, packed);
+  Put(w + 3, e.stream.handle);
+  Put(w + 4, e.addr);
+  Put(w + 5, e.size);
+  Put(w + 6, e.requested);
+  Put(w + 7, uint64_t{e.site} |
+                 uint64_t{FlightCheck32(FlightCheck(kSeedRing ^ e.site, s, U(tick), packed,
+                                                    e.stream.handle, e.addr, e.size,
+                                                    e.requested))}
+                     << 32);
+  Commit(w, s);
+  // 2. The summaries the event changes: the live-site entry, then the stats.
+  const auto size = static_cast<int64_t>(e.size);
+  switch (e.action) {
+    case AllocAction::kAlloc:
+      RecordSite(e.site, size, 1, s);
+      allocated_ += size;
+      peak_allocated_ = std::max(peak_allocated_, allocated_);
+      ++allocations_;
+      ++alloc_count_;
+      WriteHot(s, tick);
+      break;
+    case AllocAction::kFree:
+      RecordSite(e.site, -size, -1, s);
+      allocated_ -= size;
+      --allocations_;
+      ++free_count_;
+      WriteHot(s, tick);
+      break;
+    case AllocAction::kSegmentAlloc:
+      reserved_ += size;
+      peak_reserved_ = std::max(peak_reserved_, reserved_);
+      ++segments_;
+      ++device_allocs_;
+      try {
+        regular_segments_[e.addr] = e.size;
+      } catch (...) {  // out of memory: the segment count may then be off by one
+      }
+      WriteCold(s);
+      break;
+    case AllocAction::kSegmentMap:
+      reserved_ += size;
+      mapped_ += size;
+      peak_reserved_ = std::max(peak_reserved_, reserved_);
+      ++device_allocs_;
+      WriteCold(s);
+      break;
+    case AllocAction::kSegmentFree:
+      reserved_ -= size;
+      ++device_frees_;
+      if (regular_segments_.erase(e.addr) > 0) {
+        --segments_;
+      } else {
+        mapped_ -= size;  // a whole expandable run released
+      }
+      WriteCold(s);
+      break;
+    case AllocAction::kSegmentUnmap:
+      reserved_ -= size;
+      mapped_ -= size;
+      ++device_frees_;
+      WriteCold(s);
+      break;
+    case AllocAction::kOom:
+      ++ooms_;
+      WriteCold(s);
+      break;
+    case AllocAction::kFreeCompleted:
+    case AllocAction::kArenaOpen:
+    case AllocAction::kArenaClose:
+      break;
+  }
+  if (recorder_->NeedsName(e.site)) [[unlikely]] recorder_->NameSite(e.site);
+  __builtin_prefetch(ring_ + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
+}
+
+}  // namespace devmem

@@ -1,0 +1,432 @@
+// tests/flight_recorder_test.cc: the flight record (runtime/flight_recorder.h and
+// runtime/flight_record_reader.h): what a real allocator's events leave in the file
+// (live bytes per site, stats, events, names, against the allocator's own figures),
+// records torn by a death and damaged ones (skipped and listed, never read as values),
+// truncated and malformed files (errors naming the file and the offset or field), two
+// threads on one allocator and on two, and the file's safety rules. The record left by
+// a SIGKILL at a random moment is tests/postmortem_test.py's (memtrace postmortem).
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "allocator/site.h"
+#include "runtime/flight_record_format.h"
+#include "runtime/flight_record_reader.h"
+#include "runtime/flight_recorder.h"
+#include "test_util.h"
+#include "text_assertions.h"
+
+namespace devmem {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A temporary directory removed at the end of the test.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/devmem-flight-XXXXXX";
+    path_ = mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void WriteAll(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << bytes;
+}
+
+// Small regions, so that a test's file is a few hundred KiB.
+FlightRecorder::Options SmallOptions() {
+  FlightRecorder::Options o;
+  o.device_slots = 2;
+  o.ring_slots = 256;
+  o.site_slots = 64;
+  o.name_slot_bytes = 128;
+  return o;
+}
+
+flight::Layout LayoutOf(const FlightRecorder::Options& o) {
+  return flight::Layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes};
+}
+
+std::map<SiteId, int64_t> LiveBySite(const FlightRecord::Device& d) {
+  std::map<SiteId, int64_t> out;
+  for (const FlightRecord::SiteLive& s : d.sites) out[s.site] = s.bytes;
+  return out;
+}
+
+std::map<SiteId, int64_t> AllocatorLiveBySite(const CachingAllocator& a) {
+  std::map<SiteId, int64_t> out;
+  const std::vector<SiteStats> stats = a.site_stats();
+  for (size_t id = 0; id < stats.size(); ++id) {
+    if (stats[id].live_bytes != 0) out[static_cast<SiteId>(id)] = stats[id].live_bytes;
+  }
+  return out;
+}
+
+TEST(FlightRecorderTest, TheFileHoldsWhatTheAllocatorHolds) {
+  TempDir dir;
+  const std::string path = dir / "run.flight";
+  auto recorder = FlightRecorder::Create(path, SmallOptions());
+  ASSERT_TRUE(recorder.ok()) << recorder.status();
+  auto t = testutil::MakeSimAllocator("expandable_segments:true");
+  FlightDevice* d = (*recorder)->AddAllocator(t->device());
+  ASSERT_NE(d, nullptr);
+  t->set_observer(d);
+  const SiteId a = InternNamedSite("model.py", 10, "forward", SiteKind::kAlloc, "attn");
+  const SiteId b = InternNamedSite("model.py", 20, "backward", SiteKind::kClone);
+  std::vector<void*> keep;
+  for (int i = 0; i < 10; ++i) keep.push_back(t->allocate(4096 * (i + 1), {}, a));
+  for (int i = 0; i < 5; ++i) keep.push_back(t->allocate(3 << 20, {}, b));
+  t->free(keep[0]);
+  t->free(keep[11]);
+  void* big = t->allocate(64 << 20, {}, b);
+  t->free(big);
+  t->empty_cache();  // unmaps: reserved bytes fall
+
+  absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->consistent());
+  EXPECT_EQ(r->torn, 0u);
+  EXPECT_TRUE(r->problems.empty());
+  EXPECT_EQ(r->pid, static_cast<uint32_t>(getpid()));
+  ASSERT_EQ(r->devices.size(), 1u);
+  const FlightRecord::Device& dev = r->devices[0];
+  EXPECT_EQ(dev.device, t->device());
+  EXPECT_EQ(LiveBySite(dev), AllocatorLiveBySite(*t));
+  const DeviceStats stats = t->stats();
+  EXPECT_EQ(dev.allocated, stats.allocated_bytes[0].current);
+  EXPECT_EQ(dev.peak_allocated, stats.allocated_bytes[0].peak);
+  EXPECT_EQ(dev.allocations, stats.allocation[0].current);
+  EXPECT_EQ(dev.reserved, stats.reserved_bytes[0].current);
+  EXPECT_EQ(dev.peak_reserved, stats.reserved_bytes[0].peak);
+  EXPECT_EQ(dev.device_allocs, stats.num_device_alloc);
+  EXPECT_EQ(dev.device_frees, stats.num_device_free);
+  EXPECT_EQ(dev.alloc_count, 16);
+  EXPECT_EQ(dev.free_count, 3);
+  // Every event, in order, each the allocator's (seq 1, 2, ... with no gap).
+  ASSERT_EQ(dev.events.size(), dev.claimed);
+  for (size_t i = 0; i < dev.events.size(); ++i) EXPECT_EQ(dev.events[i].seq, i + 1);
+  EXPECT_EQ(dev.last_seq, dev.claimed);
+  EXPECT_EQ(dev.events.front().action, AllocAction::kSegmentMap);
+  for (size_t i = 1; i < dev.events.size(); ++i) {
+    EXPECT_LE(dev.events[i - 1].time_ns, dev.events[i].time_ns);
+  }
+  // The names, from the file (not this process's table).
+  ASSERT_TRUE(r->sites.count(a));
+  EXPECT_EQ(r->sites.at(a).file, "model.py");
+  EXPECT_EQ(r->sites.at(a).line, 10u);
+  EXPECT_EQ(r->sites.at(a).function, "forward");
+  EXPECT_EQ(r->sites.at(a).tag, "attn");
+  EXPECT_EQ(r->sites.at(b).kind, SiteKind::kClone);
+  // The trace form reads back as a trace.
+  absl::StatusOr<std::vector<TraceEvent>> trace = TraceFromJsonl(FlightRecordToTraceJsonl(*r));
+  ASSERT_TRUE(trace.ok()) << trace.status();
+  EXPECT_EQ(trace->size(), dev.events.size());
+  for (void* p : keep) {
+    if (p != keep[0] && p != keep[11]) t->free(p);
+  }
+  t->set_observer(nullptr);
+}
+
+TEST(FlightRecorderTest, TheRingKeepsTheNewestEvents) {
+  TempDir dir;
+  const std::string path = dir / "ring.flight";
+  auto recorder = FlightRecorder::Create(path, SmallOptions());
+  ASSERT_TRUE(recorder.ok());
+  FlightDevice* d = (*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 3});
+  for (uint64_t i = 1; i <= 1000; ++i) {
+    d->Record(AllocEvent{AllocAction::kAlloc, DeviceId{DeviceType::kSim, 3}, Stream{1},
+                         i * 512, 512, 500, 7});
+  }
+  absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const FlightRecord::Device& dev = r->devices.at(0);
+  ASSERT_EQ(dev.events.size(), 256u);
+  EXPECT_EQ(dev.events.front().seq, 745u);
+  EXPECT_EQ(dev.events.back().seq, 1000u);
+  for (const TraceEvent& e : dev.events) {
+    EXPECT_EQ(e.addr, e.seq * 512);
+    EXPECT_EQ(e.requested, 500u);
+    EXPECT_EQ(e.site, 7u);
+    EXPECT_EQ(e.device, (DeviceId{DeviceType::kSim, 3}));
+  }
+  EXPECT_EQ(LiveBySite(dev), (std::map<SiteId, int64_t>{{7, 512000}}));
+  EXPECT_EQ(dev.sites.at(0).count, 1000);
+}
+
+// Two threads on one allocator (its device lock orders them) and one on another
+// allocator (its own region): every event and every byte is accounted.
+TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
+  TempDir dir;
+  const std::string path = dir / "threads.flight";
+  FlightRecorder::Options o = SmallOptions();
+  o.ring_slots = 1 << 14;
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  auto one = testutil::MakeSimAllocator("");
+  auto two = testutil::MakeSimAllocator("");
+  one->set_observer((*recorder)->AddAllocator(one->device()));
+  two->set_observer((*recorder)->AddAllocator(two->device()));
+  std::vector<void*> kept[3];
+  auto work = [&kept](CachingAllocator* a, uint32_t line, int n) {
+    const SiteId s = InternNamedSite("threads.cc", line, "work", SiteKind::kAlloc);
+    std::vector<void*>& live = kept[line - 1];
+    std::mt19937 rng(line);
+    for (int i = 0; i < n; ++i) {
+      if (!live.empty() && rng() % 3 == 0) {
+        a->free(live.back());
+        live.pop_back();
+      } else {
+        live.push_back(a->allocate(512 * (1 + rng() % 64), {}, s));
+      }
+    }
+  };
+  std::thread t1(work, &*one, 1, 2000), t2(work, &*one, 2, 2000), t3(work, &*two, 3, 2000);
+  t1.join();
+  t2.join();
+  t3.join();
+  absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->consistent());
+  EXPECT_EQ(r->torn, 0u);
+  ASSERT_EQ(r->devices.size(), 2u);
+  EXPECT_EQ(LiveBySite(r->devices[0]), AllocatorLiveBySite(*one));
+  EXPECT_EQ(LiveBySite(r->devices[1]), AllocatorLiveBySite(*two));
+  EXPECT_EQ(r->devices[0].events.size(), r->devices[0].claimed);
+  EXPECT_EQ(r->devices[0].allocated, one->stats().allocated_bytes[0].current);
+  EXPECT_EQ(r->devices[1].allocated, two->stats().allocated_bytes[0].current);
+  for (void* p : kept[0]) one->free(p);
+  for (void* p : kept[1]) one->free(p);
+  for (void* p : kept[2]) two->free(p);
+  one->set_observer(nullptr);
+  two->set_observer(nullptr);
+}
+
+// What a death in the middle of a write leaves, made by hand: a ring slot whose seq is
+// busy, and a live-site copy whose seq is busy. Both are skipped and counted as torn,
+// the record stays consistent, and the site reads as before the torn write.
+TEST(FlightRecorderTest, TornWritesAreSkippedAndTheOlderCopyRead) {
+  TempDir dir;
+  const std::string path = dir / "torn.flight";
+  const FlightRecorder::Options o = SmallOptions();
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  FlightDevice* d = (*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 0});
+  const DeviceId dev{DeviceType::kSim, 0};
+  d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 4096, 1024, 1000, 5});
+  d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 8192, 2048, 2000, 5});
+  recorder->reset();  // unmapped: the file is what a dead process leaves
+
+  std::string bytes = ReadAll(path);
+  const flight::Layout layout = LayoutOf(o);
+  // Event 2's ring slot (index 1) and site 5's newer copy (copy 1: the second write).
+  const size_t slot = layout.ring_offset(0) + 1 * flight::kRecordBytes;
+  const size_t copy = layout.sites_offset(0) + 5 * flight::kRecordBytes + 24;
+  for (size_t at : {slot, copy}) bytes[at + 7] = static_cast<char>(bytes[at + 7] | 0x80);
+  absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->consistent());
+  EXPECT_EQ(r->torn, 2u);
+  EXPECT_EQ(r->damaged, 0u);
+  ASSERT_EQ(r->problems.size(), 2u);
+  EXPECT_TRUE(r->problems[0].torn);
+  const FlightRecord::Device& rd = r->devices.at(0);
+  ASSERT_EQ(rd.events.size(), 1u);
+  EXPECT_EQ(rd.events[0].seq, 1u);
+  EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{5, 1024}}));  // before event 2
+  EXPECT_EQ(rd.sites.at(0).seq, 1u);
+  EXPECT_EQ(rd.torn, 2u);
+}
+
+// Bytes changed after the fact are detected by the records' checks: a damaged event is
+// skipped and listed with its offset, and the record is not consistent.
+TEST(FlightRecorderTest, DamagedRecordsAreListedWithTheirOffset) {
+  TempDir dir;
+  const std::string path = dir / "damaged.flight";
+  const FlightRecorder::Options o = SmallOptions();
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  FlightDevice* d = (*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 0});
+  const DeviceId dev{DeviceType::kSim, 0};
+  for (int i = 1; i <= 3; ++i) {
+    d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 4096u * i, 512, 512, 9});
+  }
+  recorder->reset();
+  const std::string clean = ReadAll(path);
+  const flight::Layout layout = LayoutOf(o);
+  const size_t slot = layout.ring_offset(0) + 2 * flight::kRecordBytes;  // event 3
+  // Every word of the event: a flipped bit anywhere is found.
+  for (size_t word = 1; word < 8; ++word) {
+    std::string bytes = clean;
+    bytes[slot + 8 * word + 2] ^= 0x10;
+    absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->consistent()) << "word " << word;
+    EXPECT_EQ(r->damaged, 1u) << "word " << word;
+    ASSERT_EQ(r->problems.size(), 1u);
+    EXPECT_EQ(r->problems[0].offset, slot);
+    EXPECT_CONTAINS(r->problems[0].what, "ring slot 2 is damaged");
+    EXPECT_EQ(r->devices.at(0).events.size(), 2u);  // events 1 and 2 only
+  }
+  // A live-site entry, both copies: neither is read as a value.
+  {
+    std::string bytes = clean;
+    const size_t entry = layout.sites_offset(0) + 9 * flight::kRecordBytes;
+    bytes[entry + 8] ^= 1;
+    bytes[entry + 24 + 8] ^= 1;
+    absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->damaged, 2u);
+    EXPECT_TRUE(r->devices.at(0).sites.empty());
+    EXPECT_CONTAINS(r->problems[0].what, "live-site entry 9 (copy 0) is damaged");
+  }
+  // A name.
+  {
+    std::string bytes = clean;
+    bytes[flight::kHeaderBytes + 9 * o.name_slot_bytes + flight::kNameSlotHeaderBytes] ^= 1;
+    absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->damaged, 1u);
+    EXPECT_EQ(r->sites.count(9), 0u);
+    EXPECT_CONTAINS(r->problems[0].what, "the name of site 9 is damaged");
+  }
+}
+
+TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset) {
+  TempDir dir;
+  const std::string path = dir / "t.flight";
+  const FlightRecorder::Options o = SmallOptions();
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  (*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 0});
+  recorder->reset();
+  const std::string clean = ReadAll(path);
+  const flight::Layout layout = LayoutOf(o);
+  ASSERT_EQ(clean.size(), layout.file_bytes());
+  struct Case {
+    std::string name;
+    std::string bytes;
+    std::string expected;
+  };
+  auto with = [&](size_t at, char x) {
+    std::string b = clean;
+    b[at] ^= x;
+    return b;
+  };
+  const std::vector<Case> cases = {
+      {"empty", "", "offset 0: truncated: 0 bytes, shorter than a flight record's header"},
+      {"half header", clean.substr(0, 50), "offset 50: truncated: 50 bytes"},
+      {"cut in the ring", clean.substr(0, layout.ring_offset(0) + 100),
+       absl::StrCat("offset ", layout.ring_offset(0) + 100, ": truncated: ",
+                    layout.ring_offset(0) + 100, " bytes of the ", clean.size(),
+                    " the header declares (region 0's ring slot 1 is missing)")},
+      {"not a record", "{\"schema\": \"devmem.trace/1\"}\n" + std::string(100, ' '),
+       "offset 0: not a flight record"},
+      {"version", with(flight::header::kVersion, 8), "offset 8: field version: 9 is not supported"},
+      {"header damaged", with(flight::header::kPid, 1),
+       "offset 88: field header_check: does not match"},
+  };
+  for (const Case& c : cases) {
+    WriteAll(path, c.bytes);
+    absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+    ASSERT_FALSE(r.ok()) << c.name;
+    EXPECT_CONTAINS(r.status().message(), path + ": " + c.expected) << c.name;
+  }
+  // A header whose counts are out of range (its check fixed up, as a crafted file
+  // would): refused by field, never used to compute offsets.
+  std::string bad = clean;
+  const uint32_t ring = 100;  // not a power of two
+  std::memcpy(&bad[flight::header::kRingSlots], &ring, 4);
+  const uint64_t check = flight::FlightCheckBytes(
+      0, reinterpret_cast<const unsigned char*>(bad.data()), flight::header::kCheck);
+  std::memcpy(&bad[flight::header::kCheck], &check, 8);
+  absl::StatusOr<FlightRecord> r = ParseFlightRecord(bad, path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), "offset 28: field ring_slots: 100 is out of range");
+  EXPECT_FALSE(ReadFlightRecord(dir / "missing.flight").ok());
+}
+
+TEST(FlightRecorderTest, TheFileIsCreatedSafely) {
+  TempDir dir;
+  const std::string path = dir / "safe.flight";
+  {
+    auto r = FlightRecorder::Create(path, SmallOptions());
+    ASSERT_TRUE(r.ok()) << r.status();
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    // A second recorder on a live record is refused (the first holds the lock).
+    auto second = FlightRecorder::Create(path, SmallOptions());
+    ASSERT_FALSE(second.ok());
+    EXPECT_CONTAINS(second.status().message(), "flight record of another running process");
+  }
+  // An existing file of this user is reused: truncated (nothing of the old record
+  // survives) and made 0600.
+  WriteAll(path, std::string(1 << 20, 'x'));
+  chmod(path.c_str(), 0644);
+  {
+    auto r = FlightRecorder::Create(path, SmallOptions());
+    ASSERT_TRUE(r.ok()) << r.status();
+    struct stat st {};
+    ASSERT_EQ(stat(path.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    EXPECT_EQ(static_cast<size_t>(st.st_size), LayoutOf(SmallOptions()).file_bytes());
+    EXPECT_EQ(ReadAll(path).find('x'), std::string::npos);
+  }
+  // A symlink is never written through; nor a second hard link, nor a directory.
+  const std::string target = dir / "target";
+  WriteAll(target, "precious");
+  const std::string link = dir / "link.flight";
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  auto via_link = FlightRecorder::Create(link, SmallOptions());
+  ASSERT_FALSE(via_link.ok());
+  EXPECT_CONTAINS(via_link.status().message(), "is a symbolic link");
+  const std::string hard = dir / "hard.flight";
+  ASSERT_EQ(::link(target.c_str(), hard.c_str()), 0);
+  auto via_hard = FlightRecorder::Create(hard, SmallOptions());
+  ASSERT_FALSE(via_hard.ok());
+  EXPECT_CONTAINS(via_hard.status().message(), "hard links");
+  EXPECT_EQ(ReadAll(target), "precious");
+  auto on_dir = FlightRecorder::Create(dir / "", SmallOptions());
+  EXPECT_FALSE(on_dir.ok());
+  auto missing_dir = FlightRecorder::Create(dir / "no/such/dir.flight", SmallOptions());
+  ASSERT_FALSE(missing_dir.ok());
+  EXPECT_CONTAINS(missing_dir.status().message(), "no/such/dir.flight");
+}
+
+TEST(FlightRecorderTest, RegionsRunOutWithAWarningNotACrash) {
+  TempDir dir;
+  auto recorder = FlightRecorder::Create(dir / "full.flight", SmallOptions());
+  ASSERT_TRUE(recorder.ok());
+  EXPECT_NE((*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 0}), nullptr);
+  EXPECT_NE((*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 1}), nullptr);
+  EXPECT_EQ((*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 2}), nullptr);
+}
+
+}  // namespace
+}  // namespace devmem
