@@ -88,6 +88,9 @@ class DevicePool {
   std::vector<SiteStats> site_stats() const;
   std::vector<SiteUsage> top_sites(size_t k) const;
   AllocatorSnapshot snapshot() const;
+  // The same without draining the thread caches (their blocks appear as
+  // kThreadCached): for validate(), which must change nothing.
+  AllocatorSnapshot segments_for_validation() const;
   std::optional<BlockInfo> find_allocation(const void* ptr) const;
   absl::Status validate() const;  // defined in device_pool_validate.cc
   void set_observer(AllocatorObserver* observer);
@@ -203,6 +206,8 @@ class DevicePool {
   // Frees the arenas' retained chunks (allocated blocks to the pool) so that the
   // staged retry can release their segments. Returns how many (device_pool_arena.cc).
   size_t take_back_arena_chunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  AllocatorSnapshot snapshot_impl(bool drain) const;
 
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

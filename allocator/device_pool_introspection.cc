@@ -48,14 +48,24 @@ std::vector<SiteUsage> DevicePool::top_sites(size_t k) const {
   return acct_.top_sites(k);
 }
 
-AllocatorSnapshot DevicePool::snapshot() const {
+AllocatorSnapshot DevicePool::snapshot() const { return snapshot_impl(/*drain=*/true); }
+
+AllocatorSnapshot DevicePool::segments_for_validation() const {
+  return snapshot_impl(/*drain=*/false);
+}
+
+AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   AllocatorSnapshot snap;
   snap.device = device_;
   snap.info = backend_->info();
   // A driver call, made before taking the lock (backends are thread-safe).
   snap.mem_info = backend_->mem_info();
   MutexLock lock(&mu_);
-  drain_for_read_locked();  // no thread-cached block in a snapshot (snapshot.h)
+  if (drain) {
+    drain_for_read_locked();  // no thread-cached block in a snapshot (snapshot.h)
+  } else {
+    quiesce_for_read_locked();  // the caches' hits folded; their blocks stay cached
+  }
   snap.stats = acct_.stats();
   free_.summarize(&snap.stats);
   snap.time_ns = CoarseNowNs();

@@ -178,7 +178,7 @@ TEST(EventPollingTest, AnAllocationPollsAtMostTheBudgetAndProcessEventsTheRest) 
 
 TEST(EventPollingTest, AllocationsAloneFreeEveryCompletedBlockInTheEnd) {
   HookedBackend* hooks = nullptr;
-  SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
+  SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB,thread_cache:false", &hooks);
   const Stream side = NewStream(*t);
   constexpr int kBlocks = 100;
   PendingFrees(t, side, kBlocks, 4096);
@@ -197,7 +197,8 @@ TEST(EventPollingTest, AllocationsAloneFreeEveryCompletedBlockInTheEnd) {
 // pending_bytes per pool tells which was polled): consecutive allocations take turns.
 TEST(EventPollingTest, ABoundedPollTakesTurnsBetweenStreams) {
   HookedBackend* hooks = nullptr;
-  SimAllocator t = MakeHookedSimAllocator("sim_capacity:1GiB", &hooks);
+  // The pool's own polling is pinned: thread-cache hits take no lock and poll nothing.
+  SimAllocator t = MakeHookedSimAllocator("sim_capacity:1GiB,thread_cache:false", &hooks);
   const Stream a = NewStream(*t);
   const Stream b = NewStream(*t);
   constexpr int kEach = static_cast<int>(kAllocationEventPollBudget) + 2;
