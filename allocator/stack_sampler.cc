@@ -27,7 +27,7 @@
 #include "absl/debugging/symbolize.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
+#include "allocator/mutex.h"
 
 namespace devmem {
 
@@ -95,7 +95,7 @@ struct Frames {
 class StackTable {
  public:
   StackId Intern(const Frames& f) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (auto it = ids_.find(f); it != ids_.end()) return it->second;
     if (stacks_.size() >= kMaxStacks) return kNoStack;
     stacks_.push_back(Entry{f, std::nullopt});
@@ -107,21 +107,21 @@ class StackTable {
   std::vector<std::string> Symbolized(StackId id) ABSL_LOCKS_EXCLUDED(mu_) {
     Frames f;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (id == kNoStack || id > stacks_.size()) return {};
       Entry& e = stacks_[id - 1];
       if (e.symbols) return *e.symbols;
       f = e.frames;
     }
     std::vector<std::string> symbols = Symbolize(f);  // outside the lock: slow
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Entry& e = stacks_[id - 1];
     if (!e.symbols) e.symbols = std::move(symbols);
     return *e.symbols;
   }
 
   size_t Count() ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return stacks_.size();
   }
 
@@ -150,7 +150,7 @@ class StackTable {
     Frames frames;
     std::optional<std::vector<std::string>> symbols;  // filled on first request
   };
-  absl::Mutex mu_;
+  Mutex mu_;
   std::deque<Entry> stacks_ ABSL_GUARDED_BY(mu_);  // id - 1 == index
   absl::flat_hash_map<Frames, StackId> ids_ ABSL_GUARDED_BY(mu_);
 };
@@ -171,16 +171,16 @@ using LiveKey = std::pair<const void*, const void*>;  // (owner, address)
 class LiveTable {
  public:
   void Add(const LiveKey& key, const LiveSample& s) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto [it, inserted] = live_.insert_or_assign(key, s);
     if (inserted) internal::g_filter[internal::Bucket(key.second)].fetch_add(1);
   }
   void Erase(const LiveKey& key) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (live_.erase(key) > 0) internal::g_filter[internal::Bucket(key.second)].fetch_sub(1);
   }
   void EraseOwner(const void* owner) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (auto it = live_.begin(); it != live_.end();) {
       if (it->first.first == owner) {
         internal::g_filter[internal::Bucket(it->first.second)].fetch_sub(1);
@@ -193,7 +193,7 @@ class LiveTable {
   std::vector<SampledStack> Grouped(const void* owner) ABSL_LOCKS_EXCLUDED(mu_) {
     absl::flat_hash_map<std::pair<SiteId, StackId>, SampledStack> groups;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       for (const auto& [key, s] : live_) {
         if (key.first != owner) continue;
         SampledStack& g = groups[{s.site, s.stack}];
@@ -215,7 +215,7 @@ class LiveTable {
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<LiveKey, LiveSample> live_ ABSL_GUARDED_BY(mu_);
 };
 
