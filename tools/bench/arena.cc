@@ -1,16 +1,14 @@
 // tools/bench/arena.cc: see bench_arena.h.
 #include "tools/bench/arena.h"
 
-#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <optional>
-#include <random>
 #include <vector>
 
 #include "allocator/arena.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
+#include "tools/bench/bench_util.h"
 
 namespace devmem::bench {
 namespace {
@@ -20,20 +18,6 @@ constexpr size_t kPairs = 1 << 14;
 constexpr size_t kWindow = 8;
 constexpr size_t kStepTemporaries = 200;
 constexpr int kStepsPerPass = 64;
-
-std::vector<size_t> SizesLogUniform(size_t n, size_t lo, size_t hi, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(std::log(static_cast<double>(lo)),
-                                           std::log(static_cast<double>(hi)));
-  std::vector<size_t> sizes(n);
-  for (size_t& s : sizes) s = static_cast<size_t>(std::exp(u(rng)));
-  return sizes;
-}
-
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double Since(std::chrono::steady_clock::time_point start, size_t ops) {
   return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - start)
@@ -78,8 +62,8 @@ ArenaFigures MeasureArena(const Config& base) {
   config.backend = BackendKind::kSim;
   config.sim_capacity = size_t{1} << 40;  // address space only
   CachingAllocator alloc(MakeSimBackend(config), config);
-  const std::vector<size_t> pair_sizes = SizesLogUniform(kPairs, 512, 32 * kKiB, 11);
-  const std::vector<size_t> step_sizes = SizesLogUniform(4096, 512, kMiB, 12);
+  const std::vector<size_t> pair_sizes = devbench::LogUniformSizes(512, 32 * kKiB, 11, kPairs);
+  const std::vector<size_t> step_sizes = devbench::LogUniformSizes(512, kMiB, 12, 4096);
   ArenaFigures f;
   std::vector<double> arena_pair, pool_pair, arena_step, pool_step;
   {
@@ -102,10 +86,10 @@ ArenaFigures MeasureArena(const Config& base) {
     pool_step.push_back(Steps(alloc, step_sizes, false));
   }
   f.timed_segment_allocs = alloc.stats().num_device_alloc - segments_before;
-  f.arena_pair_ns = MedianOf(arena_pair);
-  f.pool_pair_ns = MedianOf(pool_pair);
-  f.arena_step_ns = MedianOf(arena_step);
-  f.pool_step_ns = MedianOf(pool_step);
+  f.arena_pair_ns = devbench::Median(arena_pair);
+  f.pool_pair_ns = devbench::Median(pool_pair);
+  f.arena_step_ns = devbench::Median(arena_step);
+  f.pool_step_ns = devbench::Median(pool_step);
   return f;
 }
 
