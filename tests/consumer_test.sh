@@ -9,9 +9,16 @@
 #              the prefix was moved. No installed CMake, pkg-config or header file may
 #              name the source or build tree: the prefix must stand on its own.
 #   subdir     the consumer adds the source tree with add_subdirectory, in a build
-#              directory kept under BUILD_DIR (consumer-subdir/), so that reruns are
-#              incremental; only the consumer's targets (and the libraries they need)
-#              are built. LAUNCHER (ccache) is passed on when the main build has one.
+#              directory kept beside BUILD_DIR (BUILD_DIR-consumer-subdir/), so that
+#              reruns are incremental; only the consumer's targets (and the libraries
+#              they need) are built. LAUNCHER (ccache) is passed on when the main build
+#              has one. Beside, not under: at the same depth as BUILD_DIR, the sources'
+#              paths relative to the build directory ("../allocator/x.cc") and with
+#              them the preprocessed text are the main build's, so ccache hands back
+#              the objects the main build just compiled (under BUILD_DIR,
+#              "../../allocator/x.cc" missed every one of them, and every change to a
+#              header compiled the libraries a second time: minutes on a loaded
+#              machine, past the test's timeout).
 set -euo pipefail
 mode=$1 src=$2 build=$3 launcher=${4:-}
 export DEVMEM_CONF=backend:sim,sim_capacity:64MiB
@@ -52,7 +59,7 @@ case "$mode" in
     echo "ok: installed prefix, find_package(devmem) and pkg-config ($soname)"
     ;;
   subdir)
-    dir="$build/consumer-subdir"
+    dir="${build%/}-consumer-subdir"
     cmake -S "$src/tests/consumer" -B "$dir" "${gen[@]}" "${launch[@]}" \
       -DDEVMEM_SUBDIR="$src" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
     cmake --build "$dir" --target consumer_cxx consumer_c >/dev/null
