@@ -17,12 +17,52 @@
 
 #include <simdjson.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 
 namespace devmem {
 
 absl::StatusOr<simdjson::padded_string> LoadTraceFile(const std::string& path);
+
+// The lines of a trace's text (JSON Lines), for the readers that parse each one in
+// place (replay, timeline): numbered from 1, trailing '\r' and ' ' cut, blank lines
+// skipped (counted, so that errors name the line an editor shows). A line is a view
+// into the text: where the text is a padded buffer, simdjson parses it without a copy
+// (the rest of the buffer and its padding follow it). Inline: it runs once per event
+// of traces of 10^7 events.
+class TraceLines {
+ public:
+  explicit TraceLines(std::string_view text) : text_(text) {}
+
+  // The next non-blank line; false at the end of the text.
+  bool Next(std::string_view* line) {
+    while (pos_ < text_.size()) {
+      size_t end = text_.find('\n', pos_);
+      if (end == std::string_view::npos) end = text_.size();
+      ++line_no_;
+      std::string_view l = text_.substr(pos_, end - pos_);
+      pos_ = end + 1;
+      while (!l.empty() && (l.back() == '\r' || l.back() == ' ')) l.remove_suffix(1);
+      if (!l.empty()) {
+        *line = l;
+        return true;
+      }
+    }
+    return false;
+  }
+  // The number of the line Next returned last (1 for the first line of the text).
+  uint64_t line_no() const { return line_no_; }
+  // Bytes of the text consumed so far (for progress).
+  size_t pos() const { return pos_; }
+
+ private:
+  std::string_view text_;
+  size_t pos_ = 0;
+  uint64_t line_no_ = 0;
+};
 
 }  // namespace devmem

@@ -87,24 +87,16 @@ absl::StatusOr<Trace> ParsePadded(const simdjson::padded_string& buffer, const s
   absl::flat_hash_map<uint64_t, uint16_t> streams; // trace stream -> dense index
   std::vector<uint64_t> sizes;                      // by id, while live
   uint64_t requested = 0;
-  const char* const data = buffer.data();
-  const size_t total = buffer.size();
-  uint64_t line_no = 0;
-  ReadProgress progress(name, total);
-  for (size_t pos = 0; pos < total;) {
-    progress.update(pos);
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = total;
-    ++line_no;
-    std::string_view line(data + pos, end - pos);
-    const size_t line_start = pos;
-    pos = end + 1;
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
-    if (line.empty()) continue;
+  ReadProgress progress(name, buffer.size());
+  TraceLines lines(text);
+  std::string_view line;
+  while (lines.Next(&line)) {
+    progress.update(lines.pos());
+    const uint64_t line_no = lines.line_no();
     // The DOM parser validates the whole line (trailing garbage is an error). The
     // line's view has the rest of the padded buffer after it, so no copy is needed.
     simdjson::dom::element doc;
-    if (auto err = parser.parse(data + line_start, line.size(), /*realloc_if_needed=*/false)
+    if (auto err = parser.parse(line.data(), line.size(), /*realloc_if_needed=*/false)
                        .get(doc);
         err) {
       return LineError(name, line_no, absl::StrFormat("not JSON (%s): %s",

@@ -69,19 +69,12 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   absl::flat_hash_set<uint64_t> live_addrs;
   uint64_t unmatched_frees = 0, time_backwards = 0;
   int64_t last_time = INT64_MIN;
-  uint64_t line_no = 0;
-  const char* const data = buffer.data();
-  for (size_t pos = 0; pos < buffer.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string_view::npos) end = text.size();
-    ++line_no;
-    std::string_view line(data + pos, end - pos);
-    const size_t start = pos;
-    pos = end + 1;
-    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
-    if (line.empty()) continue;
+  TraceLines lines(text);
+  std::string_view line;
+  while (lines.Next(&line)) {
+    const uint64_t line_no = lines.line_no();
     simdjson::dom::element doc;
-    if (auto err = parser.parse(data + start, line.size(), false).get(doc); err) {
+    if (auto err = parser.parse(line.data(), line.size(), false).get(doc); err) {
       return LineError(name, line_no,
                        absl::StrFormat("not JSON (%s)", simdjson::error_message(err)));
     }
