@@ -73,7 +73,7 @@ struct ArenaFrame;
 // where a 4 MiB block splits a standard 20 MiB segment without waste, and the largest
 // request an arena serves (chunk_size / 4 = 1 MiB) is exactly the small pool's bound,
 // so every request the small pool would have served is a bump. (Chosen by that
-// reasoning; tools/bench_arena.cc measures the default only. A step whose temporaries
+// reasoning; tools/bench/arena.cc measures the default only. A step whose temporaries
 // are larger sets chunk_size: the demo uses 4x its largest activation.)
 inline constexpr size_t kDefaultArenaChunkSize = 4 * kMiB;
 inline constexpr size_t kMinArenaChunkSize = 64 * kKiB;

@@ -1,4 +1,4 @@
-// tools/bench/arena.cc: see bench_arena.h.
+// tools/bench/arena.cc: see arena.h.
 #include "tools/bench/arena.h"
 
 #include <chrono>
