@@ -249,6 +249,17 @@ class Parser {
     return best;
   }
 
+  // PickCopy for a stats page's double-buffered record (hot or cold: 64-byte copies of
+  // seven words and their 64-bit check, seeded by `seed` ^ the copy's index).
+  int PickStatsCopy(size_t at, uint64_t seed, const std::string& what) {
+    return PickCopy(at, 64, what.c_str(), [&](size_t copy, int c) {
+      return b_.U64(copy + 56) == FlightCheck(seed ^ static_cast<uint64_t>(c), b_.U64(copy),
+                                              b_.U64(copy + 8), b_.U64(copy + 16),
+                                              b_.U64(copy + 24), b_.U64(copy + 32),
+                                              b_.U64(copy + 40), b_.U64(copy + 48));
+    });
+  }
+
   void Device(uint32_t d) {
     const size_t base = layout_.device_offset(d);
     const uint64_t ident = b_.U64(base + device::kIdent);
@@ -271,14 +282,7 @@ class Parser {
     // Stats.
     int64_t hot_tick = tick0_;
     const size_t hot = base + device::kHot;
-    const int h = PickCopy(hot, 64, (label + "'s allocation stats").c_str(),
-                           [&](size_t at, int c) {
-                             return b_.U64(at + 56) ==
-                                    FlightCheck(kSeedHot ^ static_cast<uint64_t>(c), b_.U64(at),
-                                                b_.U64(at + 8), b_.U64(at + 16),
-                                                b_.U64(at + 24), b_.U64(at + 32),
-                                                b_.U64(at + 40), b_.U64(at + 48));
-                           });
+    const int h = PickStatsCopy(hot, kSeedHot, label + "'s allocation stats");
     if (h >= 0) {
       const size_t at = hot + 64 * static_cast<size_t>(h);
       dev.stats_seq = b_.U64(at);
@@ -290,14 +294,7 @@ class Parser {
       dev.free_count = static_cast<int64_t>(b_.U64(at + 48));
     }
     const size_t cold = base + device::kCold;
-    const int c = PickCopy(cold, 64, (label + "'s segment stats").c_str(),
-                           [&](size_t at, int k) {
-                             return b_.U64(at + 56) ==
-                                    FlightCheck(kSeedCold ^ static_cast<uint64_t>(k), b_.U64(at),
-                                                b_.U64(at + 8), b_.U64(at + 16),
-                                                b_.U64(at + 24), b_.U64(at + 32),
-                                                b_.U64(at + 40), b_.U64(at + 48));
-                           });
+    const int c = PickStatsCopy(cold, kSeedCold, label + "'s segment stats");
     if (c >= 0) {
       const size_t at = cold + 64 * static_cast<size_t>(c);
       dev.stats_seq = std::max(dev.stats_seq, b_.U64(at));
