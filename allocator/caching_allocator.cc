@@ -35,6 +35,7 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Confi
     : pool_(std::make_unique<internal::DevicePool>(std::move(backend), config)),
       arenas_(std::make_unique<internal::Arenas>(pool_.get(), pool_->device())) {
   pool_->set_arena_hook(arenas_.get());
+  pool_->set_sample_owner(this);  // the key of this allocator's samples
   stack_sampler::SetMeanBytes(config.stack_sample_bytes);  // process-wide (stack_sampler.h)
 }
 
@@ -115,6 +116,7 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   RefuseInStreamCallback(*pool_, "snapshot");
   AllocatorSnapshot snap = pool_->snapshot();
   snap.arena_buffers = arenas_->buffers();
+  AttachSampledStacks(this, &snap);  // after the device lock: the sampler's own lock
   return snap;
 }
 std::optional<BlockInfo> CachingAllocator::find_allocation(const void* ptr) const {

@@ -141,7 +141,9 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     acct_.out_of_memory(stream, size, requested, site);
     observer = acct_.observer();
   }
-  // Outside the lock: the observer may write a dump file.
+  // Outside the lock: symbolizing the sampled stacks reads the binary's symbol table,
+  // and the observer may write a dump file.
+  AttachTopStacks(sample_owner_, &*report);
   if (observer != nullptr) observer->on_oom(*report);
   throw OutOfMemoryError(std::move(*report));
 }

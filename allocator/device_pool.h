@@ -97,6 +97,10 @@ class DevicePool {
   // The arenas of this allocator (allocator/arena_internal.h): the staged retry takes
   // their retained chunks back, and OOM reports say what they hold. nullptr: none.
   void set_arena_hook(ArenaPoolHook* hook);  // device_pool_arena.cc
+  // The key of this pool's samples in the stack sampler (its CachingAllocator), so that
+  // an OOM report names the sampled stacks holding the most. Set once, before any
+  // allocation; nullptr: none.
+  void set_sample_owner(const void* owner) { sample_owner_ = owner; }
 
   DeviceId device() const { return device_; }
   Backend& backend() const { return *backend_; }
@@ -253,6 +257,7 @@ class DevicePool {
   std::vector<ThreadCache*> caches_ ABSL_GUARDED_BY(mu_);
   std::atomic<AllocatorObserver*> front_observer_{nullptr};
   ArenaPoolHook* arena_hook_ ABSL_GUARDED_BY(mu_) = nullptr;
+  const void* sample_owner_ = nullptr;  // written before any allocation, then read only
 };
 
 }  // namespace devmem::internal

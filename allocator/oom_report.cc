@@ -7,7 +7,9 @@
 //
 // Thread-safety: pure functions of their arguments, except that ToString and the
 // kRealUse remedy name sites through GetSite, which takes only the site table's leaf
-// lock; so they may run with an allocator's device lock held.
+// lock; so they may run with an allocator's device lock held. AttachTopStacks is the
+// exception: it symbolizes (reads the binary's symbol table), so it runs after the
+// device lock is released.
 #include "allocator/oom_report.h"
 
 #include <algorithm>
@@ -227,6 +229,22 @@ std::string OomReport::ToString() const {
                             u.live_count == 1 ? "buffer" : "buffers", Percent(Share(u.live_bytes, allocated)));
     }
   }
+  if (!top_stacks.empty()) {
+    absl::StrAppend(&out, "  sampled stacks by estimated live bytes (one sample per ",
+                    FormatBytes(stack_sample_bytes), " allocated on average):\n");
+    for (size_t i = 0; i < top_stacks.size(); ++i) {
+      const SampledStack& s = top_stacks[i];
+      absl::StrAppendFormat(&out, "    %2d. ~%s estimated (%d %s of %s) at %s\n", i + 1,
+                            FormatBytes(static_cast<size_t>(s.estimated_bytes)), s.samples,
+                            s.samples == 1 ? "sample" : "samples", FormatBytes(s.sampled_bytes),
+                            SiteName(s.site));
+      const size_t shown = std::min(s.frames.size(), kOomStackFrames);
+      for (size_t f = 0; f < shown; ++f) absl::StrAppend(&out, "          ", s.frames[f], "\n");
+      if (shown < s.frames.size()) {
+        absl::StrAppend(&out, "          ... ", s.frames.size() - shown, " more frames\n");
+      }
+    }
+  }
   absl::StrAppend(&out, "  created by clone/contiguous/to: ", FormatBytes(copy_bytes), " (",
                   Percent(Share(copy_bytes, allocated)), " of allocated)\n");
   if (arena_live_bytes + arena_retained_bytes > 0) {
@@ -238,6 +256,16 @@ std::string OomReport::ToString() const {
   absl::StrAppend(&out, "  cause: ", std::string(OomCauseName(cause)), "\n");
   absl::StrAppend(&out, "  remedy: ", remedy);
   return out;
+}
+
+void AttachTopStacks(const void* owner, OomReport* report) noexcept {
+  if (owner == nullptr) return;
+  try {
+    report->stack_sample_bytes = stack_sampler::MeanBytes();
+    report->top_stacks = stack_sampler::TopStacks(owner, kOomTopStacks);
+  } catch (const std::bad_alloc&) {
+    report->top_stacks.clear();  // the report without them rather than no report
+  }
 }
 
 OutOfMemoryError::OutOfMemoryError(OomReport report)

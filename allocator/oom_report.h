@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocator/site.h"
+#include "allocator/stack_sampler.h"
 #include "allocator/types.h"
 
 namespace devmem {
@@ -56,6 +57,12 @@ struct OomReport {
   size_t segment_count = 0;
   std::vector<SiteUsage> top_sites;  // largest live holders first (at most 10)
   size_t copy_bytes = 0;  // live bytes created by clone/contiguous/to
+  // The sampled stacks (allocator/stack_sampler.h) holding the most estimated live
+  // bytes, largest first (at most kOomTopStacks), symbolized: they name the code behind
+  // the top sites even where no source_location was forwarded. Filled after the device
+  // lock is released (AttachTopStacks); empty with sampling off or nothing sampled.
+  std::vector<SampledStack> top_stacks;
+  uint64_t stack_sample_bytes = 0;  // the sampling rate behind them (0: off)
   // What scoped arenas hold (allocator/arena.h), inside `allocated`: bytes of live
   // arena buffers, of which escaped (their scope closed), and empty chunks retained
   // for the next scope (the staged retry gave those back before failing, so this is
@@ -75,6 +82,14 @@ struct OomReport {
 // (when not, the remedy does not suggest them).
 void ChooseRemedy(OomReport* report, size_t max_split_size, bool expandable_segments,
                   bool virtual_memory = true);
+
+inline constexpr size_t kOomTopStacks = 5;  // sampled stacks an OOM report lists
+inline constexpr size_t kOomStackFrames = 12;  // frames of each that ToString prints
+
+// Fills report->top_stacks from `owner`'s live samples (nullptr: none), symbolizing
+// them: not on the hot path, never under a device lock. Never throws: out of host
+// memory, the report keeps no stacks.
+void AttachTopStacks(const void* owner, OomReport* report) noexcept;
 
 // Thrown when device memory is really exhausted: after the staged retry (free cached
 // blocks, synchronize and free every unused segment, retry) found nothing. Never

@@ -1,8 +1,12 @@
-// allocator/snapshot.cc: names of block states, and the clocks used for block ages,
-// traces and snapshot times. Thread-safe.
+// allocator/snapshot.cc: names of block states, the clocks used for block ages, traces
+// and snapshot times, and the sampled stacks of a snapshot's blocks. Thread-safe.
 #include "allocator/snapshot.h"
 
 #include <time.h>
+
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
 
 namespace devmem {
 
@@ -14,6 +18,28 @@ std::string_view BlockStateName(BlockState state) {
     case BlockState::kThreadCached: return "thread_cached";
   }
   return "unknown";
+}
+
+void AttachSampledStacks(const void* owner, AllocatorSnapshot* snap) {
+  snap->stack_sample_bytes = stack_sampler::MeanBytes();
+  snap->local_stacks = true;
+  std::vector<stack_sampler::LiveSample> samples = stack_sampler::LiveSamples(owner);
+  if (samples.empty()) return;
+  absl::flat_hash_map<uintptr_t, const stack_sampler::LiveSample*> by_addr;
+  by_addr.reserve(samples.size());
+  for (const stack_sampler::LiveSample& s : samples) by_addr.emplace(s.addr, &s);
+  std::vector<stack_sampler::LiveSample> kept;
+  kept.reserve(samples.size());
+  for (SegmentInfo& seg : snap->segments) {
+    for (BlockInfo& b : seg.blocks) {
+      if (b.state != BlockState::kAllocated) continue;
+      auto it = by_addr.find(b.addr);
+      if (it == by_addr.end()) continue;
+      b.stack = it->second->stack;
+      kept.push_back(*it->second);
+    }
+  }
+  snap->sampled_stacks = stack_sampler::GroupSamples(kept);
 }
 
 namespace {

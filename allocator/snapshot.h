@@ -9,6 +9,7 @@
 
 #include "allocator/arena.h"
 #include "allocator/site.h"
+#include "allocator/stack_sampler.h"
 #include "allocator/stats.h"
 #include "allocator/types.h"
 
@@ -32,6 +33,7 @@ struct BlockInfo {
   Stream stream;               // the stream it belongs to
   SiteId site = kUnknownSite;  // unless free
   int64_t alloc_time_ns = 0;   // monotonic (coarse) clock at allocation; 0 if free
+  StackId stack = kNoStack;    // allocated and sampled: its stack (see sampled_stacks)
 };
 
 struct SegmentInfo {
@@ -54,7 +56,23 @@ struct AllocatorSnapshot {
   // the device lock: with arena frees running meanwhile the two may differ by those.
   std::vector<ArenaBufferInfo> arena_buffers;
   int64_t time_ns = 0;                // monotonic clock when taken
+  // Sampled stacks (allocator/stack_sampler.h) of the allocated blocks above, grouped by
+  // (site, stack), largest estimated live bytes first; each such block's `stack` names
+  // its group's. Read after `segments` under the sampler's leaf lock, and only samples
+  // of blocks allocated in `segments` are kept, so the two agree. `frames` stay empty
+  // here (symbolizing is for the readers: the runtime's JSON writer fills them) unless
+  // the snapshot was read from a file that carries them.
+  std::vector<SampledStack> sampled_stacks;
+  uint64_t stack_sample_bytes = 0;  // the sampling rate then (0: sampling off)
+  // True when the stack ids are this process's (AttachSampledStacks): a writer looks
+  // their frames up (stack_sampler::StackFrames); false when read from a file.
+  bool local_stacks = false;
 };
+
+// Fills `snap`'s sampled_stacks, stack_sample_bytes and its allocated blocks' `stack`
+// from `owner`'s live samples (stack_sampler.h); samples of addresses that are not an
+// allocated block's in `snap` (allocated or freed since) are left out. No symbols.
+void AttachSampledStacks(const void* owner, AllocatorSnapshot* snap);
 
 // The monotonic clock used for ages and traces (CLOCK_MONOTONIC_COARSE: a few ns).
 int64_t CoarseNowNs();

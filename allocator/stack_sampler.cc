@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -160,7 +161,7 @@ StackTable& Stacks() {
   return *table;
 }
 
-struct LiveSample {
+struct LiveEntry {
   SiteId site = kUnknownSite;
   StackId stack = kNoStack;
   size_t bytes = 0;
@@ -170,7 +171,7 @@ using LiveKey = std::pair<const void*, const void*>;  // (owner, address)
 
 class LiveTable {
  public:
-  void Add(const LiveKey& key, const LiveSample& s) ABSL_LOCKS_EXCLUDED(mu_) {
+  void Add(const LiveKey& key, const LiveEntry& s) ABSL_LOCKS_EXCLUDED(mu_) {
     MutexLock lock(&mu_);
     auto [it, inserted] = live_.insert_or_assign(key, s);
     if (inserted) internal::g_filter[internal::Bucket(key.second)].fetch_add(1);
@@ -190,33 +191,20 @@ class LiveTable {
       }
     }
   }
-  std::vector<SampledStack> Grouped(const void* owner) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::flat_hash_map<std::pair<SiteId, StackId>, SampledStack> groups;
-    {
-      MutexLock lock(&mu_);
-      for (const auto& [key, s] : live_) {
-        if (key.first != owner) continue;
-        SampledStack& g = groups[{s.site, s.stack}];
-        g.site = s.site;
-        g.stack = s.stack;
-        g.samples += 1;
-        g.sampled_bytes += s.bytes;
-        g.estimated_bytes += s.weight;
-      }
+  std::vector<LiveSample> Of(const void* owner) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<LiveSample> out;
+    MutexLock lock(&mu_);
+    for (const auto& [key, s] : live_) {
+      if (key.first != owner) continue;
+      out.push_back(LiveSample{reinterpret_cast<uintptr_t>(key.second), s.bytes, s.site,
+                               s.stack, s.weight});
     }
-    std::vector<SampledStack> out;
-    out.reserve(groups.size());
-    for (auto& [_, g] : groups) out.push_back(std::move(g));
-    std::sort(out.begin(), out.end(), [](const SampledStack& a, const SampledStack& b) {
-      if (a.estimated_bytes != b.estimated_bytes) return a.estimated_bytes > b.estimated_bytes;
-      return std::pair(a.site, a.stack) < std::pair(b.site, b.stack);
-    });
     return out;
   }
 
  private:
   Mutex mu_;
-  absl::flat_hash_map<LiveKey, LiveSample> live_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<LiveKey, LiveEntry> live_ ABSL_GUARDED_BY(mu_);
 };
 
 LiveTable& Live() {
@@ -244,7 +232,7 @@ void Sample(const void* owner, void* p, size_t bytes, SiteId site) {
   // entry (CachingAllocator::allocate).
   f.depth = absl::GetStackTrace(f.pc, kMaxStackFrames, /*skip_count=*/1);
   const StackId stack = f.depth > 0 ? Stacks().Intern(f) : kNoStack;
-  Live().Add({owner, p}, LiveSample{site, stack, bytes, SampleWeight(bytes, MeanBytes())});
+  Live().Add({owner, p}, LiveEntry{site, stack, bytes, SampleWeight(bytes, MeanBytes())});
 }
 
 void Forget(const void* owner, void* p) { Live().Erase({owner, p}); }
@@ -261,11 +249,36 @@ uint64_t MeanBytes() { return g_mean.load(std::memory_order_relaxed); }
 
 void ForgetOwner(const void* owner) { Live().EraseOwner(owner); }
 
-std::vector<SampledStack> LiveStacks(const void* owner) {
-  std::vector<SampledStack> out = Live().Grouped(owner);
-  for (SampledStack& s : out) s.frames = Stacks().Symbolized(s.stack);
+std::vector<LiveSample> LiveSamples(const void* owner) { return Live().Of(owner); }
+
+std::vector<SampledStack> GroupSamples(const std::vector<LiveSample>& samples) {
+  absl::flat_hash_map<std::pair<SiteId, StackId>, SampledStack> groups;
+  for (const LiveSample& s : samples) {
+    SampledStack& g = groups[{s.site, s.stack}];
+    g.site = s.site;
+    g.stack = s.stack;
+    g.samples += 1;
+    g.sampled_bytes += s.bytes;
+    g.estimated_bytes += s.weight;
+  }
+  std::vector<SampledStack> out;
+  out.reserve(groups.size());
+  for (auto& [_, g] : groups) out.push_back(std::move(g));
+  std::sort(out.begin(), out.end(), [](const SampledStack& a, const SampledStack& b) {
+    if (a.estimated_bytes != b.estimated_bytes) return a.estimated_bytes > b.estimated_bytes;
+    return std::pair(a.site, a.stack) < std::pair(b.site, b.stack);
+  });
   return out;
 }
+
+std::vector<SampledStack> TopStacks(const void* owner, size_t k) {
+  std::vector<SampledStack> out = GroupSamples(LiveSamples(owner));
+  if (out.size() > k) out.resize(k);
+  for (SampledStack& s : out) s.frames = Stacks().Symbolized(s.stack);  // no lock held
+  return out;
+}
+
+std::vector<SampledStack> LiveStacks(const void* owner) { return TopStacks(owner, SIZE_MAX); }
 
 std::vector<std::string> StackFrames(StackId id) { return Stacks().Symbolized(id); }
 

@@ -98,7 +98,26 @@ inline void OnFree(const void* owner, void* p) {
 // Drops every live sample of `owner` (its destructor: its addresses may be reused).
 void ForgetOwner(const void* owner);
 
-// The live samples of `owner`, largest estimate first, with symbolized frames.
+// One live sample, as the live table holds it (no symbols).
+struct LiveSample {
+  uintptr_t addr = 0;
+  size_t bytes = 0;
+  SiteId site = kUnknownSite;
+  StackId stack = kNoStack;
+  double weight = 0;  // SampleWeight(bytes) at the rate it was sampled at
+};
+// The live samples of `owner`, in no order. Takes the live table's leaf lock only: may
+// be called with a device lock held (it is not: CachingAllocator::snapshot calls it
+// after the pool's snapshot).
+std::vector<LiveSample> LiveSamples(const void* owner);
+// `samples` grouped by (site, stack), largest estimate first (ties: by site, stack);
+// frames are left empty.
+std::vector<SampledStack> GroupSamples(const std::vector<LiveSample>& samples);
+// The `k` groups of `owner`'s live samples with the largest estimates, with symbolized
+// frames. Symbolizing a stack the first time reads the binary's symbol table
+// (milliseconds): never call it on the hot path or under a device lock.
+std::vector<SampledStack> TopStacks(const void* owner, size_t k);
+// Every group (TopStacks with no bound).
 std::vector<SampledStack> LiveStacks(const void* owner);
 // The symbolized frames of a stack (empty for kNoStack or an unknown id).
 std::vector<std::string> StackFrames(StackId id);

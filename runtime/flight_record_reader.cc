@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -249,6 +250,17 @@ class Parser {
     return best;
   }
 
+  // PickCopy for a stats page's double-buffered record (hot or cold: 64-byte copies of
+  // seven words and their 64-bit check, seeded by `seed` ^ the copy's index).
+  int PickStatsCopy(size_t at, uint64_t seed, const std::string& what) {
+    return PickCopy(at, 64, what.c_str(), [&](size_t copy, int c) {
+      return b_.U64(copy + 56) == FlightCheck(seed ^ static_cast<uint64_t>(c), b_.U64(copy),
+                                              b_.U64(copy + 8), b_.U64(copy + 16),
+                                              b_.U64(copy + 24), b_.U64(copy + 32),
+                                              b_.U64(copy + 40), b_.U64(copy + 48));
+    });
+  }
+
   void Device(uint32_t d) {
     const size_t base = layout_.device_offset(d);
     const uint64_t ident = b_.U64(base + device::kIdent);
@@ -271,14 +283,7 @@ class Parser {
     // Stats.
     int64_t hot_tick = tick0_;
     const size_t hot = base + device::kHot;
-    const int h = PickCopy(hot, 64, (label + "'s allocation stats").c_str(),
-                           [&](size_t at, int c) {
-                             return b_.U64(at + 56) ==
-                                    FlightCheck(kSeedHot ^ static_cast<uint64_t>(c), b_.U64(at),
-                                                b_.U64(at + 8), b_.U64(at + 16),
-                                                b_.U64(at + 24), b_.U64(at + 32),
-                                                b_.U64(at + 40), b_.U64(at + 48));
-                           });
+    const int h = PickStatsCopy(hot, kSeedHot, label + "'s allocation stats");
     if (h >= 0) {
       const size_t at = hot + 64 * static_cast<size_t>(h);
       dev.stats_seq = b_.U64(at);
@@ -290,14 +295,7 @@ class Parser {
       dev.free_count = static_cast<int64_t>(b_.U64(at + 48));
     }
     const size_t cold = base + device::kCold;
-    const int c = PickCopy(cold, 64, (label + "'s segment stats").c_str(),
-                           [&](size_t at, int k) {
-                             return b_.U64(at + 56) ==
-                                    FlightCheck(kSeedCold ^ static_cast<uint64_t>(k), b_.U64(at),
-                                                b_.U64(at + 8), b_.U64(at + 16),
-                                                b_.U64(at + 24), b_.U64(at + 32),
-                                                b_.U64(at + 40), b_.U64(at + 48));
-                           });
+    const int c = PickStatsCopy(cold, kSeedCold, label + "'s segment stats");
     if (c >= 0) {
       const size_t at = cold + 64 * static_cast<size_t>(c);
       dev.stats_seq = std::max(dev.stats_seq, b_.U64(at));
@@ -420,7 +418,7 @@ class Parser {
         }
       }
       // Under 10 us between the two points, the rate would be mostly jitter.
-      r_.clock_calibrated = ns1_ - ns0_ >= 10'000;
+      r_.clock_calibrated = Wide(ns1_) - ns0_ >= 10'000;
     }
     for (size_t d = 0; d < r_.devices.size(); ++d) {
       FlightRecord::Device& dev = r_.devices[d];
@@ -431,11 +429,31 @@ class Parser {
     }
   }
 
+  // Ticks, the anchor and the clock points are the file's, so any 64-bit values: the
+  // mapping is computed in 128 bits and clamped to int64, so that a damaged or crafted
+  // file gives absurd times, never a signed overflow. Differences of two int64 fit in
+  // 65 bits, and a quotient past 2^64 is clamped before ns0 is added.
+  static __int128 Wide(int64_t v) { return v; }
+  static int64_t Clamp(__int128 v) {
+    if (v > INT64_MAX) return INT64_MAX;
+    if (v < INT64_MIN) return INT64_MIN;
+    return static_cast<int64_t>(v);
+  }
   int64_t ToNs(int64_t tick) const {
     if (!tsc_) return tick;
-    if (!r_.clock_calibrated || tick1_ <= tick0_) return ns0_ + (tick - tick0_);
-    const __int128 dt = tick1_ - tick0_, dns = ns1_ - ns0_;
-    return ns0_ + static_cast<int64_t>(static_cast<__int128>(tick - tick0_) * dns / dt);
+    const __int128 dtick = Wide(tick) - tick0_;
+    if (!r_.clock_calibrated || tick1_ <= tick0_) return Clamp(ns0_ + dtick);
+    const __int128 dt = Wide(tick1_) - tick0_, dns = Wide(ns1_) - ns0_;  // dt > 0
+    __int128 product;
+    if (__builtin_mul_overflow(dtick, dns, &product)) {
+      // |product| > 2^127 with dt < 2^65: more than 2^62 ns (146 years) from the anchor.
+      return (dtick < 0) != (dns < 0) ? INT64_MIN : INT64_MAX;
+    }
+    const __int128 scaled = product / dt;
+    constexpr __int128 kLimit = static_cast<__int128>(1) << 64;
+    if (scaled > kLimit) return INT64_MAX;
+    if (scaled < -kLimit) return INT64_MIN;
+    return Clamp(ns0_ + scaled);
   }
 
   Bytes b_;

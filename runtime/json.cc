@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "allocator/snapshot.h"
+#include "allocator/stack_sampler.h"
 #include "allocator/stats.h"
 #include "allocator/string_view_bridge.h"
 #include "nlohmann/json.hpp"
@@ -136,6 +137,7 @@ ojson BlockToJson(const BlockInfo& b, int64_t now_ns) {
   j["stream"] = static_cast<uint64_t>(b.stream.handle);
   j["site"] = b.site;
   PutAge(j, b, now_ns);
+  if (b.stack != kNoStack) j["stack"] = b.stack;
   return j;
 }
 
@@ -157,7 +159,22 @@ ojson LiveBufferToJson(const BlockInfo& b, int64_t now_ns,
   j["stream"] = static_cast<uint64_t>(b.stream.handle);
   j["site"] = b.site;
   PutAge(j, b, now_ns);
+  if (b.stack != kNoStack) j["stack"] = b.stack;
   PutAnnotation(j, b.addr, annotations);
+  return j;
+}
+
+// One group of sampled stacks (docs/formats.md). `symbolize`: its id is this process's,
+// so its frames are looked up now (symbolized once per stack, outside every allocator
+// lock: the snapshot was taken before); else the frames are those it carries.
+ojson SampledStackToJson(const SampledStack& s, bool symbolize) {
+  ojson j;
+  j["stack"] = s.stack;
+  j["site"] = s.site;
+  j["samples"] = s.samples;
+  j["sampled_bytes"] = s.sampled_bytes;
+  j["estimated_bytes"] = s.estimated_bytes;
+  j["frames"] = symbolize && s.frames.empty() ? stack_sampler::StackFrames(s.stack) : s.frames;
   return j;
 }
 
@@ -207,6 +224,13 @@ ojson DeviceToJson(const AllocatorSnapshot& d, const BufferAnnotations* annotati
     arena.push_back(std::move(a));
   }
   j["arena_buffers"] = std::move(arena);
+  j["stack_sample_bytes"] = d.stack_sample_bytes;
+  ojson stacks = ojson::array();
+  for (const SampledStack& s : d.sampled_stacks) {
+    stacks.push_back(SampledStackToJson(s, d.local_stacks));
+    if (s.site != kUnknownSite) sites->insert(s.site);
+  }
+  j["sampled_stacks"] = std::move(stacks);
   return j;
 }
 
@@ -420,7 +444,26 @@ BlockInfo BlockFrom(const json& v, const std::string& path, int64_t now_ns) {
   if (auto it = v.find("age_ns"); it != v.end() && !it->is_null()) {
     b.alloc_time_ns = now_ns - I64(*it, Sub(path, "age_ns"));
   }
+  if (auto it = v.find("stack"); it != v.end()) b.stack = U32(*it, Sub(path, "stack"));
   return b;
+}
+
+SampledStack SampledStackFrom(const json& v, const std::string& path) {
+  Object(v, path);
+  SampledStack s;
+  s.stack = U32(Field(v, "stack", path), Sub(path, "stack"));
+  s.site = U32(Field(v, "site", path), Sub(path, "site"));
+  s.samples = U64F(v, "samples", path);
+  s.sampled_bytes = U64F(v, "sampled_bytes", path);
+  const json& estimated = Field(v, "estimated_bytes", path);
+  if (!estimated.is_number() || estimated.get<double>() < 0) {
+    Expected(Sub(path, "estimated_bytes"), "a non-negative number", estimated);
+  }
+  s.estimated_bytes = estimated.get<double>();
+  const std::string fp = Sub(path, "frames");
+  const json& frames = Array(Field(v, "frames", path), fp);
+  for (size_t i = 0; i < frames.size(); ++i) s.frames.push_back(Str(frames[i], Idx(fp, i)));
+  return s;
 }
 
 AllocatorSnapshot DeviceFrom(const json& v, const std::string& path) {
@@ -480,6 +523,17 @@ AllocatorSnapshot DeviceFrom(const json& v, const std::string& path) {
                                      " lies below its chunk at ", b.chunk)};
       }
       d.arena_buffers.push_back(std::move(b));
+    }
+  }
+  // Optional (files written before sampled stacks have none).
+  if (auto it = v.find("stack_sample_bytes"); it != v.end()) {
+    d.stack_sample_bytes = U64(*it, Sub(path, "stack_sample_bytes"));
+  }
+  if (auto ss = v.find("sampled_stacks"); ss != v.end()) {
+    const std::string p = Sub(path, "sampled_stacks");
+    Array(*ss, p);
+    for (size_t i = 0; i < ss->size(); ++i) {
+      d.sampled_stacks.push_back(SampledStackFrom((*ss)[i], Idx(p, i)));
     }
   }
   return d;
@@ -557,6 +611,14 @@ ojson OomToJson(const OomReport& r) {
     top.push_back(std::move(t));
   }
   j["top_sites"] = std::move(top);
+  j["stack_sample_bytes"] = r.stack_sample_bytes;
+  ojson stacks = ojson::array();
+  for (const SampledStack& s : r.top_stacks) {
+    ojson t = SampledStackToJson(s, /*symbolize=*/false);  // AttachTopStacks did
+    t["where"] = GetSite(s.site).ToString();
+    stacks.push_back(std::move(t));
+  }
+  j["top_stacks"] = std::move(stacks);
   j["copy_bytes"] = static_cast<uint64_t>(r.copy_bytes);
   j["copy_share"] = r.allocated == 0 ? 0.0
                                      : static_cast<double>(r.copy_bytes) /
@@ -586,6 +648,9 @@ std::string OomDumpToJson(const RuntimeSnapshot& snap, const OomReport& report,
   if (report.site != kUnknownSite) sites.insert(report.site);
   for (const SiteUsage& u : report.top_sites) {
     if (u.site != kUnknownSite) sites.insert(u.site);
+  }
+  for (const SampledStack& s : report.top_stacks) {
+    if (s.site != kUnknownSite) sites.insert(s.site);
   }
   j["sites"] = SiteTableToJson(sites);
   j["oom"] = OomToJson(report);

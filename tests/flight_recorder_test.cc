@@ -375,6 +375,65 @@ TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset)
   EXPECT_FALSE(ReadFlightRecord(dir / "missing.flight").ok());
 }
 
+// Ticks and clock anchors are read from the file: a crafted or damaged anchor (its
+// header check fixed up) gives times clamped to the int64 range, never a signed
+// overflow (which wrapped to times on the wrong side of the anchor, and is undefined
+// behaviour: UBSan stops there). Both of the reader's paths: without a clock point,
+// and through a clock point (the calibrated rate).
+TEST(FlightRecorderTest, AbsurdClockAnchorsGiveClampedTimesNotOverflow) {
+  TempDir dir;
+  const std::string path = dir / "clock.flight";
+  const FlightRecorder::Options o = SmallOptions();
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  auto t = testutil::MakeSimAllocator();
+  FlightDevice* d = (*recorder)->AddAllocator(t->device());
+  t->set_observer(d);
+  t->free(t->allocate(4096));
+  t->set_observer(nullptr);
+  recorder->reset();
+  const std::string clean = ReadAll(path);
+  const flight::Layout layout = LayoutOf(o);
+  auto put = [](std::string& b, size_t at, uint64_t v) { std::memcpy(&b[at], &v, 8); };
+  auto fix_header = [&](std::string& b) {
+    put(b, flight::header::kCheck,
+        flight::FlightCheckBytes(0, reinterpret_cast<const unsigned char*>(b.data()),
+                                 flight::header::kCheck));
+  };
+  const uint32_t tsc = flight::kFlagTsc;
+
+  // Ticks far above an anchor at the bottom of the range, no clock point.
+  std::string low = clean;
+  std::memcpy(&low[flight::header::kFlags], &tsc, 4);
+  put(low, flight::header::kTick0, static_cast<uint64_t>(INT64_MIN + 1));
+  fix_header(low);
+  absl::StatusOr<FlightRecord> r = ParseFlightRecord(low, path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->devices.size(), 1u);
+  ASSERT_FALSE(r->devices[0].events.empty());
+  for (const TraceEvent& e : r->devices[0].events) EXPECT_EQ(e.time_ns, INT64_MAX) << e.seq;
+  EXPECT_EQ(r->devices[0].last_event_ns, INT64_MAX);
+
+  // The ns anchor at the bottom and a clock point at the top: the rate's numerator
+  // (ns1 - ns0) alone overflows int64.
+  std::string rate = clean;
+  std::memcpy(&rate[flight::header::kFlags], &tsc, 4);
+  put(rate, flight::header::kTick0, 0);
+  put(rate, flight::header::kNs0, static_cast<uint64_t>(INT64_MIN + 1));
+  fix_header(rate);
+  const size_t clk = layout.device_offset(0) + flight::device::kClock;
+  const uint64_t seq = 1, tick = 1'000'000, ns = static_cast<uint64_t>(INT64_MAX - 1);
+  put(rate, clk, seq);
+  put(rate, clk + 8, tick);
+  put(rate, clk + 16, ns);
+  put(rate, clk + 56, flight::FlightCheck(flight::kSeedClock, seq, tick, ns));
+  r = ParseFlightRecord(rate, path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->clock_calibrated);
+  ASSERT_FALSE(r->devices.at(0).events.empty());
+  for (const TraceEvent& e : r->devices[0].events) EXPECT_EQ(e.time_ns, INT64_MAX) << e.seq;
+}
+
 TEST(FlightRecorderTest, TheFileIsCreatedSafely) {
   TempDir dir;
   const std::string path = dir / "safe.flight";
