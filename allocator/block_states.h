@@ -78,6 +78,7 @@ class BlockStates {
     b->site = site;
     b->alloc_time_ns = CoarseNowNs();
     ++b->segment->busy_blocks;
+    if (Reservation* r = b->segment->reservation) r->use->add(static_cast<int64_t>(b->size));
     allocated_.emplace(b->addr, b);
     ++use_clock_;
     acct_.block_allocated(b);
@@ -165,7 +166,7 @@ class BlockStates {
     become_free(b);
   }
   // What every way back into the free sets shares (make_free, thread_cached_to_free):
-  // the user's fields reset, the segment's use count, the coalesce.
+  // the user's fields reset, the segment's and the stream's use counts, the coalesce.
   void become_free(Block* b) {
     Segment* s = b->segment;
     b->state = BlockState::kFree;
@@ -173,6 +174,7 @@ class BlockStates {
     b->site = kUnknownSite;
     b->alloc_time_ns = 0;
     --s->busy_blocks;
+    if (Reservation* r = s->reservation) r->use->add(-static_cast<int64_t>(b->size));
     free_.coalesce(b);
     if (s->busy_blocks == 0) s->last_used = use_clock_;
   }
