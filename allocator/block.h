@@ -89,6 +89,22 @@ struct Block {
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
 
+// The bytes of one stream's blocks in expandable reservations that are out of the free
+// sets (allocated, pending, or owned by a thread cache) and their high-water mark: the
+// recycle trigger's reference (pool_policy.h, StreamFootprint). Shared by the stream's
+// two reservations (Reservation::use) and owned by ExpandableSegments, which keeps it
+// for the pool's life, so the mark outlives a reservation that empty_cache releases.
+// BlockStates changes `in_use` where a block leaves or enters a free set; validate()
+// recounts it.
+struct StreamUse {
+  int64_t in_use = 0;
+  int64_t in_use_peak = 0;  // never lowered (reset_peak_stats() does not touch it)
+  void add(int64_t bytes) {
+    in_use += bytes;
+    if (in_use > in_use_peak) in_use_peak = in_use;
+  }
+};
+
 // An expandable reservation: one virtual address range per (stream, pool), from
 // Backend::reserve_address, of which any granule-aligned parts may be mapped. Each
 // maximal mapped run is one Segment (Segment::reservation points here) whose blocks
@@ -104,6 +120,7 @@ struct Reservation {
   bool small_pool = false;
   size_t mapped = 0;  // bytes mapped: the sum of its runs' sizes
   int runs = 0;       // segments (mapped runs) in it
+  StreamUse* use = nullptr;  // its stream's bytes in use (never nullptr once created)
 };
 
 // A regular segment is one backend allocation of `size` bytes. An expandable segment

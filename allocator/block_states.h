@@ -78,6 +78,7 @@ class BlockStates {
     b->site = site;
     b->alloc_time_ns = CoarseNowNs();
     ++b->segment->busy_blocks;
+    if (Reservation* r = b->segment->reservation) r->use->add(static_cast<int64_t>(b->size));
     allocated_.emplace(b->addr, b);
     ++use_clock_;
     acct_.block_allocated(b);
@@ -145,16 +146,9 @@ class BlockStates {
   void cache_owned_to_table(Block* b) { allocated_.emplace(b->addr, b); }
   // thread-cached -> free (coalesced into its free set).
   void thread_cached_to_free(Block* b) {
-    Segment* s = b->segment;
     acct_.block_from_thread_cache(b);
-    b->state = BlockState::kFree;
-    b->requested = 0;
-    b->site = kUnknownSite;
-    b->alloc_time_ns = 0;
     b->tc_next = nullptr;
-    --s->busy_blocks;
-    free_.coalesce(b);
-    if (s->busy_blocks == 0) s->last_used = use_clock_;
+    become_free(b);
   }
 
   // This part's share of validate(): `b`, a block of a segment, against the allocated
@@ -166,15 +160,21 @@ class BlockStates {
  private:
   // A user-freed or completed block (out of any set) becomes free and coalesces.
   void make_free(Block* b) {
-    Segment* s = b->segment;
     acct_.block_inactive(b);
+    b->stream_uses.clear();
+    b->free_seq = ++free_seq_;  // the merged block below is as recent as its newest part
+    become_free(b);
+  }
+  // What every way back into the free sets shares (make_free, thread_cached_to_free):
+  // the user's fields reset, the segment's and the stream's use counts, the coalesce.
+  void become_free(Block* b) {
+    Segment* s = b->segment;
     b->state = BlockState::kFree;
     b->requested = 0;
     b->site = kUnknownSite;
     b->alloc_time_ns = 0;
-    b->stream_uses.clear();
-    b->free_seq = ++free_seq_;  // the merged block below is as recent as its newest part
     --s->busy_blocks;
+    if (Reservation* r = s->reservation) r->use->add(-static_cast<int64_t>(b->size));
     free_.coalesce(b);
     if (s->busy_blocks == 0) s->last_used = use_clock_;
   }

@@ -25,8 +25,15 @@ std::string InCallbackMessage(const internal::DevicePool& pool, const char* op) 
                       "that stream while holding its lock; do the work after the stream "
                       "is synchronized, or on another thread");
 }
-void RefuseInStreamCallback(const internal::DevicePool& pool, const char* op) {
-  if (InStreamCallback()) [[unlikely]] throw InvalidArgumentError(InCallbackMessage(pool, op));
+// The throw out of line and cold, so that the check inlines into allocate and free as
+// a load and a branch: called with a frame of its own it cost about 20 instructions a
+// call, 5% of a cache-hit pair.
+[[noreturn, gnu::noinline, gnu::cold]] void ThrowInStreamCallback(
+    const internal::DevicePool& pool, const char* op) {
+  throw InvalidArgumentError(InCallbackMessage(pool, op));
+}
+inline void RefuseInStreamCallback(const internal::DevicePool& pool, const char* op) {
+  if (InStreamCallback()) [[unlikely]] ThrowInStreamCallback(pool, op);
 }
 
 }  // namespace

@@ -31,8 +31,9 @@
 //     (stream, pool) has one address reservation: a miss maps the fewest granules that
 //     can hold the request (next to free blocks, in a gap or at the end); whole free
 //     granules are unmapped under memory pressure, on trim/empty_cache, and when
-//     fragmentation would take reserved bytes past (1 + expandable_recycle_threshold)
-//     x the high-water mark of allocated bytes, without waiting for the stream on the
+//     fragmentation would take a stream's mapped bytes past (1 +
+//     expandable_recycle_threshold) x the high-water mark of the stream's bytes in
+//     use, without waiting for the stream on the
 //     allocating thread (expandable_segments.h);
 //   * memory goes back to the device only after its stream has passed it
 //     (synchronized, or an event recorded after the free completed: work queued

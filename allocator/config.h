@@ -58,8 +58,9 @@ struct Config {
   // One growable virtual reservation per (stream, pool) instead of fixed segments.
   // key expandable_segments (auto or bool).
   ExpandableMode expandable_segments = ExpandableMode::kAuto;
-  // Expandable segments only: when a request must map more memory and reserved bytes
-  // would then exceed (1 + this) x allocated bytes, whole free granules elsewhere are
+  // Expandable segments only: when a request must map more memory and its stream's
+  // mapped bytes would then exceed (1 + this) x the high-water mark of the stream's
+  // bytes in use, whole free granules elsewhere in its reservation are
   // unmapped first (up to the bytes being mapped), so the footprint does not grow
   // because of fragmentation. +inf turns this off (granules are then unmapped only
   // under memory pressure, on trim and on empty_cache). key

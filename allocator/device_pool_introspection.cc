@@ -22,11 +22,8 @@ DeviceStats DevicePool::stats() const {
 void DevicePool::reset_peak_stats() {
   MutexLock lock(&mu_);
   quiesce_for_read_locked();  // fold the thread caches' hits
-  // The recycle trigger keeps its own high-water mark: resetting the user's peak must
-  // not change how much is recycled.
-  if (expandable_ != nullptr) {
-    expandable_->note_peak_reset(acct_.stats().allocated_bytes[kAggregatePool].peak);
-  }
+  // The recycle trigger keeps its own high-water marks (StreamUse): resetting the
+  // user's peak does not change how much is recycled.
   acct_.reset_peak();
 }
 

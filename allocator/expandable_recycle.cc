@@ -3,11 +3,60 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_format.h"
 #include "allocator/expandable_segments.h"
 
 namespace devmem::internal {
+
+StreamFootprint ExpandableSegments::footprint(const Reservation* r) const {
+  StreamFootprint f;
+  f.in_use = r->use->in_use;
+  f.in_use_peak = r->use->in_use_peak;
+  // The stream's two reservations (small pool, large pool): two lookups, made only
+  // when a request must map.
+  for (const bool small : {false, true}) {
+    auto it = reservations_.find(std::make_pair(r->stream.handle, small));
+    if (it != reservations_.end()) f.mapped += it->second->mapped;
+  }
+  for (const Deferred& d : deferred_) {
+    if (d.reservation->stream == r->stream) f.deferred += d.bytes;
+  }
+  return f;
+}
+
+absl::Status ExpandableSegments::validate_stream_use() const {
+  absl::flat_hash_map<const StreamUse*, int64_t> in_use;
+  for (const auto& [key, r] : reservations_) {
+    auto it = streams_.find(r->stream.handle);
+    if (it == streams_.end() || r->use != &it->second) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): reservation %#x does not count its use in its stream's "
+          "record",
+          r->addr));
+    }
+  }
+  for (auto seg = table_.begin(); seg != table_.end(); ++seg) {
+    const Segment* s = seg->second;
+    if (!s->expandable()) continue;
+    for (const Block* b = s->head; b != nullptr; b = b->next) {
+      if (b->state != BlockState::kFree) in_use[s->reservation->use] += b->size;
+    }
+  }
+  for (const auto& [handle, use] : streams_) {
+    const auto it = in_use.find(&use);
+    const int64_t counted = it == in_use.end() ? 0 : it->second;
+    if (use.in_use != counted || use.in_use_peak < use.in_use) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): stream %#x records %d bytes in use in expandable segments "
+          "(peak %d); its blocks out of the free sets hold %d",
+          handle, use.in_use, use.in_use_peak, counted));
+    }
+  }
+  return absl::OkStatus();
+}
 
 size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
   Segment* s = b->segment;
@@ -207,9 +256,8 @@ size_t ExpandableSegments::complete_deferred(bool wait) {
     deferred_bytes_ -= d.bytes;
     // Memory may have been allocated or given back since the decision: only what is
     // still over the cap goes, and only blocks free since before the event.
-    const size_t want = DeferredRecycleBytes(
-        recycle_threshold_, allocated_high_water(),
-        acct_.stats().allocated_bytes[kAggregatePool].current, reserved(), d.bytes);
+    const size_t want = DeferredRecycleBytes(recycle_threshold_, footprint(d.reservation),
+                                             d.bytes);
     released += recycle_except(want, Scope{nullptr, nullptr, d.reservation, d.free_seq,
                                            /*sync=*/false});
   }

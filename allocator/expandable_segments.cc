@@ -51,6 +51,7 @@ Reservation* ExpandableSegments::reservation(Stream stream, bool small, size_t l
   r->va_size = va;
   r->stream = stream;
   r->small_pool = small;
+  r->use = &streams_[stream.handle];
   reservations_.emplace(key, r);
   return r;
 }
@@ -118,15 +119,11 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
     recycle_except(committed_now() + p.bytes - limit, Scope{p.left, p.right});
     if (committed_now() > limit - p.bytes) return nullptr;
   }
-  // The recycle trigger is measured against the high-water mark of allocated bytes,
-  // not the current value: a program between two peaks will need the memory again,
-  // and unmapping it only to map it back is churn. Bytes already decided (deferred)
-  // count as given back, so that waiting decisions are not taken twice.
-  const size_t committed = reserved() > deferred_bytes_ ? reserved() - deferred_bytes_ : 0;
-  if (const size_t over = ProactiveRecycleBytes(
-          recycle_threshold_, allocated_high_water(),
-          acct_.stats().allocated_bytes[kAggregatePool].current, size, committed, p.bytes);
-      over > 0) {
+  // The recycle trigger is measured against the stream's high-water mark of bytes in
+  // use, not the current value: a program between two peaks will need the memory
+  // again, and unmapping it only to map it back is churn. Bytes already decided
+  // (deferred) count as given back, so that waiting decisions are not taken twice.
+  if (const size_t over = proactive_recycle_bytes(r, size, p.bytes); over > 0) {
     recycle_proactively(r, over, p, req.free_seq);
   }
   void* at = reinterpret_cast<void*>(p.at);
@@ -338,7 +335,7 @@ absl::Status ExpandableSegments::validate() const {
           r->addr, r->runs, r->mapped, count, mapped));
     }
   }
-  return absl::OkStatus();
+  return validate_stream_use();
 }
 
 }  // namespace devmem::internal

@@ -11,11 +11,13 @@
 // When granules are unmapped ("recycled"):
 //   * under memory pressure: the device or the memory fraction refuses a map, or the
 //     reclaimer (staged retry, trim, empty_cache, garbage collection) asks for bytes;
-//   * proactively, when a request must map new memory and reserved bytes would then
-//     exceed (1 + expandable_recycle_threshold) x the allocator's high-water mark of
-//     allocated bytes: that is fragmentation growing the footprint, so idle granules
-//     are unmapped (at most as many as are being mapped; the footprint never shrinks
-//     on the allocation path).
+//   * proactively, when a request must map new memory and the bytes its stream maps
+//     would then exceed (1 + expandable_recycle_threshold) x the high-water mark of
+//     the stream's bytes in use (StreamFootprint, pool_policy.h): that is
+//     fragmentation growing the footprint, so the reservation's idle granules are
+//     unmapped (at most as many as are being mapped; the footprint never shrinks on
+//     the allocation path). Per stream, because a stream's blocks serve only that
+//     stream: streams whose peaks do not coincide each keep what their own peak needs.
 // Steady workloads whose cached memory stays under the threshold never recycle, so
 // they map once and then run from the cache like regular segments.
 //
@@ -29,18 +31,21 @@
 // (Block::free_seq). Until then the footprint may overshoot the cap by what was
 // decided. Unmaps and maps are counted in num_device_free and num_device_alloc.
 //
-// The high-water mark is policy-private: reset_peak_stats() resets allocated_bytes.peak
-// for the user, and note_peak_reset() keeps what it was, so resetting peaks each epoch
+// The high-water marks are policy-private (StreamUse, block.h): reset_peak_stats()
+// resets allocated_bytes.peak for the user and not them, so resetting peaks each epoch
 // does not change how much is recycled.
 //
 // Owns: the reservations (their address ranges are released by empty_cache when they
-// map nothing, and by the destructor), the record of refused reservations, and the
-// Segment objects of the mapped runs.
+// map nothing, and by the destructor), the record of refused reservations, the
+// Segment objects of the mapped runs, and each stream's StreamUse (kept for the pool's
+// life: a few bytes per stream ever used).
 // Invariants (validate): those of Reservation (block.h): runs inside their range, on
 // granule boundaries, never adjacent, summing to `mapped`, counted in `runs`; each
 // run's reservation is in the table, with the run's stream and pool; each deferred
 // decision names a reservation of the table (one at most per reservation), decided
-// bytes > 0, summing to deferred_bytes_.
+// bytes > 0, summing to deferred_bytes_; each reservation's `use` is its stream's
+// StreamUse, whose in_use is the bytes of the stream's blocks out of the free sets
+// (at most in_use_peak).
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
@@ -51,6 +56,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/node_hash_map.h"
 #include "allocator/backend.h"
 #include "allocator/free_index.h"
 #include "allocator/pool_accounting.h"
@@ -91,11 +97,6 @@ class ExpandableSegments final : public SegmentSource {
 
   size_t granularity() const { return granularity_; }
   bool has_deferred() const { return !deferred_.empty(); }
-  // reset_peak_stats() is about to reset allocated_bytes.peak, now `allocated_peak`:
-  // the recycle trigger's high-water mark keeps it.
-  void note_peak_reset(int64_t allocated_peak) {
-    if (allocated_peak > high_water_) high_water_ = allocated_peak;
-  }
 
  private:
   // Where mapping for a request goes: map [at, at + bytes), which joins the free
@@ -152,11 +153,16 @@ class ExpandableSegments final : public SegmentSource {
   // file): at once when r's stream is idle, else deferred.
   void recycle_proactively(Reservation* r, size_t bytes, const Placement& p,
                            uint64_t free_seq);
-  // The recycle trigger's reference: the high-water mark of allocated bytes.
-  int64_t allocated_high_water() const {
-    const int64_t peak = acct_.stats().allocated_bytes[kAggregatePool].peak;
-    return peak > high_water_ ? peak : high_water_;
+  // The recycle trigger's figures for r's stream: its use, what its reservations map
+  // and what deferred decisions have set aside of that (expandable_recycle.cc).
+  StreamFootprint footprint(const Reservation* r) const;
+  // The bytes to recycle proactively from `r` before mapping `mapping` bytes for a
+  // request of `size` (ProactiveRecycleBytes of r's stream).
+  size_t proactive_recycle_bytes(const Reservation* r, size_t size, size_t mapping) const {
+    return ProactiveRecycleBytes(recycle_threshold_, footprint(r), size, mapping);
   }
+  // validate()'s recount of each stream's bytes in use (expandable_recycle.cc).
+  absl::Status validate_stream_use() const;
   size_t reserved() const {
     return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   }
@@ -171,7 +177,8 @@ class ExpandableSegments final : public SegmentSource {
   absl::flat_hash_set<Key> refused_;  // reserve_address failed, until empty_cache
   std::vector<Deferred> deferred_;    // at most one per reservation
   size_t deferred_bytes_ = 0;         // the sum of their bytes
-  int64_t high_water_ = 0;            // allocated_bytes.peak before the last reset
+  // Per stream handle; node-based: reservations point at their stream's entry.
+  absl::node_hash_map<uintptr_t, StreamUse> streams_;
 };
 
 }  // namespace devmem::internal

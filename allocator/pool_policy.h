@@ -84,35 +84,50 @@ inline size_t ReservationSize(size_t total, size_t granularity, bool small_pool)
   va = RoundToGranule(va, granularity);
   return va > granularity ? va : granularity;
 }
-// Proactive recycling (the recycle trigger): bytes to unmap before mapping `mapping`
-// more bytes, so that reserved stays within (1 + threshold) x the allocated need (the
-// allocator's own high-water mark of allocated bytes, which reset_peak_stats() does not
-// lower, or current + `size` when larger); never more than `mapping`. 0 when within
-// the cap or when the threshold is infinite ("none").
-inline size_t ProactiveRecycleBytes(double threshold, int64_t allocated_peak,
-                                    int64_t allocated_current, size_t size,
-                                    size_t reserved, size_t mapping) {
+// The recycle trigger's figures for one stream (expandable_segments.h): its blocks in
+// expandable reservations serve only that stream, so its footprint is judged against
+// its own need, not the device's. With two streams whose peaks do not coincide, each
+// holds what its own peak needs, and the sum is well above the peak of the total
+// (about 1.8 x in devmem-bench's steady_maps_2streams): a device-wide reference
+// called that fragmentation and unmapped granules that the stream mapped again at its
+// next peak. With one stream the figures are the device's (less regular segments).
+struct StreamFootprint {
+  int64_t in_use = 0;       // bytes of its blocks out of the free sets: allocated,
+                            // pending, or owned by a thread cache
+  int64_t in_use_peak = 0;  // their high-water mark (policy-private: never reset)
+  size_t mapped = 0;        // bytes mapped in its reservations
+  size_t deferred = 0;      // of those, decided for a deferred recycle already
+};
+
+// Proactive recycling (the recycle trigger): bytes of the stream's idle granules to
+// unmap before mapping `mapping` more bytes for a request of `size`, so that what the
+// stream maps (less what deferred decisions give back) stays within (1 + threshold) x
+// its need: the high-water mark of its bytes in use, or in use + `size` when larger.
+// Never more than `mapping`. 0 when within the cap or when the threshold is infinite
+// ("none").
+inline size_t ProactiveRecycleBytes(double threshold, const StreamFootprint& s, size_t size,
+                                    size_t mapping) {
   if (!std::isfinite(threshold)) return 0;
-  const int64_t want = allocated_current + static_cast<int64_t>(size);
-  const double need = static_cast<double>(allocated_peak > want ? allocated_peak : want);
+  const int64_t want = s.in_use + static_cast<int64_t>(size);
+  const double need = static_cast<double>(s.in_use_peak > want ? s.in_use_peak : want);
   const double cap = (1.0 + threshold) * need;
-  const double after = static_cast<double>(reserved + mapping);
+  const size_t committed = s.mapped > s.deferred ? s.mapped - s.deferred : 0;
+  const double after = static_cast<double>(committed + mapping);
   if (!(after > cap)) return 0;
   const auto over = static_cast<size_t>(after - cap);
   return over < mapping ? over : mapping;
 }
 
 // Deferred proactive recycling: of the `decided` bytes a recycle decision set aside
-// until its event completed, those still over the cap (1 + threshold) x the need (the
-// high-water mark of allocated bytes, or current when larger) now.
-inline size_t DeferredRecycleBytes(double threshold, int64_t allocated_high_water,
-                                   int64_t allocated_current, size_t reserved,
+// until its event completed, those by which the stream's mapped bytes are still over
+// its cap (1 + threshold) x its need (the high-water mark of its bytes in use, or in
+// use when larger) now. `s.deferred` is not subtracted: the decision is being taken.
+inline size_t DeferredRecycleBytes(double threshold, const StreamFootprint& s,
                                    size_t decided) {
   if (!std::isfinite(threshold)) return 0;
-  const int64_t need_bytes =
-      allocated_high_water > allocated_current ? allocated_high_water : allocated_current;
+  const int64_t need_bytes = s.in_use_peak > s.in_use ? s.in_use_peak : s.in_use;
   const double cap = (1.0 + threshold) * static_cast<double>(need_bytes);
-  const double have = static_cast<double>(reserved);
+  const double have = static_cast<double>(s.mapped);
   if (!(have > cap)) return 0;
   const auto over = static_cast<size_t>(have - cap);
   return over < decided ? over : decided;

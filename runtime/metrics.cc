@@ -204,8 +204,9 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
        [](const DeviceReading& r, StatPool p) {
          return D(r.stats.active_bytes[p].current); }},
       {"devmem_cached_bytes",
-       "Reserved minus allocated bytes: free cached blocks plus pending frees (the "
-       "allocator's DeviceStats::cached_bytes() is reserved minus active; subtract "
+       "Reserved minus allocated bytes: free cached blocks (in the free sets and in "
+       "per-thread caches) plus pending frees (the allocator's "
+       "DeviceStats::cached_bytes() is reserved minus active; subtract "
        "devmem_pending_bytes for it).",
        [](const DeviceReading& r, StatPool p) {
          return D(r.stats.reserved_bytes[p].current -
@@ -214,6 +215,15 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
        "Bytes freed by the program that wait for events on other streams before reuse.",
        [](const DeviceReading& r, StatPool p) {
          return D(r.stats.pending_bytes[p].current); }},
+      {"devmem_thread_cached_bytes",
+       "Bytes of free blocks held in per-thread caches (small pool only): neither "
+       "allocated nor in the free sets; drained on thread exit, empty_cache, trim and "
+       "the OOM retry.",
+       [](const DeviceReading& r, StatPool p) {
+         return D(r.stats.thread_cached_bytes[p].current); }},
+      {"devmem_thread_cached_blocks", "Free blocks held in per-thread caches.",
+       [](const DeviceReading& r, StatPool p) {
+         return D(r.stats.thread_cached[p].current); }},
       {"devmem_requested_bytes",
        "Bytes the program asked for (before rounding) of the allocated blocks.",
        [](const DeviceReading& r, StatPool p) {
@@ -229,7 +239,8 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
        [](const DeviceReading& r, StatPool p) {
          return D(r.stats.segment[p].current); }},
       {"devmem_free_bytes",
-       "Bytes of free cached blocks, ready to be handed out again (cached minus pending).",
+       "Bytes of free blocks in the free sets, ready to be handed out to any thread "
+       "(cached minus pending minus thread-cached).",
        [](const DeviceReading& r, StatPool p) { return D(r.stats.free_bytes[p]); }},
       {"devmem_free_blocks", "Free cached blocks.",
        [](const DeviceReading& r, StatPool p) { return D(r.stats.free_blocks[p]); }},

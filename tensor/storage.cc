@@ -24,7 +24,10 @@ Storage::~Storage() {
   if (listed_) LiveStorages::Get().Remove(this);
   if (allocator_ != nullptr) {
     try {
-      allocator_->free(data_);
+      // With the size it asked for, as PyTorch's free passes it: a block too large for
+      // the thread caches goes straight to the pool, without the cache map's lookup
+      // (CachingAllocator::free(ptr, size); the size is a hint, the pointer is checked).
+      allocator_->free(data_, bytes_);
     } catch (const std::exception& e) {
       // The allocator does not know this block: its books and ours disagree. Say so
       // loudly; throwing from a destructor would terminate far from the cause.

@@ -14,7 +14,8 @@
 // Ownership: a Storage is created with one reference, owned by the StoragePtr that
 // creation returns, and deleted when the last StoragePtr to it is destroyed or reset.
 // It owns exactly one of: an allocator block (freed through the allocator that made
-// it, which it keeps alive with a shared_ptr unless the runtime keeps it until exit
+// it, with the size it asked for: CachingAllocator::free(ptr, size); the storage keeps
+// that allocator alive with a shared_ptr unless the runtime keeps it until exit
 // (AllocatorRef, runtime/runtime.h), so a storage may outlive a test's allocator
 // override); foreign memory with a deleter (called once, with data()); or
 // foreign memory it does not own (nothing is done at the end).

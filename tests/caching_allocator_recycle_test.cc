@@ -3,7 +3,7 @@
 // Free granules inside an expandable reservation can be unmapped ("recycled") and
 // their physical memory mapped again elsewhere in the reservation: under memory
 // pressure, on trim/empty_cache, and when fragmentation would grow the footprint past
-// expandable_recycle_threshold x the peak of allocated bytes
+// expandable_recycle_threshold x the peak of the stream's bytes in use
 // (allocator/expandable_segments.cc). These tests pin that policy, the run
 // bookkeeping behind it (runs split around holes and merge when gaps are mapped),
 // that releasing memory waits for work queued on its stream, and the default
@@ -387,6 +387,45 @@ TEST(ExpandableRecycleTest, ProactiveRecyclingWaitsForTheStreamWithoutSynchroniz
   // The allocator outlives `gate` and synchronizes its streams when destroyed: the hook
   // must not reach the destroyed gate then.
   hooks->before_synchronize_stream = nullptr;
+}
+
+// Each stream's blocks serve only that stream, so the recycle trigger judges a
+// stream's footprint by its own peak. Two streams that peak in turn each keep what
+// their own peak needs: twice the device's peak in all. Judged against the device's
+// peak, each of a stream's peaks unmapped its idle granules (the holes below), and its
+// next peak mapped them again, forever (devmem-bench's steady_maps_2streams).
+MapCounts AlternatingPeaks(int streams) {
+  SimAllocator t =
+      MakeSimAllocator("expandable_segments:true,expandable_recycle_threshold:0.25");
+  std::vector<Stream> s;
+  for (int i = 0; i < streams; ++i) s.push_back(NewStream(*t));
+  MapCounts warm;
+  for (int round = 0; round < 8; ++round) {
+    if (round == 2) warm = MapCounts{t->stats().num_device_alloc, t->stats().num_device_free};
+    const Stream stream = s[round % streams];
+    // MakeHoles' pattern on this stream: 128 MiB at its peak, four 16 MiB holes, and
+    // 32 MiB that fits in none of them.
+    std::vector<void*> buffers;
+    for (int i = 0; i < 8; ++i) buffers.push_back(t->allocate(16 * kMiB, stream));
+    for (int i = 0; i < 8; i += 2) t->free(buffers[i]);
+    void* big = t->allocate(32 * kMiB, stream);
+    t->free(big);
+    for (int i = 1; i < 8; i += 2) t->free(buffers[i]);
+  }
+  EXPECT_VALID(*t);
+  const DeviceStats st = t->stats();
+  return MapCounts{st.num_device_alloc - warm.maps, st.num_device_free - warm.unmaps,
+                   st.reserved_bytes[kAggregatePool].current};
+}
+
+TEST(ExpandableRecycleTest, StreamsThatPeakInTurnStopMappingAfterTheirFirstPeak) {
+  const MapCounts one = AlternatingPeaks(1);
+  EXPECT_EQ(one.maps + one.unmaps, 0) << "one stream runs from its cache";
+  const MapCounts two = AlternatingPeaks(2);
+  EXPECT_EQ(two.maps, 0) << "after each stream's first peak";
+  EXPECT_EQ(two.unmaps, 0);
+  EXPECT_LE(two.reserved, 2 * static_cast<int64_t>(1.25 * 128 * kMiB))
+      << "each stream within 1.25 x its own peak";
 }
 
 TEST(ExpandableRecycleTest, AnotherStreamsCacheIsTakenOnlyUnderPressure) {

@@ -126,47 +126,71 @@ TEST(PoolPolicyTest, RecycleTrigger) {
   const double inf = std::numeric_limits<double>::infinity();
   struct Row {
     double threshold;
-    int64_t peak, current;
-    size_t size, reserved, mapping, recycle;
+    StreamFootprint stream;  // in use, its peak, mapped, deferred
+    size_t size, mapping, recycle;
   };
   const std::vector<Row> rows = {
-      {inf, 10 * kMiB, 10 * kMiB, kMiB, 1000 * kMiB, 2 * kMiB, 0},  // "none"
-      {0.25, 100 * kMiB, 50 * kMiB, kMiB, 100 * kMiB, 2 * kMiB, 0},   // under the cap
+      {inf, {10 * kMiB, 10 * kMiB, 1000 * kMiB, 0}, kMiB, 2 * kMiB, 0},  // "none"
+      {0.25, {50 * kMiB, 100 * kMiB, 100 * kMiB, 0}, kMiB, 2 * kMiB, 0},  // under the cap
       // cap 1.25 x 100 = 125 MiB, after 126: 1 MiB over
-      {0.25, 100 * kMiB, 50 * kMiB, kMiB, 124 * kMiB, 2 * kMiB, kMiB},
+      {0.25, {50 * kMiB, 100 * kMiB, 124 * kMiB, 0}, kMiB, 2 * kMiB, kMiB},
       // far over: never more than is being mapped
-      {0.25, 100 * kMiB, 50 * kMiB, kMiB, 400 * kMiB, 2 * kMiB, 2 * kMiB},
-      // current + size above the peak sets the need: 1.25 x 120 = 150
-      {0.25, 100 * kMiB, 110 * kMiB, 10 * kMiB, 146 * kMiB, 6 * kMiB, 2 * kMiB},
-      {0.0, 8 * kMiB, 8 * kMiB, 0, 8 * kMiB, 2 * kMiB, 2 * kMiB},
+      {0.25, {50 * kMiB, 100 * kMiB, 400 * kMiB, 0}, kMiB, 2 * kMiB, 2 * kMiB},
+      // in use + size above the peak sets the need: 1.25 x 120 = 150
+      {0.25, {110 * kMiB, 100 * kMiB, 146 * kMiB, 0}, 10 * kMiB, 6 * kMiB, 2 * kMiB},
+      {0.0, {8 * kMiB, 8 * kMiB, 8 * kMiB, 0}, 0, 2 * kMiB, 2 * kMiB},
+      // bytes already decided for a deferred recycle count as given back: 124 - 4
+      {0.25, {50 * kMiB, 100 * kMiB, 124 * kMiB, 4 * kMiB}, kMiB, 2 * kMiB, 0},
+      {0.25, {50 * kMiB, 100 * kMiB, 2 * kMiB, 4 * kMiB}, kMiB, 2 * kMiB, 0},  // no wrap
   };
   for (const Row& r : rows) {
-    EXPECT_EQ(ProactiveRecycleBytes(r.threshold, r.peak, r.current, r.size, r.reserved,
-                                    r.mapping),
-              r.recycle)
-        << r.threshold << " reserved " << r.reserved;
+    EXPECT_EQ(ProactiveRecycleBytes(r.threshold, r.stream, r.size, r.mapping), r.recycle)
+        << r.threshold << " mapped " << r.stream.mapped;
   }
+}
+
+// Two streams whose peaks do not coincide (devmem-bench's steady_maps_2streams): each
+// stream maps about 1.1 x its own peak of 100 MiB, 220 MiB in all, while the device's
+// bytes in use never passed 120 MiB. Judged per stream, neither is fragmented; judged
+// against the device's peak (1.25 x 120 = 150 MiB), every map was 70 MiB over and
+// unmapped the stream's idle granules, which its next peak mapped again.
+TEST(PoolPolicyTest, RecycleTriggerJudgesEachStreamByItsOwnPeak) {
+  struct Row {
+    StreamFootprint stream;
+    size_t recycle;
+  };
+  const std::vector<Row> rows = {
+      {{20 * kMiB, 100 * kMiB, 110 * kMiB, 0}, 0},   // stream 1 between its peaks
+      {{90 * kMiB, 100 * kMiB, 110 * kMiB, 0}, 0},   // stream 2 at its peak
+      {{20 * kMiB, 100 * kMiB, 124 * kMiB, 0}, kMiB},  // a stream's own fragmentation
+  };
+  for (const Row& r : rows) {
+    EXPECT_EQ(ProactiveRecycleBytes(0.25, r.stream, kMiB, 2 * kMiB), r.recycle)
+        << "in use " << r.stream.in_use << " mapped " << r.stream.mapped;
+  }
+  // The device-wide figures of the same moment would recycle all that is mapped.
+  const StreamFootprint device{110 * kMiB, 120 * kMiB, 220 * kMiB, 0};
+  EXPECT_EQ(ProactiveRecycleBytes(0.25, device, kMiB, 2 * kMiB), 2 * kMiB);
 }
 
 TEST(PoolPolicyTest, DeferredRecycleTakesOnlyWhatIsStillOverTheCap) {
   const double kNone = std::numeric_limits<double>::infinity();
   struct Row {
     double threshold;
-    int64_t high_water, current;
-    size_t reserved, decided, recycle;
+    StreamFootprint stream;  // in use, its peak, mapped (deferred: not subtracted)
+    size_t decided, recycle;
   };
   const std::vector<Row> rows = {
-      {0.25, 64 * kMiB, 32 * kMiB, 100 * kMiB, 32 * kMiB, 20 * kMiB},  // cap 80
-      {0.25, 64 * kMiB, 32 * kMiB, 140 * kMiB, 32 * kMiB, 32 * kMiB},  // no more than decided
-      {0.25, 64 * kMiB, 32 * kMiB, 80 * kMiB, 32 * kMiB, 0},   // back under: nothing
-      {0.0, 16 * kMiB, 64 * kMiB, 72 * kMiB, 32 * kMiB, 8 * kMiB},    // current dominates
-      {kNone, 0, 0, 100 * kMiB, 32 * kMiB, 0},
+      {0.25, {32 * kMiB, 64 * kMiB, 100 * kMiB, 0}, 32 * kMiB, 20 * kMiB},  // cap 80
+      {0.25, {32 * kMiB, 64 * kMiB, 140 * kMiB, 0}, 32 * kMiB, 32 * kMiB},  // <= decided
+      {0.25, {32 * kMiB, 64 * kMiB, 80 * kMiB, 0}, 32 * kMiB, 0},  // back under: nothing
+      {0.0, {64 * kMiB, 16 * kMiB, 72 * kMiB, 0}, 32 * kMiB, 8 * kMiB},  // in use dominates
+      {0.25, {32 * kMiB, 64 * kMiB, 100 * kMiB, 50 * kMiB}, 32 * kMiB, 20 * kMiB},
+      {kNone, {0, 0, 100 * kMiB, 0}, 32 * kMiB, 0},
   };
   for (const Row& r : rows) {
-    EXPECT_EQ(DeferredRecycleBytes(r.threshold, r.high_water, r.current, r.reserved,
-                                   r.decided),
-              r.recycle)
-        << r.threshold << " reserved " << r.reserved;
+    EXPECT_EQ(DeferredRecycleBytes(r.threshold, r.stream, r.decided), r.recycle)
+        << r.threshold << " mapped " << r.stream.mapped;
   }
 }
 

@@ -83,6 +83,8 @@ const std::vector<FamilySpec>& Families() {
       {"devmem_active_bytes", "gauge", {"device", "pool"}},
       {"devmem_cached_bytes", "gauge", {"device", "pool"}},
       {"devmem_pending_bytes", "gauge", {"device", "pool"}},
+      {"devmem_thread_cached_bytes", "gauge", {"device", "pool"}},
+      {"devmem_thread_cached_blocks", "gauge", {"device", "pool"}},
       {"devmem_requested_bytes", "gauge", {"device", "pool"}},
       {"devmem_inactive_split_bytes", "gauge", {"device", "pool"}},
       {"devmem_live_buffers", "gauge", {"device", "pool"}},
@@ -378,6 +380,9 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
     check("devmem_active_bytes", l, st.active_bytes[p].current);
     check("devmem_cached_bytes", l, st.reserved_bytes[p].current - st.allocated_bytes[p].current);
     check("devmem_pending_bytes", l, st.pending_bytes[p].current);
+    // Caches off here: ThreadCachedBlocksAreTheirOwnSeries checks them with caches on.
+    check("devmem_thread_cached_bytes", l, 0);
+    check("devmem_thread_cached_blocks", l, 0);
     check("devmem_requested_bytes", l, st.requested_bytes[p].current);
     check("devmem_inactive_split_bytes", l, st.inactive_split_bytes[p].current);
     check("devmem_live_buffers", l, st.allocation[p].current);
@@ -462,6 +467,33 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
     if (p != held[1] && p != held[3]) f.alloc->free(p);
   }
   f.alloc->free(copy);
+}
+
+// Blocks freed into a thread cache are neither allocated nor free-set bytes: their own
+// series says where the cached bytes are, and that they add up to reserved.
+TEST(MetricsTest, ThreadCachedBlocksAreTheirOwnSeries) {
+  Fixture f("thread_cache:true");
+  std::vector<void*> held;
+  for (int i = 0; i < 6; ++i) held.push_back(f.alloc->allocate(4096, {}, Site(100)));
+  for (int i = 0; i < 4; ++i) f.alloc->free(held[i]);  // into this thread's cache
+  const std::vector<Sample> samples = f.Scrape();
+  const DeviceStats st = f.alloc->stats();
+  ASSERT_EQ(st.thread_cached[kSmallPool].current, 4) << "the frees went to the cache";
+  const std::map<std::string, std::string> small = {{"device", "sim:0"}, {"pool", "small"}};
+  const std::map<std::string, std::string> large = {{"device", "sim:0"}, {"pool", "large"}};
+  EXPECT_EQ(SampleValue(samples, "devmem_thread_cached_bytes", small), 4 * 4096);
+  EXPECT_EQ(SampleValue(samples, "devmem_thread_cached_blocks", small), 4);
+  EXPECT_EQ(SampleValue(samples, "devmem_thread_cached_bytes", large), 0);
+  EXPECT_EQ(SampleValue(samples, "devmem_thread_cached_blocks", large), 0);
+  EXPECT_EQ(SampleValue(samples, "devmem_allocated_bytes", small) +
+                SampleValue(samples, "devmem_pending_bytes", small) +
+                SampleValue(samples, "devmem_thread_cached_bytes", small) +
+                SampleValue(samples, "devmem_free_bytes", small),
+            SampleValue(samples, "devmem_reserved_bytes", small));
+  // empty_cache drains the caches: the series follows.
+  f.alloc->empty_cache();
+  EXPECT_EQ(SampleValue(f.Scrape(), "devmem_thread_cached_bytes", small), 0);
+  for (int i = 4; i < 6; ++i) f.alloc->free(held[i]);
 }
 
 TEST(MetricsTest, OomsAndRetriesAreCounted) {

@@ -7,11 +7,13 @@
 #include <thread>
 #include <vector>
 
+#include "allocator/errors.h"
 #include "allocator/site.h"
 #include "tensor/factories.h"
 #include "tensor/storage.h"
 #include "tensor/tensor.h"
 #include "tests/tensor_test_util.h"
+#include "tests/test_util.h"
 
 namespace devmem {
 namespace {
@@ -136,6 +138,72 @@ TEST_F(TensorStorageTest, RacingCopiesLeaveTheCountExact) {
   b.join();
   EXPECT_EQ(base.use_count(), 1u);
   EXPECT_EQ(LiveBlocks(), 1);
+}
+
+// A storage frees with the size it asked for (CachingAllocator::free(ptr, size)):
+// small blocks through the freeing thread's cache, large ones straight to the pool.
+// Storages made on one thread and dropped on another, small and large: every block is
+// freed exactly once, the freeing thread's cache holds the small ones until it exits,
+// and the books balance.
+TEST_F(TensorStorageTest, StoragesDroppedOnAnotherThreadAreFreedExactly) {
+  const std::vector<size_t> sizes = {512, 4096, 100 * 1024, 256 * 1024, 2 * kMiB, 12 * kMiB};
+  std::vector<StoragePtr> made;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t n : sizes) made.push_back(NewStorage(n));
+  }
+  ASSERT_EQ(LiveBlocks(), static_cast<int64_t>(made.size()));
+  for (const StoragePtr& m : made) ASSERT_TRUE(alloc().find_allocation(m->data()).has_value());
+  std::latch dropped(1);
+  std::latch checked(1);
+  std::thread other([&] {
+    NewStorage(512).reset();  // this thread's cache exists from its first allocation
+    made.clear();             // every last reference dies here, on this thread
+    dropped.count_down();
+    checked.wait();
+  });
+  dropped.wait();
+  DeviceStats st = alloc().stats();
+  EXPECT_EQ(st.allocation[kAggregatePool].current, 0);
+  EXPECT_EQ(st.allocated_bytes[kAggregatePool].current, 0);
+  EXPECT_GT(st.thread_cached[kSmallPool].current, 0) << "small frees went to its cache";
+  EXPECT_EQ(st.thread_cached[kLargePool].current, 0);
+  const absl::Status valid = alloc().validate();
+  EXPECT_TRUE(valid.ok()) << valid;
+  checked.count_down();
+  other.join();  // its cache drains at exit
+  st = alloc().stats();
+  EXPECT_EQ(st.thread_cached[kAggregatePool].current, 0);
+  EXPECT_EQ(st.reserved_bytes[kAggregatePool].current,
+            st.free_bytes[kAggregatePool] + st.pending_bytes[kAggregatePool].current);
+  // A double free through the sized path is still refused, naming the pointer.
+  StoragePtr again = NewStorage(4096);
+  void* p = again->data();
+  again.reset();
+  EXPECT_THROW(alloc().free(p, 4096), InvalidArgumentError);
+}
+
+// A storage whose memory another stream used (record_stream) is not reused on its own
+// stream until that stream has passed the free, whichever path the free takes.
+TEST_F(TensorStorageTest, ARecordStreamedStorageWaitsForTheOtherStream) {
+  absl::StatusOr<Stream> other = alloc().backend().create_stream();
+  ASSERT_TRUE(other.ok()) << other.status();
+  for (size_t n : {size_t{4096}, size_t{4 * kMiB}}) {
+    SCOPED_TRACE(n);
+    StoragePtr s = NewStorage(n);
+    void* p = s->data();
+    auto blocker = std::make_unique<testutil::StreamBlocker>(alloc().backend(), *other);
+    s->record_stream(*other);
+    s.reset();  // the free records an event on `other`, which is blocked
+    EXPECT_EQ(alloc().stats().pending_bytes[kAggregatePool].current,
+              static_cast<int64_t>((n + 511) / 512 * 512));
+    StoragePtr t = NewStorage(n);
+    EXPECT_NE(t->data(), p) << "reused before the other stream passed the free";
+    t.reset();
+    blocker->Release();
+    alloc().backend().synchronize_stream(*other);
+    alloc().process_events();
+    EXPECT_EQ(alloc().stats().pending_bytes[kAggregatePool].current, 0);
+  }
 }
 
 TEST_F(TensorStorageTest, ForeignMemoryWithoutDeleterIsNeverFreed) {

@@ -19,7 +19,8 @@ PairFigures MeasurePairs(const std::vector<size_t>& sizes, const Config& base) {
   auto dm_free = [&](void* p, size_t) { alloc.free(p); };
   auto je_alloc = [](size_t n, size_t) { return JemallocAlloc(n); };
   // Warm-up: fills devmem's cache and jemalloc's, and the instruction caches.
-  TimePairs(sizes, dm_alloc, dm_free);
+  auto segments = [&] { return alloc.stats().num_device_alloc; };
+  WarmUp([&] { TimePairs(sizes, dm_alloc, dm_free); }, segments);
   TimePairs(sizes, je_alloc, JemallocFree);
   const int64_t segments_before = alloc.stats().num_device_alloc;
   std::vector<double> dm, je;
@@ -43,7 +44,8 @@ TracingFigures MeasureTracing(const std::vector<size_t>& sizes, const Config& ba
     return alloc.allocate(n, {}, InternSite(std::source_location::current(), SiteKind::kAlloc));
   };
   auto dm_free = [&](void* p, size_t) { alloc.free(p); };
-  TimePairs(sizes, plain_alloc, dm_free);
+  auto segments = [&] { return alloc.stats().num_device_alloc; };
+  WarmUp([&] { TimePairs(sizes, plain_alloc, dm_free); }, segments);
   alloc.set_observer(&ring);
   TimePairs(sizes, traced_alloc, dm_free);
   const int64_t before = alloc.stats().num_device_alloc;

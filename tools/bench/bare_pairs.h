@@ -2,7 +2,7 @@
 // device (no runtime, no observer, no site) beside jemalloc, and the cost of tracing.
 //
 // Each figure is the median of kRepetitions passes after a warm-up that fills the
-// cache, devmem and the host allocator interleaved so that drift in machine load hits
+// cache (passes until one allocates no segment: WarmUp), devmem and the host allocator interleaved so that drift in machine load hits
 // both alike; timed_segment_allocs counts the segments allocated while timing (0: every
 // timed devmem allocation was a cache hit).
 #pragma once

@@ -57,4 +57,19 @@ double TimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
          static_cast<double>(sizes.size());
 }
 
+// Warm-up: runs `pass` until one allocates no segment (`segments()` counts them: the
+// cache then holds what the size stream needs), at most kMaxWarmUpPasses times. One
+// pass is not always enough: the free lists' layout after a pass depends on what the
+// pass before it left, so a stream with large sizes may map a granule or two more in
+// each of its first passes (expandable segments) before it settles.
+inline constexpr int kMaxWarmUpPasses = 8;
+template <typename Pass, typename Segments>
+void WarmUp(Pass pass, Segments segments) {
+  for (int i = 0; i < kMaxWarmUpPasses; ++i) {
+    const int64_t before = segments();
+    pass();
+    if (segments() == before) return;
+  }
+}
+
 }  // namespace devmem::devbench

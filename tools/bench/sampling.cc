@@ -18,7 +18,8 @@ SamplingFigures MeasureSampling(const std::vector<size_t>& sizes, const Config& 
   // Warm-up at both rates: fills the cache and the stack table (a stack is interned
   // once; later samples of it only look it up, as in a long-running program).
   stack_sampler::SetMeanBytes(0);
-  TimePairs(sizes, dm_alloc, dm_free);
+  WarmUp([&] { TimePairs(sizes, dm_alloc, dm_free); },
+         [&] { return alloc.stats().num_device_alloc; });
   stack_sampler::SetMeanBytes(mean);
   TimePairs(sizes, dm_alloc, dm_free);
   const int64_t before = alloc.stats().num_device_alloc;

@@ -20,7 +20,8 @@ struct SteadyMapsFigures {
   int64_t one_stream_maps = 0;  // the same passes, one stream only: the reference
 };
 
-// On an allocator of SimConfig(base) with two streams: after a warm-up of each phase,
+// On an allocator of SimConfig(base) with two streams: after a warm-up of both phases
+// until a round of them maps nothing (WarmUp, at most kMaxWarmUpPasses rounds),
 // kRepetitions passes alternating between thread 1 alone (stream 1) and threads 1 and 2
 // at once (streams 1 and 2), each thread its own size stream, 512 B .. 64 MiB.
 SteadyMapsFigures MeasureSteadyMaps2Streams(const Config& base);
