@@ -15,7 +15,7 @@
 //     absl::ResourceExhaustedError. Any other failure is a driver error and is
 //     returned with another code (and a message naming the driver call). Methods that
 //     return no Status (free_segment, unmap, record_event, rerecord_event, event_done,
-//     synchronize_event, synchronize_stream) report a driver failure by throwing
+//     synchronize_event, synchronize_stream, capture_state) report a driver failure by throwing
 //     DriverError (allocator/errors.h), naming the device, the call and the driver's
 //     error, before changing anything of their own; they never end the process. The
 //     allocator then poisons itself (caching_allocator.h). Clean-up of what the

@@ -32,7 +32,7 @@
 //     and release_address of a range that is not (entirely) mapped or reserved are
 //     reported the same way and change nothing.
 //   * Graph capture: capture_state is cudaStreamGetCaptureInfo (a failure is a
-//     std::runtime_error naming it); allocate_segment_during_capture is cudaMalloc with
+//     DriverError naming it); allocate_segment_during_capture is cudaMalloc with
 //     the thread's capture interaction mode relaxed for the call.
 //   * A runtime failure that is returned or reported is handled: the thread's last
 //     error it set is cleared (CudaStatus, ReportCuda), as allocate_segment does.
@@ -63,6 +63,7 @@
 #include "absl/base/thread_annotations.h"
 #include "allocator/backend_factory.h"
 #include "allocator/config.h"
+#include "allocator/errors.h"
 #include "allocator/mutex.h"
 #include "cuda/cuda_device_guard.h"
 
@@ -498,7 +499,7 @@ class CudaBackend final : public Backend {
       return CaptureState::kActive;
     }
     if (err != cudaSuccess) {
-      throw std::runtime_error(
+      throw DriverError(
           std::string(CudaStatus(name_, "cudaStreamGetCaptureInfo", err).message()));
     }
     switch (status) {
