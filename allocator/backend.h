@@ -15,7 +15,7 @@
 //     absl::ResourceExhaustedError. Any other failure is a driver error and is
 //     returned with another code (and a message naming the driver call). Methods that
 //     return no Status (free_segment, unmap, record_event, rerecord_event, event_done,
-//     synchronize_event, synchronize_stream) report a driver failure by throwing
+//     synchronize_event, synchronize_stream, capture_state) report a driver failure by throwing
 //     DriverError (allocator/errors.h), naming the device, the call and the driver's
 //     error, before changing anything of their own; they never end the process. The
 //     allocator then poisons itself (caching_allocator.h). Clean-up of what the
@@ -33,6 +33,13 @@
 //   * Releasing memory (free_segment, unmap) need not wait for queued work: the
 //     allocator synchronizes the owning stream first. So a stream must outlive the
 //     memory cached for it (empty_cache before destroy_stream).
+//   * Graph capture (CUDA): while a stream captures work into a graph, some driver calls
+//     would fail and invalidate the capture (cudaMalloc, cudaFree, map/unmap in the
+//     default "global" mode) or are illegal (querying or synchronizing an event
+//     recorded in the capture, synchronizing the capturing stream). capture_state says
+//     whether a stream captures; allocate_segment_during_capture allocates in a way a
+//     capture allows. The allocator makes no other call that could touch a capture
+//     while one is under way (docs/architecture.md, "Graph capture and private pools").
 //   * Stream callbacks: a function run by launch_host_fn must not call into any
 //     CachingAllocator. The allocator holds its device lock while it synchronizes a
 //     stream (before memory goes back to the driver), so a callback on that stream that
@@ -70,6 +77,9 @@ class StreamCallbackScope {
  private:
   bool previous_;
 };
+
+// A stream's graph-capture state (cudaStreamCaptureStatus).
+enum class CaptureState { kNone, kActive, kInvalidated };
 
 class Backend {
  public:
@@ -119,6 +129,17 @@ class Backend {
   virtual bool rerecord_event(Event /*event*/, Stream /*stream*/) { return false; }
   // Blocks until all work queued on `stream` has run.
   virtual void synchronize_stream(Stream stream) = 0;
+
+  // --- graph capture (see the contract above) ---------------------------------------
+  // Whether `stream` is capturing (cudaStreamGetCaptureInfo). Cheap enough for a cache
+  // miss. Backends without graphs never capture (the default).
+  virtual CaptureState capture_state(Stream /*stream*/) { return CaptureState::kNone; }
+  // allocate_segment while a capture may be under way: what CUDA allows then (cudaMalloc
+  // with the thread's capture interaction mode relaxed, as PyTorch does: the graph
+  // keeps the address, replays allocate nothing). The same errors as allocate_segment.
+  virtual absl::StatusOr<void*> allocate_segment_during_capture(size_t bytes) {
+    return allocate_segment(bytes);
+  }
 
   // --- virtual memory (caps().virtual_memory) -------------------------------------
   virtual size_t granularity() const { return 0; }

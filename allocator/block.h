@@ -40,6 +40,7 @@
 namespace devmem::internal {
 
 struct Segment;
+struct PrivatePool;  // allocator/private_pools.h
 
 // A BlockState that may be read and written concurrently: relaxed atomic loads and
 // stores, which compile to plain moves; it reads and assigns like a BlockState.
@@ -85,6 +86,10 @@ struct Block {
   absl::InlinedVector<Stream, 1> stream_uses;
   // The next block of the same thread-cache bin (kThreadCached only).
   Block* tc_next = nullptr;
+  // kPending only: freed while a graph capture was under way, its record_stream events
+  // not recorded yet (an event recorded in a capture cannot be queried); they are
+  // recorded once no capture is under way (DevicePool, device_pool_private.cc).
+  bool events_deferred = false;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
@@ -141,6 +146,9 @@ struct Segment {
   Block* head = nullptr;     // the lowest block (never nullptr)
   Block* tail = nullptr;     // the highest block
   int busy_blocks = 0;       // allocated + pending blocks in this segment
+  // The private pool (graph capture) this segment belongs to, or nullptr for the shared
+  // pool. Its free blocks are in that pool's free sets (FreeIndex routes by this).
+  PrivatePool* private_pool = nullptr;
   uint64_t last_used = 0;    // DevicePool::use_clock_ when it last became unused
 };
 

@@ -1,6 +1,7 @@
 // allocator/block_states.cc: see block_states.h.
 #include "allocator/block_states.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -50,6 +51,20 @@ absl::Status BlockStates::validate_block(const Block* b, StatRecount* rc,
       break;
     }
     case BlockState::kPending:
+      if (b->events_deferred) {
+        if (b->pending_events != 0 || b->stream_uses.empty() ||
+            std::find(deferred_.begin(), deferred_.end(), b) == deferred_.end()) {
+          return Violation(absl::StrFormat(
+              "pending block %#x waits for the end of a capture but is not deferred "
+              "right (%d events, %u streams)",
+              b->addr, b->pending_events, b->stream_uses.size()));
+        }
+        ++tally->deferred_blocks;
+        StatRecount::add(rc->active, small, 1);
+        StatRecount::add(rc->active_bytes, small, size);
+        StatRecount::add(rc->pending_bytes, small, size);
+        break;
+      }
       if (b->pending_events <= 0) {
         return Violation(absl::StrFormat("pending block %#x waits for no event", b->addr));
       }
@@ -87,10 +102,16 @@ absl::Status BlockStates::validate_block(const Block* b, StatRecount* rc,
   return absl::OkStatus();
 }
 
-absl::Status BlockStates::validate_count(size_t allocated_blocks) const {
+absl::Status BlockStates::validate_count(size_t allocated_blocks,
+                                         size_t deferred_blocks) const {
   if (allocated_blocks != allocated_.size()) {
     return Violation(absl::StrFormat("allocated table holds %u blocks, segments hold %u",
                                      allocated_.size(), allocated_blocks));
+  }
+  if (deferred_blocks != deferred_.size()) {
+    return Violation(absl::StrFormat(
+        "%u blocks wait for the end of a capture, %u are listed as such",
+        deferred_blocks, deferred_.size()));
   }
   return absl::OkStatus();
 }

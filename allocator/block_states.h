@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -46,6 +47,7 @@ struct BlockTally {
   size_t cache_owned_allocated = 0;    // handed out by a thread cache
   size_t thread_cached_blocks = 0;
   int64_t pending_events = 0;  // summed over pending blocks
+  size_t deferred_blocks = 0;  // pending, their events deferred (a capture under way)
 };
 
 class BlockStates {
@@ -111,6 +113,45 @@ class BlockStates {
     return true;
   }
 
+  // allocated -> pending without events yet: freed while a graph capture may be under
+  // way, with record_stream uses (an event recorded in a capture cannot be queried, so
+  // none is recorded now; record_deferred_events records them later). False, changing
+  // nothing, when `addr` is not a live allocation; may throw std::bad_alloc, changing
+  // nothing.
+  bool free_deferring_events(uintptr_t addr) {
+    auto it = allocated_.find(addr);
+    if (it == allocated_.end()) return false;
+    Block* b = it->second;
+    deferred_.reserve(deferred_.size() + 1);
+    allocated_.erase(it);
+    acct_.block_freed_by_user(b);
+    b->state = BlockState::kPending;
+    b->events_deferred = true;
+    acct_.block_pending(b);
+    deferred_.push_back(b);
+    return true;
+  }
+  bool has_deferred() const { return !deferred_.empty(); }
+  // Records the events of the deferred blocks for which `ready(b)` (none of its streams
+  // captures any more) and queues them: they are then pending as any cross-stream free.
+  // A record that throws leaves that block deferred and propagates.
+  template <typename Ready>
+  void record_deferred_events(Ready&& ready) {
+    for (size_t i = 0; i < deferred_.size();) {
+      Block* b = deferred_[i];
+      if (!ready(b)) {
+        ++i;
+        continue;
+      }
+      const size_t queued = events_.enqueue(b);  // stream_uses is not empty: >= 1
+      deferred_[i] = deferred_.back();
+      deferred_.pop_back();
+      b->events_deferred = false;
+      b->pending_events += static_cast<int>(queued);
+      b->stream_uses.clear();
+    }
+  }
+
   // pending -> free for every block whose events completed (with `wait`: synchronizes
   // every queued event first, so none stays pending), polling at most `budget` events.
   void complete_events(bool wait, size_t budget) {
@@ -154,8 +195,9 @@ class BlockStates {
   // This part's share of validate(): `b`, a block of a segment, against the allocated
   // table and its state's rules; adds it to the recount and the tally.
   absl::Status validate_block(const Block* b, StatRecount* rc, BlockTally* tally) const;
-  // ... and the allocated table holds no other blocks than the `allocated_blocks`.
-  absl::Status validate_count(size_t allocated_blocks) const;
+  // ... and the allocated table holds no other blocks than the `allocated_blocks`, nor
+  // the deferred list other than the `deferred_blocks`.
+  absl::Status validate_count(size_t allocated_blocks, size_t deferred_blocks = 0) const;
 
  private:
   // A user-freed or completed block (out of any set) becomes free and coalesces.
@@ -186,6 +228,8 @@ class BlockStates {
   uint64_t use_clock_ = 0;
   uint64_t free_seq_ = 0;
   const BlockMap* cache_map_ = nullptr;
+  // Pending blocks whose events wait for the end of a capture (free_deferring_events).
+  std::vector<Block*> deferred_;
 };
 
 }  // namespace devmem::internal

@@ -5,6 +5,7 @@
 #include "allocator/caching_allocator.h"
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/arena_internal.h"
@@ -56,8 +57,11 @@ CachingAllocator::~CachingAllocator() {
 // the device lock only on a miss.
 void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
-  // Scoped arenas come first: an arena buffer must never reach a thread cache.
-  if (void* p = arenas_->allocate(bytes, stream, site)) return p;
+  // Scoped arenas come first: an arena buffer must never reach a thread cache. Not while
+  // a private pool is allocated to: its allocations take the pool's path.
+  if (!pool_->allocating_to_pools()) [[likely]] {
+    if (void* p = arenas_->allocate(bytes, stream, site)) return p;
+  }
   void* p = pool_->allocate_front(bytes, stream, site);
   stack_sampler::OnAllocate(this, p, bytes, site);  // sampled stacks (stack_sampler.h)
   return p;
@@ -78,6 +82,18 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
   RefuseInStreamCallback(*pool_, "record_stream");
   if (arenas_->record_stream(ptr, stream)) return;
   pool_->record_stream(ptr, stream);
+}
+void CachingAllocator::begin_allocate_to_pool(PoolId pool, StreamFilter filter) {
+  RefuseInStreamCallback(*pool_, "begin_allocate_to_pool");
+  pool_->begin_allocate_to_pool(pool, std::move(filter));
+}
+void CachingAllocator::end_allocate_to_pool(PoolId pool) {
+  RefuseInStreamCallback(*pool_, "end_allocate_to_pool");
+  pool_->end_allocate_to_pool(pool);
+}
+void CachingAllocator::release_pool(PoolId pool) {
+  RefuseInStreamCallback(*pool_, "release_pool");
+  pool_->release_pool(pool);
 }
 void CachingAllocator::empty_cache() {
   RefuseInStreamCallback(*pool_, "empty_cache");

@@ -75,6 +75,7 @@
 #include "allocator/errors.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
+#include "allocator/pool_id.h"
 #include "allocator/site.h"
 #include "allocator/snapshot.h"
 #include "allocator/stats.h"
@@ -131,7 +132,25 @@ class CachingAllocator {
 
   // Polls every pending event, moving completed blocks back to the cache. allocate() polls
   // a few (allocator/event_queues.h); the runtime's poller thread calls this for the rest.
+  // Does nothing while an allocation to a private pool is under way (a capture).
   void process_events();
+
+  // Graph capture's private pools (allocator/pool_id.h; PyTorch's beginAllocateToPool,
+  // endAllocateToPool, releasePool). From begin_allocate_to_pool(pool, filter) to the
+  // matching end_allocate_to_pool(pool), allocations on streams for which filter(stream)
+  // is true use only the pool's memory (made for it, with cudaMalloc in relaxed capture
+  // mode on CUDA), and their blocks return to it when freed: no other allocation is ever
+  // handed them. A begin on a live pool shares it (its use count goes up).
+  // release_pool(pool) drops the use count; at zero the pool's memory goes back to the
+  // device as its blocks are freed. While any allocation to a pool is under way nothing
+  // queries events, synchronizes or gives memory back (process_events, empty_cache and
+  // trim skip those steps; thread caches and arenas step aside), so a capture is never
+  // broken. Misuse (the default pool id {0, 0}, an empty filter, ending a pool not
+  // being allocated to, releasing a pool still being allocated to, unknown or already
+  // released) throws InvalidArgumentError naming the pool, changing nothing.
+  void begin_allocate_to_pool(PoolId pool, StreamFilter filter);
+  void end_allocate_to_pool(PoolId pool);
+  void release_pool(PoolId pool);
 
   DeviceStats stats() const;
   void reset_peak_stats();

@@ -116,11 +116,18 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // std::bad_alloc leaves the pool as it was.
     blocks_.prepare_allocation(site);
     poll_locked(kAllocationEventPollBudget);
-    Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
+    // While a private pool is allocated to, the streams its filter takes use only its
+    // memory (device_pool_private.cc).
+    PrivatePool* const pool =
+        privates_.any_underway() ? privates_.route(stream) : nullptr;
+    Block* b = pool != nullptr
+                   ? free_.take_best_fit_private(*pool, size, stream, config_.max_split_size)
+                   : free_.take_best_fit(size, stream, config_.max_split_size);
     if (b != nullptr) {
       acct_.count_cache_hit();
     } else {
-      b = new_segment_with_retry(size, stream);
+      b = pool != nullptr ? grow_during_capture_locked(size, stream, pool)
+                          : new_segment_with_retry(size, stream);
       // The lock may have been released around a driver call, and another thread may
       // have used the spare Block or the table slot: make sure of them again. `b` is
       // free and out of any set; on failure it goes back to its set.
@@ -149,6 +156,8 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
 }
 
 Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
+  // No stage below but growing is allowed during a capture (device_pool_private.cc).
+  if (capturing_locked(stream)) return grow_during_capture_locked(size, stream, nullptr);
   const bool small = IsSmall(size);
   size_t segment_size = 0;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
@@ -190,6 +199,7 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
             return b;
           }
         }
+        release_private_pools_locked();  // released graphs' pools hold memory too
         reclaimer_.reclaim(SIZE_MAX, Urgency::kRetryWaitAll);
         break;
       case RetryStage::kExactSegment:
@@ -246,7 +256,13 @@ void DevicePool::free(void* ptr) {
 }
 
 void DevicePool::free_locked(void* ptr) {
-  if (!blocks_.free(reinterpret_cast<uintptr_t>(ptr))) {
+  const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (const Block* b = blocks_.allocated(addr);
+      b != nullptr && !b->stream_uses.empty() && defer_events_locked(b)) [[unlikely]] {
+    blocks_.free_deferring_events(addr);
+    return;
+  }
+  if (!blocks_.free(addr)) {
     throw InvalidArgumentError(describe_bad_pointer("free", ptr));
   }
 }
@@ -274,13 +290,19 @@ void DevicePool::process_events() {
 void DevicePool::empty_cache() {
   MutexLock lock(&mu_);
   drain_thread_caches_locked();
+  // During a capture nothing may be waited for or given back (it would break the
+  // capture): the thread caches are all that empty_cache does then.
+  if (privates_.any_underway()) return;
+  if (blocks_.has_deferred()) record_deferred_events_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/true);
+  release_private_pools_locked();
   reclaimer_.reclaim(SIZE_MAX, Urgency::kEmptyCache);
 }
 
 void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
   drain_thread_caches_locked();
+  if (privates_.any_underway()) return;  // as empty_cache
   if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.

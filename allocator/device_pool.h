@@ -13,6 +13,7 @@
 //   RegularSegments,     the segment sources (segment_source.h): grow, release,
 //   ExpandableSegments   recycle
 //   Reclaimer            which cached memory goes back, by urgency
+//   PrivatePools         graph capture's private pools (device_pool_private.cc)
 // The driver is reached only through Backend.
 //
 // The ways memory goes back, told apart by name:
@@ -58,6 +59,7 @@
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
 #include "allocator/pool_accounting.h"
+#include "allocator/private_pools.h"
 #include "allocator/reclaimer.h"
 #include "allocator/regular_segments.h"
 #include "allocator/segment_table.h"
@@ -81,6 +83,16 @@ class DevicePool {
   void trim(size_t keep_bytes);
   absl::Status set_memory_fraction(double fraction);
   void process_events();
+
+  // --- graph capture's private pools (device_pool_private.cc, private_pools.h) --------
+  // CachingAllocator's begin_allocate_to_pool / end_allocate_to_pool / release_pool:
+  // InvalidArgumentError naming the pool for misuse, changing nothing.
+  void begin_allocate_to_pool(PoolId pool, StreamFilter filter);
+  void end_allocate_to_pool(PoolId pool);
+  void release_pool(PoolId pool);
+  // True while an allocation to a private pool is under way (read without the lock by
+  // the front end: thread caches and arenas step aside then).
+  bool allocating_to_pools() const { return pools_underway_.load(std::memory_order_acquire); }
 
   DeviceStats stats() const;
   void reset_peak_stats();
@@ -155,11 +167,40 @@ class DevicePool {
   // events (kAllocationEventPollBudget on the allocation path, kPollAllEvents for
   // process_events()). What is not done yet waits for a later call.
   void poll_locked(size_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    // No event is queried while a capture may be under way (device_pool_private.cc).
+    if (privates_.any_underway()) return;
+    if (blocks_.has_deferred()) record_deferred_events_locked();
     if (!events_.empty()) process_events_locked(/*wait=*/false, budget);
     if (expandable_ != nullptr && expandable_->has_deferred()) {
       expandable_->complete_deferred(/*wait=*/false);
     }
   }
+
+  // --- graph capture (device_pool_private.cc) -----------------------------------------
+  // True when a capture may be under way for an allocation on `stream`: a private pool
+  // is being allocated to, or the backend says `stream` captures. Then nothing may
+  // synchronize, query events or give memory back, and segments come from
+  // Backend::allocate_segment_during_capture.
+  bool capturing_locked(Stream stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A miss while capturing: a regular segment (no expandable map, which the driver
+  // refuses during a capture), for `pool` when not nullptr; the thread caches are the
+  // only memory taken back (no driver call); nullptr when the device has no room.
+  Block* grow_during_capture_locked(size_t size, Stream stream, PrivatePool* pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free of `b` (record_stream uses) must not record its events now: a capture is
+  // under way, or one of its streams captures.
+  bool defer_events_locked(const Block* b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records the events of blocks freed during a capture, once their streams capture no
+  // more.
+  void record_deferred_events_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives the unused segments of released private pools back to the device (no
+  // capture under way), and forgets the pools left empty.
+  void release_private_pools_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void release_private_pool_locked(PrivatePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // stats() and snapshots: the private pools' share.
+  void private_stats_locked(DeviceStats* stats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // validate()'s share: the pools' records against the segment table.
+  absl::Status validate_private_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- thread caches (device_pool_tcache.cc) ------------------------------------------
   // The device lock held by the caller, the rest of free(): `ptr` as free() takes it.
@@ -247,6 +288,9 @@ class DevicePool {
   // memory.
   const std::unique_ptr<ExpandableSegments> expandable_ ABSL_PT_GUARDED_BY(mu_);
   Reclaimer reclaimer_ ABSL_GUARDED_BY(mu_);
+  PrivatePools privates_ ABSL_GUARDED_BY(mu_);
+  // privates_.any_underway(), written under mu_, for allocating_to_pools().
+  std::atomic<bool> pools_underway_{false};
 
   // --- thread caches -----------------------------------------------------------------
   const ThreadCacheLimits cache_limits_ = ThreadCacheLimitsFor(config_);

@@ -16,6 +16,7 @@ DeviceStats DevicePool::stats() const {
   quiesce_for_read_locked();  // fold the thread caches' hits
   DeviceStats stats = acct_.stats();
   free_.summarize(&stats);
+  private_stats_locked(&stats);
   return stats;
 }
 
@@ -65,6 +66,7 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   }
   snap.stats = acct_.stats();
   free_.summarize(&snap.stats);
+  private_stats_locked(&snap.stats);
   snap.time_ns = CoarseNowNs();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {
@@ -74,6 +76,7 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
     si.stream = s->stream;
     si.small_pool = s->small_pool;
     si.expandable = s->expandable();
+    if (s->private_pool != nullptr) si.private_pool = s->private_pool->id;
     for (const Block* b = s->head; b != nullptr; b = b->next) {
       si.blocks.push_back(BlockInfo{b->addr, b->size, b->requested, b->state, b->stream,
                                     b->site, b->alloc_time_ns});
@@ -171,6 +174,11 @@ OomReport DevicePool::oom_report(size_t requested, size_t size, Stream stream,
                       : 1.0 - static_cast<double>(r->largest_free_block) /
                                   static_cast<double>(total_free);
   r->segment_count = segments_.size();
+  {
+    DeviceStats priv;
+    private_stats_locked(&priv);
+    r->private_pool_bytes = static_cast<size_t>(priv.private_reserved_bytes);
+  }
   r->top_sites = acct_.top_sites(10);
   r->copy_bytes = acct_.copy_bytes();
   if (arena_hook_ != nullptr) arena_hook_->describe(r);

@@ -33,8 +33,9 @@ void Emit(AllocatorObserver* observer, const AllocEvent& event) {
 // --- the front end ----------------------------------------------------------------------
 
 void* DevicePool::allocate_front(size_t requested, Stream stream, SiteId site) {
-  // 1 .. max_size (max_size 0: caches off; requested 0 wraps around).
-  if (requested - 1 < cache_limits_.max_size) {
+  // 1 .. max_size (max_size 0: caches off; requested 0 wraps around). Not while a
+  // private pool is allocated to: routing to it happens under the lock.
+  if (requested - 1 < cache_limits_.max_size && !allocating_to_pools()) {
     ThreadCache* tc = tcache::Find(pool_id_);
     if (tc == nullptr) [[unlikely]] {
       if (tcache::CanCreate()) create_thread_cache();
@@ -149,8 +150,9 @@ void* DevicePool::cache_allocate_slow(ThreadCache* tc, size_t requested, Stream 
 }
 
 ThreadCache::Bin* DevicePool::bin_for_free_locked(ThreadCache* tc, const Block* b) {
+  // A private pool's blocks never enter a cache (device_pool_private.cc).
   if (tc == nullptr || !b->stream_uses.empty() || !b->segment->small_pool ||
-      b->size > cache_limits_.max_size) {
+      b->size > cache_limits_.max_size || b->segment->private_pool != nullptr) {
     return nullptr;
   }
   ThreadCache::Slot* slot = tc->slot_for(b->stream);

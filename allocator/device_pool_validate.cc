@@ -38,8 +38,13 @@ absl::Status DevicePool::validate() const {
   if (expandable_ != nullptr) {
     if (st = expandable_->validate(); !st.ok()) return st;
   }
-  if (st = free_.validate_count(tally.free_blocks); !st.ok()) return st;
-  if (st = blocks_.validate_count(tally.allocated_blocks); !st.ok()) return st;
+  size_t private_free = 0;
+  for (const auto& [id, p] : privates_) private_free += p->small_free.size() + p->large_free.size();
+  if (st = free_.validate_count(tally.free_blocks, private_free); !st.ok()) return st;
+  if (st = blocks_.validate_count(tally.allocated_blocks, tally.deferred_blocks); !st.ok()) {
+    return st;
+  }
+  if (st = validate_private_locked(); !st.ok()) return st;
   if (st = validate_caches_locked(tally.thread_cached_blocks, tally.cache_owned_allocated);
       !st.ok()) {
     return st;

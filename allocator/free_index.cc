@@ -29,6 +29,7 @@ void FreeIndex::delete_block(Block* b) {
   b->pending_events = 0;
   b->alloc_time_ns = 0;
   b->stream_uses.clear();
+  b->events_deferred = false;
   try {
     spares_.push_back(b);
   } catch (...) {
@@ -37,7 +38,9 @@ void FreeIndex::delete_block(Block* b) {
 }
 
 absl::Status FreeIndex::validate_free_block(const Block* b) const {
-  const FreeSet& s = set(b->segment->small_pool);
+  const FreeSet& s = b->segment->private_pool != nullptr
+                        ? b->segment->private_pool->free_set(b->segment->small_pool)
+                        : set(b->segment->small_pool);
   auto it = s.find(b);
   if (it == s.end() || *it != b) {
     return absl::InternalError(absl::StrFormat(
@@ -95,11 +98,11 @@ void FreeIndex::summarize(DeviceStats* stats) const {
       std::max(stats->largest_free_block[kSmallPool], stats->largest_free_block[kLargePool]);
 }
 
-absl::Status FreeIndex::validate_count(size_t free_blocks) const {
-  if (free_blocks != size()) {
+absl::Status FreeIndex::validate_count(size_t free_blocks, size_t private_free) const {
+  if (free_blocks != size() + private_free) {
     return absl::InternalError(absl::StrFormat(
-        "devmem validate(): free sets hold %u blocks but segments hold %u free", size(),
-        free_blocks));
+        "devmem validate(): free sets hold %u blocks but segments hold %u free",
+        size() + private_free, free_blocks));
   }
   for (const bool small : {true, false}) {
     const char* pool = small ? "small" : "large";

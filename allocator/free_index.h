@@ -35,6 +35,7 @@
 #include "allocator/block.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/pool_policy.h"
+#include "allocator/private_pools.h"
 #include "allocator/stats.h"
 
 namespace devmem::internal {
@@ -51,15 +52,26 @@ class FreeIndex {
   const FreeSet& set(bool small) const { return small ? small_ : large_; }
   size_t size() const { return small_.size() + large_.size(); }
 
-  // A free block (out of any set) enters / leaves its pool's set.
+  // A free block (out of any set) enters / leaves its pool's set: a private pool's
+  // (private_pools.h) for the blocks of its segments, which the summary leaves out.
   void insert(Block* b) {
     const bool small = b->segment->small_pool;
+    if (PrivatePool* p = b->segment->private_pool) [[unlikely]] {
+      p->free_set(small).insert(b);
+      acct_.free_block_listed(b);
+      return;
+    }
     (small ? small_ : large_).insert(b);
     summary_[small].listed(b->size);
     acct_.free_block_listed(b);
   }
   void erase(Block* b) {
     const bool small = b->segment->small_pool;
+    if (PrivatePool* p = b->segment->private_pool) [[unlikely]] {
+      p->free_set(small).erase(b);
+      acct_.free_block_unlisted(b);
+      return;
+    }
     (small ? small_ : large_).erase(b);
     summary_[small].unlisted(b->size);
     acct_.free_block_unlisted(b);
@@ -80,7 +92,14 @@ class FreeIndex {
   // their blocks are split freely (no segment boundaries strand memory), which
   // max_split_size works around.
   Block* take_best_fit(size_t size, Stream stream, size_t max_split_size) {
-    FreeSet& s = IsSmall(size) ? small_ : large_;
+    return take_best_fit_in(IsSmall(size) ? small_ : large_, size, stream, max_split_size);
+  }
+  // The same over a private pool's free sets.
+  Block* take_best_fit_private(PrivatePool& pool, size_t size, Stream stream,
+                               size_t max_split_size) {
+    return take_best_fit_in(pool.free_set(IsSmall(size)), size, stream, max_split_size);
+  }
+  Block* take_best_fit_in(FreeSet& s, size_t size, Stream stream, size_t max_split_size) {
     for (auto it = s.lower_bound(BlockKey{stream, size, 0});
          it != s.end() && (*it)->stream == stream; ++it) {
       Block* b = *it;
@@ -161,9 +180,10 @@ class FreeIndex {
   // This part's share of validate(): `b`, a free block of a segment, is in its set
   // and has no recorded streams.
   absl::Status validate_free_block(const Block* b) const;
-  // ... and the sets hold no more than the `free_blocks` free blocks the segments hold,
-  // and each pool's summary equals a recount over its set.
-  absl::Status validate_count(size_t free_blocks) const;
+  // ... and the sets (with the `private_free` blocks of private pools' sets) hold no
+  // more than the `free_blocks` free blocks the segments hold, and each pool's summary
+  // equals a recount over its set.
+  absl::Status validate_count(size_t free_blocks, size_t private_free = 0) const;
 
  private:
   friend class DevicePoolTestPeer;  // corrupts the summary to show validate() notices

@@ -253,6 +253,10 @@ std::string OomReport::ToString() const {
                     " escaped their scope), ", FormatBytes(arena_retained_bytes),
                     " in empty retained chunks\n");
   }
+  if (private_pool_bytes > 0) {
+    absl::StrAppend(&out, "  private pools (CUDA graphs) hold: ", FormatBytes(private_pool_bytes),
+                    " of the reserved bytes, usable only by their graphs until released\n");
+  }
   absl::StrAppend(&out, "  cause: ", std::string(OomCauseName(cause)), "\n");
   absl::StrAppend(&out, "  remedy: ", remedy);
   return out;

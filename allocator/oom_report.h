@@ -70,6 +70,9 @@ struct OomReport {
   size_t arena_live_bytes = 0;
   size_t arena_escaped_bytes = 0;
   size_t arena_retained_bytes = 0;
+  // Bytes of private pools' segments (graph capture, allocator/pool_id.h), inside
+  // `reserved`: memory only its graphs can use until their pools are released.
+  size_t private_pool_bytes = 0;
   OomCause cause = OomCause::kRealUse;
   std::string remedy;  // one or two sentences chosen from the numbers above
 

@@ -46,7 +46,8 @@ Grown RegularSegments::grow(const GrowRequest& req) {
   absl::StatusOr<void*> p;
   {
     ScopedUnlock unlocked(req.lock);
-    p = backend_.allocate_segment(req.segment_size);
+    p = req.during_capture ? backend_.allocate_segment_during_capture(req.segment_size)
+                           : backend_.allocate_segment(req.segment_size);
   }
   in_flight_bytes_ -= req.segment_size;
   --in_flight_calls_;
@@ -59,7 +60,19 @@ Grown RegularSegments::grow(const GrowRequest& req) {
                                              backend_.device().ToString(), req.segment_size,
                                              p.status().ToString()));
   }
+  if (req.private_pool != nullptr) {
+    try {
+      req.private_pool->segments.push_back(seg.get());
+    } catch (...) {
+      free_.delete_block(b);
+      // Never used, so no stream to wait for. (During a capture the driver may refuse
+      // the free; the backend reports that on stderr and the bytes stay lost.)
+      backend_.free_segment(*p, req.segment_size);
+      throw;
+    }
+  }
   Segment* s = seg.release();
+  s->private_pool = req.private_pool;
   s->addr = reinterpret_cast<uintptr_t>(*p);
   s->size = req.segment_size;
   s->stream = req.stream;

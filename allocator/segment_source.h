@@ -40,6 +40,11 @@ struct GrowRequest {
   // The device lock, held by the caller; a source may release it around a driver call
   // (and takes it back before returning). nullptr: it must not.
   Mutex* lock = nullptr;
+  // A graph capture may be under way (private_pools.h): the segment is allocated with
+  // Backend::allocate_segment_during_capture. Only RegularSegments takes such requests.
+  bool during_capture = false;
+  // The private pool the segment is for (RegularSegments only), or nullptr.
+  PrivatePool* private_pool = nullptr;
 };
 
 // What grow() got: a free block of at least the request's size, out of any free set,

@@ -30,7 +30,8 @@ Block* SegmentTable::block_containing(uintptr_t addr) const {
 std::vector<Segment*> SegmentTable::unused() const {
   std::vector<Segment*> unused;
   for (const auto& [addr, s] : segments_) {
-    if (s->busy_blocks == 0) unused.push_back(s);
+    // A private pool's segments go back only through release_pool (private_pools.h).
+    if (s->busy_blocks == 0 && s->private_pool == nullptr) unused.push_back(s);
   }
   return unused;
 }

@@ -51,7 +51,8 @@ class SegmentTable {
 
   // The block containing `addr` (any state), or nullptr.
   Block* block_containing(uintptr_t addr) const;
-  // Segments with no allocated or pending block, in address order.
+  // Shared-pool segments with no allocated or pending block, in address order (private
+  // pools' segments are not the reclaimer's to release).
   std::vector<Segment*> unused() const;
 
   // This part's share of validate(). Calls on_segment(s) once per segment (in address

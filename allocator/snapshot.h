@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "allocator/arena.h"
+#include "allocator/pool_id.h"
 #include "allocator/site.h"
 #include "allocator/stack_sampler.h"
 #include "allocator/stats.h"
@@ -42,6 +43,8 @@ struct SegmentInfo {
   Stream stream;
   bool small_pool = false;
   bool expandable = false;
+  // The private pool (graph capture) the segment belongs to; {0, 0}: the shared pool.
+  PoolId private_pool;
   std::vector<BlockInfo> blocks;  // address order, tiling [addr, addr + size)
 };
 

@@ -94,14 +94,24 @@ struct DeviceStats {
   int64_t cache_misses = 0;       // allocations that needed a new segment
   int64_t num_frees = 0;          // user frees
   int64_t max_split_size = 0;     // the configured limit (INT64_MAX when none)
-  // The free sets (free cached blocks, ready for reuse), per pool and in aggregate:
-  // their bytes (equal to cached_bytes(pool)), how many blocks, and the largest block
+  // The shared free sets (free cached blocks, ready for reuse; private pools' free
+  // blocks, which serve only their pool, are not in them), per pool and in aggregate:
+  // their bytes (cached_bytes(pool) less those private free blocks), how many blocks,
+  // and the largest block
   // (in aggregate: the larger pool's). Current values only, kept incrementally
   // (allocator/free_index.h), so reading them costs no walk over the blocks. Not in the
   // JSON forms (docs/formats.md): a snapshot's segments hold them.
   std::array<int64_t, kNumStatPools> free_bytes{};
   std::array<int64_t, kNumStatPools> free_blocks{};
   std::array<int64_t, kNumStatPools> largest_free_block{};
+  // Private pools (graph capture, allocator/pool_id.h): how many exist (live or
+  // released and still giving memory back), the bytes of their segments and of their
+  // allocated blocks. Part of reserved_bytes and allocated_bytes above (memory of the
+  // device like any other), broken out because no other work can use it. Current
+  // values, counted when read (a walk over the private pools' segments only).
+  int64_t private_pools = 0;
+  int64_t private_reserved_bytes = 0;
+  int64_t private_allocated_bytes = 0;
 
   // reserved - active, for the aggregate or one pool.
   int64_t cached_bytes(StatPool pool = kAggregatePool) const {

@@ -533,6 +533,71 @@ int devmem_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes) {
   });
 }
 
+int devmem_begin_allocate_to_pool(int device, uint64_t id_first, uint64_t id_second,
+                                  devmem_stream_filter filter, void* filter_ctx) {
+  return Guard([&] {
+    devmem::CachingAllocator& a = devmem::AllocatorFor(device);
+    devmem::StreamFilter f;
+    if (filter != nullptr) {
+      f = [filter, filter_ctx](devmem::Stream s) {
+        return filter(filter_ctx, reinterpret_cast<void*>(s.handle)) != 0;
+      };
+    } else {
+      devmem::Backend* backend = &a.backend();  // lives as long as the allocator
+      f = [backend](devmem::Stream s) {
+        return backend->capture_state(s) != devmem::CaptureState::kNone;
+      };
+    }
+    a.begin_allocate_to_pool(devmem::PoolId{id_first, id_second}, std::move(f));
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_end_allocate_to_pool(int device, uint64_t id_first, uint64_t id_second) {
+  return Guard([&] {
+    devmem::AllocatorFor(device).end_allocate_to_pool(devmem::PoolId{id_first, id_second});
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_release_pool(int device, uint64_t id_first, uint64_t id_second) {
+  return Guard([&] {
+    devmem::AllocatorFor(device).release_pool(devmem::PoolId{id_first, id_second});
+    return DEVMEM_OK;
+  });
+}
+
+void devmem_torch_begin_allocate_to_pool(
+    int device, std::pair<unsigned long long, unsigned long long> pool,
+    std::function<bool(CUstream_st*)> filter) {
+  const int rc = Guard([&] {
+    devmem::StreamFilter f;
+    if (filter) {
+      f = [filter = std::move(filter)](devmem::Stream s) {
+        return filter(reinterpret_cast<CUstream_st*>(s.handle));
+      };
+    }
+    devmem::AllocatorFor(device).begin_allocate_to_pool(
+        devmem::PoolId{pool.first, pool.second}, std::move(f));
+    return DEVMEM_OK;
+  });
+  if (rc != DEVMEM_OK) devmem::ReportOnStderr("devmem_torch_begin_allocate_to_pool");
+}
+
+void devmem_torch_end_allocate_to_pool(int device,
+                                       std::pair<unsigned long long, unsigned long long> pool) {
+  if (devmem_end_allocate_to_pool(device, pool.first, pool.second) != DEVMEM_OK) {
+    devmem::ReportOnStderr("devmem_torch_end_allocate_to_pool");
+  }
+}
+
+void devmem_torch_release_pool(int device,
+                               std::pair<unsigned long long, unsigned long long> pool) {
+  if (devmem_release_pool(device, pool.first, pool.second) != DEVMEM_OK) {
+    devmem::ReportOnStderr("devmem_torch_release_pool");
+  }
+}
+
 char* devmem_memory_summary(int device) {
   char* out = nullptr;
   Guard([&] {

@@ -248,7 +248,62 @@ int devmem_mem_get_info(int device, size_t* free_bytes, size_t* total_bytes);
  * (a bad device: DEVMEM_ERR_INVALID in the last error). Thread-safe. */
 char* devmem_memory_summary(int device);
 
+/* ---- CUDA graphs: private pools (allocator/pool_id.h) --------------------------------- */
+
+/* The three calls PyTorch's CUDAPluggableAllocator forwards for graph capture
+ * (set_begin_allocate_to_pool, set_end_allocate_to_pool_fn, set_release_pool:
+ * void(int device, MempoolId_t, std::function<bool(cudaStream_t)>) and
+ * void(int device, MempoolId_t)). A MempoolId_t is a pair of 64-bit ids, passed here as
+ * `id_first`, `id_second`; (0, 0) is the default pool and names no private pool. The
+ * std::function becomes a C function and its context: `filter(filter_ctx, stream)`
+ * returns nonzero for the streams whose allocations go to the pool. It is called under
+ * devmem's lock on every allocation on `device` while the pool is being allocated to,
+ * so it must be quick and must not call devmem. NULL means "every stream of the device
+ * that is capturing a graph now" (cudaStreamGetCaptureInfo; on sim no stream captures).
+ *
+ * From devmem_begin_allocate_to_pool to the matching devmem_end_allocate_to_pool,
+ * allocations on streams the filter takes use only the pool's memory, and what is freed
+ * goes back to the pool, never to other work: a graph's replays reuse its addresses. A
+ * begin on a live pool shares it. devmem_release_pool drops the pool's use count; at
+ * zero its memory goes back to the device as its blocks are freed (now for the unused
+ * ones, unless another capture is under way). While any pool is being allocated to,
+ * devmem queries no event, synchronizes nothing and gives no memory back, so it never
+ * breaks a capture.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID naming the pool for misuse (the default id, a
+ * bad device, ending a pool not being allocated to, releasing a pool still being
+ * allocated to, unknown or already released), changing nothing; DEVMEM_ERR_CONFIG.
+ * Thread-safe. */
+typedef int (*devmem_stream_filter)(void* filter_ctx, void* stream);
+int devmem_begin_allocate_to_pool(int device, uint64_t id_first, uint64_t id_second,
+                                  devmem_stream_filter filter, void* filter_ctx);
+int devmem_end_allocate_to_pool(int device, uint64_t id_first, uint64_t id_second);
+int devmem_release_pool(int device, uint64_t id_first, uint64_t id_second);
+
 #ifdef __cplusplus
+} /* extern "C" */
+
+/* ---- PyTorch's graph-pool hooks (C++ only) ------------------------------------------- */
+
+/* The functions PyTorch's CUDAPluggableAllocator takes through its Python binding's
+ * set_begin_allocate_to_pool, set_end_allocate_to_pool_fn and set_release_pool (PyTorch
+ * 2.3 and later; python/devmem/torch.py installs them): PyTorch casts the address to
+ * void(int, c10::cuda::MempoolId_t, std::function<bool(cudaStream_t)>) and
+ * void(int, c10::cuda::MempoolId_t), so these have exactly those C++ types
+ * (MempoolId_t is std::pair<unsigned long long, unsigned long long>; cudaStream_t is
+ * CUstream_st*) and C names. They do what devmem_begin_allocate_to_pool,
+ * devmem_end_allocate_to_pool and devmem_release_pool do; PyTorch ignores what they
+ * could return, so a failure is written to stderr and left as the last error. */
+#include <functional>
+#include <utility>
+struct CUstream_st;
+extern "C" {
+void devmem_torch_begin_allocate_to_pool(
+    int device, std::pair<unsigned long long, unsigned long long> pool,
+    std::function<bool(CUstream_st*)> filter);
+void devmem_torch_end_allocate_to_pool(int device,
+                                       std::pair<unsigned long long, unsigned long long> pool);
+void devmem_torch_release_pool(int device,
+                               std::pair<unsigned long long, unsigned long long> pool);
 } /* extern "C" */
 #endif
 

@@ -31,6 +31,9 @@
 //     CUDA_ERROR_DEINITIALIZED (process exit), which are expected and ignored. unmap
 //     and release_address of a range that is not (entirely) mapped or reserved are
 //     reported the same way and change nothing.
+//   * Graph capture: capture_state is cudaStreamGetCaptureInfo (a failure is a
+//     DriverError naming it); allocate_segment_during_capture is cudaMalloc with
+//     the thread's capture interaction mode relaxed for the call.
 //   * A runtime failure that is returned or reported is handled: the thread's last
 //     error it set is cleared (CudaStatus, ReportCuda), as allocate_segment does.
 #include "cuda/cuda_backend.h"
@@ -46,6 +49,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <stdexcept>
 #include <memory>
 #include <string>
 #include <utility>
@@ -59,6 +63,7 @@
 #include "absl/base/thread_annotations.h"
 #include "allocator/backend_factory.h"
 #include "allocator/config.h"
+#include "allocator/errors.h"
 #include "allocator/mutex.h"
 #include "cuda/cuda_device_guard.h"
 
@@ -479,6 +484,41 @@ class CudaBackend final : public Backend {
     if (cudaError_t err = cudaStreamSynchronize(ToCuda(stream)); err != cudaSuccess) {
       FatalCuda(name_, "cudaStreamSynchronize", err);
     }
+  }
+
+  // --- graph capture ------------------------------------------------------------------
+
+  CaptureState capture_state(Stream stream) override {
+    DeviceGuard guard(device_.index);
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    unsigned long long id = 0;
+    const cudaError_t err = cudaStreamGetCaptureInfo(ToCuda(stream), &status, &id);
+    if (err == cudaErrorStreamCaptureImplicit) {
+      // The legacy stream while a blocking stream captures: unusable, as if capturing.
+      cudaGetLastError();
+      return CaptureState::kActive;
+    }
+    if (err != cudaSuccess) {
+      throw DriverError(
+          std::string(CudaStatus(name_, "cudaStreamGetCaptureInfo", err).message()));
+    }
+    switch (status) {
+      case cudaStreamCaptureStatusActive: return CaptureState::kActive;
+      case cudaStreamCaptureStatusInvalidated: return CaptureState::kInvalidated;
+      default: return CaptureState::kNone;
+    }
+  }
+
+  absl::StatusOr<void*> allocate_segment_during_capture(size_t bytes) override {
+    // Relaxed for this thread only, restored after: cudaMalloc is allowed during a
+    // capture then, and the graph keeps the address (PyTorch's cudaMallocMaybeCapturing).
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (cudaError_t err = cudaThreadExchangeStreamCaptureMode(&mode); err != cudaSuccess) {
+      return CudaStatus(name_, "cudaThreadExchangeStreamCaptureMode(relaxed)", err);
+    }
+    absl::StatusOr<void*> p = allocate_segment(bytes);
+    cudaThreadExchangeStreamCaptureMode(&mode);  // back to the caller's mode
+    return p;
   }
 
   // --- virtual memory -----------------------------------------------------------------

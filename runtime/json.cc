@@ -73,6 +73,12 @@ constexpr CounterField kCounters[] = {
     {"num_frees", &DeviceStats::num_frees},
     {"max_split_size", &DeviceStats::max_split_size},
 };
+// Written always, read when present (files from before private pools have none).
+constexpr CounterField kOptionalCounters[] = {
+    {"private_pools", &DeviceStats::private_pools},
+    {"private_reserved_bytes", &DeviceStats::private_reserved_bytes},
+    {"private_allocated_bytes", &DeviceStats::private_allocated_bytes},
+};
 constexpr const char* kPoolNames[kNumStatPools] = {"all", "small", "large"};
 
 // --- writing --------------------------------------------------------------------------
@@ -97,6 +103,7 @@ ojson StatsToJson(const DeviceStats& stats) {
   }
   for (const StatField& f : kStats) j[f.name] = StatToJson(stats.*f.member);
   for (const CounterField& f : kCounters) j[f.name] = stats.*f.member;
+  for (const CounterField& f : kOptionalCounters) j[f.name] = stats.*f.member;
   return j;
 }
 
@@ -196,6 +203,9 @@ ojson DeviceToJson(const AllocatorSnapshot& d, const BufferAnnotations* annotati
     seg["stream"] = static_cast<uint64_t>(s.stream.handle);
     seg["pool"] = s.small_pool ? "small" : "large";
     seg["expandable"] = s.expandable;
+    if (!s.private_pool.is_default()) {  // only private pools' segments have it
+      seg["private_pool"] = ojson::array({s.private_pool.first, s.private_pool.second});
+    }
     ojson blocks = ojson::array();
     for (const BlockInfo& b : s.blocks) {
       blocks.push_back(BlockToJson(b, d.time_ns));
@@ -429,6 +439,9 @@ DeviceStats StatsFrom(const json& v, const std::string& path) {
     stats.*f.member = StatFrom(Field(v, f.name, path), Sub(path, f.name));
   }
   for (const CounterField& f : kCounters) stats.*f.member = I64F(v, f.name, path);
+  for (const CounterField& f : kOptionalCounters) {
+    if (v.contains(f.name)) stats.*f.member = I64F(v, f.name, path);
+  }
   return stats;
 }
 
@@ -497,6 +510,16 @@ AllocatorSnapshot DeviceFrom(const json& v, const std::string& path) {
     }
     seg.small_pool = pool == "small";
     seg.expandable = Bool(Field(s, "expandable", p), Sub(p, "expandable"));
+    if (auto pp = s.find("private_pool"); pp != s.end()) {  // optional
+      const std::string ppp = Sub(p, "private_pool");
+      const json& ids = Array(*pp, ppp);
+      if (ids.size() != 2) {
+        throw ReadError{absl::StrCat(ppp, ": expected [first, second], got ", ids.size(),
+                                     " numbers")};
+      }
+      seg.private_pool.first = U64(ids[0], Idx(ppp, 0));
+      seg.private_pool.second = U64(ids[1], Idx(ppp, 1));
+    }
     const std::string bp = Sub(p, "blocks");
     const json& blocks = Array(Field(s, "blocks", p), bp);
     for (size_t k = 0; k < blocks.size(); ++k) {

@@ -336,6 +336,25 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
     out.push_back(f.Take());
   }
 
+  // Private pools (CUDA graphs): one series per device and kind, whatever the number of
+  // pools (their ids would be an unbounded label).
+  {
+    Family bytes("devmem_private_pool_bytes", MetricType::Gauge,
+                 "Bytes of private pools (CUDA graphs): kind=\"reserved\" their segments, "
+                 "kind=\"allocated\" their allocated blocks (both inside "
+                 "devmem_reserved_bytes and devmem_allocated_bytes).");
+    Family pools("devmem_private_pools", MetricType::Gauge,
+                 "Private pools (CUDA graphs) that hold memory or are being allocated to.");
+    for (const DeviceReading& r : readings) {
+      bytes.Add({{"device", r.device}, {"kind", "reserved"}}, D(r.stats.private_reserved_bytes));
+      bytes.Add({{"device", r.device}, {"kind", "allocated"}},
+                D(r.stats.private_allocated_bytes));
+      pools.Add({{"device", r.device}}, D(r.stats.private_pools));
+    }
+    out.push_back(bytes.Take());
+    out.push_back(pools.Take());
+  }
+
   {
     Family f("devmem_device_info", MetricType::Gauge,
              "Always 1; labels describe the device (join with dcgm-exporter on uuid).");

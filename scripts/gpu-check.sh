@@ -53,6 +53,10 @@
 #                                   8 steps (fixed seed, deterministic algorithms) with
 #                                   PyTorch's allocator and with devmem as
 #                                   CUDAPluggableAllocator: every loss bit-for-bit equal
+#         torch-graphs.log          tests/gpu/torch_graphs.py: torch.cuda.graph captures
+#                                   and replays a graph with devmem as the allocator
+#                                   (its private pool: output equal to eager, eager
+#                                   tensors untouched by replays, the pool given back)
 #         replay-bench.log / .json  tests/gpu/replay_bench.py: tests/data/traces/
 #                                   training_loop.jsonl and real/resnet18_train.jsonl.gz
 #                                   replayed through devmem's C ABI, PyTorch's
@@ -310,6 +314,7 @@ run_framework torch.log torch_pluggable.py
 run_framework cupy.log cupy_allocator.py
 run_framework torch-package.log torch_package.py
 run_framework torch-step.log torch_training_step.py
+run_framework torch-graphs.log torch_graphs.py
 
 # 6. The side-by-side replay benchmark: one synthetic and one real training trace,
 #    four allocators, one table (replay-bench.log) and one JSON.

@@ -286,6 +286,42 @@ static void test_arena_scopes(void) {
   CHECK(devmem_empty_cache(0) == DEVMEM_OK);
 }
 
+/* A filter that takes every stream, counting its calls. */
+static int take_all(void* ctx, void* stream) {
+  (void)stream;
+  ++*(int*)ctx;
+  return 1;
+}
+
+/* Private pools (CUDA graphs) with PyTorch's shape: a pool's freed blocks are not handed
+ * to allocations outside it; misuse is DEVMEM_ERR_INVALID naming the pool. */
+static void test_private_pools(void) {
+  void* p = NULL;
+  void* q = NULL;
+  int calls = 0;
+  CHECK(devmem_begin_allocate_to_pool(0, 5, 6, take_all, &calls) == DEVMEM_OK);
+  CHECK(devmem_alloc(&p, MiB, 0, NULL) == DEVMEM_OK);
+  CHECK(calls > 0);
+  CHECK(devmem_free(p) == DEVMEM_OK); /* back to the pool, not to the shared cache */
+  CHECK(devmem_end_allocate_to_pool(0, 5, 6) == DEVMEM_OK);
+  CHECK(devmem_alloc(&q, MiB, 0, NULL) == DEVMEM_OK);
+  CHECK(q != p);
+  CHECK(devmem_free(q) == DEVMEM_OK);
+  CHECK(devmem_end_allocate_to_pool(0, 5, 6) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "end_allocate_to_pool((5, 6))"));
+  CHECK(devmem_begin_allocate_to_pool(0, 5, 6, NULL, NULL) == DEVMEM_OK); /* shares it */
+  CHECK(devmem_release_pool(0, 5, 6) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "release_pool((5, 6))"));
+  CHECK(contains(devmem_last_error(), "in use"));
+  CHECK(devmem_end_allocate_to_pool(0, 5, 6) == DEVMEM_OK);
+  CHECK(devmem_release_pool(0, 5, 6) == DEVMEM_OK);
+  CHECK(devmem_release_pool(0, 5, 6) == DEVMEM_OK); /* the second begin's release */
+  CHECK(devmem_release_pool(0, 5, 6) == DEVMEM_ERR_INVALID);
+  CHECK(devmem_begin_allocate_to_pool(0, 0, 0, NULL, NULL) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "default pool"));
+  CHECK(devmem_empty_cache(0) == DEVMEM_OK);
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && strcmp(argv[1], "--bad-conf") == 0) {
     test_bad_conf();
@@ -297,6 +333,7 @@ int main(int argc, char** argv) {
     test_framework_entry_points();
     test_threads();
     test_arena_scopes();
+    test_private_pools();
     test_hostile_input();
     test_two_devices(); /* last: from here on devmem has used two devices */
   }

@@ -96,6 +96,11 @@ class HookedBackend : public Backend {
     return inner_->map(p, bytes);
   }
   void unmap(void* p, size_t bytes) override { inner_->unmap(p, bytes); }
+  CaptureState capture_state(Stream s) override { return inner_->capture_state(s); }
+  absl::StatusOr<void*> allocate_segment_during_capture(size_t bytes) override {
+    if (allocate_segment_instead) return allocate_segment_instead(bytes);
+    return inner_->allocate_segment_during_capture(bytes);
+  }
 
  private:
   std::unique_ptr<Backend> inner_;

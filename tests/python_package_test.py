@@ -209,6 +209,42 @@ def _run_python(code, env_extra, path_extra=()):
                           capture_output=True, text=True, timeout=60)
 
 
+class TorchGraphHooks(unittest.TestCase):
+    """devmem.torch installs its graph-pool hooks where PyTorch takes them (no PyTorch
+    here: an object with the setters of CUDAPluggableAllocator.allocator())."""
+
+    class _Pluggable:
+        def __init__(self, hooks):
+            self._hooks = hooks
+
+        def allocator(self):
+            return self._hooks
+
+    def test_hooks_get_devmems_functions(self):
+        import devmem.torch as dt
+        got = {}
+
+        class Hooks:
+            def set_begin_allocate_to_pool(self, f): got["begin"] = f
+            def set_end_allocate_to_pool_fn(self, f): got["end"] = f
+            def set_release_pool(self, f): got["release"] = f
+
+        dt._install_graph_hooks(self._Pluggable(Hooks()), "test")
+        lib = _lib.lib()
+        for key, name in (("begin", "devmem_torch_begin_allocate_to_pool"),
+                          ("end", "devmem_torch_end_allocate_to_pool"),
+                          ("release", "devmem_torch_release_pool")):
+            self.assertEqual(got[key], ctypes.cast(getattr(lib, name), ctypes.c_void_p).value)
+        self.assertTrue(dt.graphs_supported())
+        dt._graphs = False
+
+    def test_without_hooks_it_warns_and_says_unsupported(self):
+        import devmem.torch as dt
+        with self.assertWarnsRegex(RuntimeWarning, "not safe"):
+            dt._install_graph_hooks(self._Pluggable(object()), "2.1")
+        self.assertFalse(dt.graphs_supported())
+
+
 class Loading(unittest.TestCase):
     def test_missing_library_is_named(self):
         r = _run_python("import devmem; devmem.memory_stats()",

@@ -206,8 +206,8 @@ TEST_F(SnapshotJsonTest, DocumentShape) {
   EXPECT_EQ(d["device"], "cuda:2");
   EXPECT_EQ(d["info"]["uuid"], "GPU-1234");
   EXPECT_EQ(d["mem_info"]["total_bytes"], 141 * kGiB);
-  // Every DeviceStats field: 10 stat arrays, 2 stats, 9 counters.
-  EXPECT_EQ(d["stats"].size(), 21u);
+  // Every DeviceStats field: 10 stat arrays, 2 stats, 9 counters, 3 private-pool counters.
+  EXPECT_EQ(d["stats"].size(), 24u);
   EXPECT_EQ(d["stats"]["reserved_bytes"]["large"]["peak"],
             snap.devices[0].stats.reserved_bytes[kLargePool].peak);
   EXPECT_EQ(d["stats"]["max_split_size"], INT64_MAX);

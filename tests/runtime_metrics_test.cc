@@ -106,6 +106,8 @@ const std::vector<FamilySpec>& Families() {
       {"devmem_cache_misses_total", "counter", {"device"}},
       {"devmem_alloc_retries_total", "counter", {"device"}},
       {"devmem_ooms_total", "counter", {"device"}},
+      {"devmem_private_pool_bytes", "gauge", {"device", "kind"}},
+      {"devmem_private_pools", "gauge", {"device"}},
       {"devmem_device_info", "gauge", {"device", "uuid", "name", "backend"}},
       {"devmem_site_live_bytes", "gauge", {"device", "site"}},
       {"devmem_site_live_buffers", "gauge", {"device", "site"}},
@@ -336,6 +338,10 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
   f.alloc->free(held[1]);
   f.alloc->free(held[3]);
   void* copy = f.alloc->allocate(3 * kMiB, {}, Site(96, SiteKind::kClone));
+  // A private pool (CUDA graphs) holding one live block, so that its figures are not 0.
+  f.alloc->begin_allocate_to_pool(PoolId{3, 1}, [](Stream) { return true; });
+  void* graph = f.alloc->allocate(64 * kKiB, {}, Site(97));
+  f.alloc->end_allocate_to_pool(PoolId{3, 1});
 
   const std::vector<Sample> samples = f.Scrape();
   const AllocatorSnapshot snap = f.alloc->snapshot();
@@ -364,7 +370,8 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
     SCOPED_TRACE(l.at("pool"));
     size_t largest = 0, free_total = 0, free_count = 0;
     for (const SegmentInfo& seg : snap.segments) {
-      if (seg.small_pool != (p == kSmallPool)) continue;
+      // Free-set figures are the shared pool's: a private pool's blocks serve only it.
+      if (seg.small_pool != (p == kSmallPool) || !seg.private_pool.is_default()) continue;
       for (const BlockInfo& b : seg.blocks) {
         if (b.state != BlockState::kFree) continue;
         largest = std::max(largest, b.size);
@@ -405,6 +412,13 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
   check("devmem_cache_misses_total", dev, st.cache_misses);
   check("devmem_alloc_retries_total", dev, st.num_alloc_retries);
   check("devmem_ooms_total", dev, st.num_ooms);
+  ASSERT_EQ(st.private_reserved_bytes, 2 * static_cast<int64_t>(kMiB));  // a small segment
+  ASSERT_EQ(st.private_allocated_bytes, 64 * static_cast<int64_t>(kKiB));
+  check("devmem_private_pool_bytes", {{"device", "sim:0"}, {"kind", "reserved"}},
+        st.private_reserved_bytes);
+  check("devmem_private_pool_bytes", {{"device", "sim:0"}, {"kind", "allocated"}},
+        st.private_allocated_bytes);
+  check("devmem_private_pools", dev, 1);
   // Each label of device_info holds its own field.
   check("devmem_device_info",
         {{"device", "sim:0"}, {"uuid", snap.info.uuid}, {"name", snap.info.name},
@@ -467,6 +481,8 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
     if (p != held[1] && p != held[3]) f.alloc->free(p);
   }
   f.alloc->free(copy);
+  f.alloc->free(graph);
+  f.alloc->release_pool(PoolId{3, 1});
 }
 
 // Blocks freed into a thread cache are neither allocated nor free-set bytes: their own

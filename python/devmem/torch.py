@@ -12,7 +12,21 @@ Where that cannot work it raises RuntimeError saying why: PyTorch missing, built
 without CUDA, no GPU or driver, a PyTorch without CUDAPluggableAllocator, or an
 allocator PyTorch has already initialized. capi/README.md says what changes once
 devmem is PyTorch's allocator (torch.cuda.memory_stats() raises: use devmem's).
+
+CUDA graphs (torch.cuda.graph, torch.cuda.make_graphed_callables): where PyTorch's
+pluggable allocator takes the graph-pool hooks (set_begin_allocate_to_pool,
+set_end_allocate_to_pool_fn, set_release_pool on CUDAPluggableAllocator.allocator():
+PyTorch 2.3 and later), use() installs devmem's, so a capture allocates from a private
+pool whose memory no eager work is handed while the graph lives (graphs_supported() is
+then True). Without them PyTorch never tells devmem about a capture: use() warns once,
+and graphs_supported() is False. devmem still keeps such a capture intact (no cudaMalloc
+in global mode, no event query or synchronize on a capturing stream), but memory freed
+inside the captured region can be handed to other work that the graph's replays then
+overwrite: do not capture graphs through devmem on such a PyTorch.
 """
+import ctypes
+import warnings
+
 from . import _lib
 
 _installed = None
@@ -44,5 +58,32 @@ def use():
     except RuntimeError as e:
         raise RuntimeError("devmem.torch.use(): PyTorch refused the allocator: call it "
                            f"before the first CUDA tensor exists ({e})") from None
+    _install_graph_hooks(allocator, torch.__version__)
     _installed = allocator
     return allocator
+
+
+_graphs = False
+
+
+def graphs_supported():
+    """True once use() installed devmem's graph-pool hooks (see the module text)."""
+    return _graphs
+
+
+def _install_graph_hooks(allocator, version):
+    global _graphs
+    hooks = allocator.allocator() if hasattr(allocator, "allocator") else None
+    names = ("set_begin_allocate_to_pool", "set_end_allocate_to_pool_fn", "set_release_pool")
+    if hooks is None or not all(hasattr(hooks, n) for n in names):
+        warnings.warn(f"devmem.torch: PyTorch {version} has no graph-pool hooks on "
+                      "CUDAPluggableAllocator (PyTorch 2.3 or later): CUDA graphs captured "
+                      "with devmem as the allocator are not safe (memory freed inside the "
+                      "capture may be reused by eager work)", RuntimeWarning, stacklevel=3)
+        return
+    lib = _lib.lib()
+    address = lambda name: ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+    hooks.set_begin_allocate_to_pool(address("devmem_torch_begin_allocate_to_pool"))
+    hooks.set_end_allocate_to_pool_fn(address("devmem_torch_end_allocate_to_pool"))
+    hooks.set_release_pool(address("devmem_torch_release_pool"))
+    _graphs = True

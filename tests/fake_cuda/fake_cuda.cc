@@ -89,17 +89,22 @@
 // cudaGetDeviceCount fail with cudaErrorNoDevice.
 //
 // What it cannot do: it is host memory and host threads. There are no kernels, no
-// copies between devices or peer access, no mapped or write-combined host memory, no graphs, no IPC,
-// no stream priorities or capture, no timing events; a stream's work is only host
+// copies between devices or peer access, no mapped or write-combined host memory, no IPC,
+// no stream priorities, no timing events; a stream's work is only host
 // functions, memsets and copies. It cannot tell how long real work takes, whether a
 // real driver would be slower or run out of memory earlier (fragmentation, context
 // overhead), or what a real driver does on the calls it treats as misuse. Streams and
 // host functions do run on threads of their own, so the backend's and the allocator's
 // locking is exercised for real, but with a CPU's timing, not a GPU's.
 //
+// Stream capture and graphs: fake_cuda_graphs.cc (its opening comment says what is
+// modeled: capture modes, prohibited calls that invalidate a capture, captured events).
+//
 // tests/fake_cuda/fake_cuda.h declares devmem_fake_cuda_live(), which tests use to
 // count what is live.
 #include "tests/fake_cuda/fake_cuda.h"
+
+#include "tests/fake_cuda/fake_cuda_capture.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -468,6 +473,11 @@ Stream* FindStream(State& st, cudaStream_t handle, const char* call) {
   return it->second;
 }
 
+fake_cuda::StreamFacts FactsOf(const Stream* s) {
+  return fake_cuda::StreamFacts{
+      .handle = s->handle, .device = s->device, .legacy = s->legacy, .blocking = s->blocking};
+}
+
 // Host functions run one at a time, on one thread for the whole process, in the
 // order their streams reach them: "Host functions without a mandated order (such as in
 // independent streams) execute in undefined order and may be serialized". The stream
@@ -639,6 +649,7 @@ const char* CuErrorNameOf(CUresult r) {
     case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
     case CUDA_ERROR_NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return nullptr;
   }
@@ -656,6 +667,8 @@ const char* CuErrorTextOf(CUresult r) {
     case CUDA_ERROR_INVALID_CONTEXT: return "invalid device context";
     case CUDA_ERROR_NOT_PERMITTED: return "operation not permitted";
     case CUDA_ERROR_NOT_SUPPORTED: return "operation not supported";
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+      return "operation not permitted when stream is capturing";
     case CUDA_ERROR_UNKNOWN: return "unknown error";
     default: return nullptr;
   }
@@ -732,6 +745,9 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
                                        CUdeviceptr addr, unsigned long long flags) {
   Enter("cuMemAddressReserve");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemAddressReserve") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   // "The size and address parameters must be a multiple of the host page size and
   // the alignment must be a power of two or zero"; flags "must be zero".
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -753,6 +769,9 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
 CUresult CUDAAPI FakeMemAddressFree(CUdeviceptr ptr, size_t size) {
   Enter("cuMemAddressFree");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemAddressFree") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   if (int e = Injected("cuMemAddressFree")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -779,6 +798,9 @@ CUresult CUDAAPI FakeMemCreate(CUmemGenericAllocationHandle* handle, size_t size
                                unsigned long long flags) {
   Enter("cuMemCreate");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemCreate") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   if (handle == nullptr || flags != 0 || size == 0 || size % kGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -810,6 +832,9 @@ void MaybeFreeHandle(State& st, CUmemGenericAllocationHandle h) {
 CUresult CUDAAPI FakeMemRelease(CUmemGenericAllocationHandle handle) {
   Enter("cuMemRelease");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemRelease") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   if (int e = Injected("cuMemRelease")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -830,6 +855,9 @@ CUresult CUDAAPI FakeMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             unsigned long long flags) {
   Enter("cuMemMap");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemMap") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   // "offset ... currently must be zero", flags "must be zero now"; ptr and size
   // multiples of the minimum granularity.
   if (offset != 0 || flags != 0 || size == 0 || ptr % kGranularity != 0 ||
@@ -899,6 +927,9 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
                                   const CUmemAccessDesc* desc, size_t count) {
   Enter("cuMemSetAccess");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemSetAccess") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
@@ -931,6 +962,9 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
 CUresult CUDAAPI FakeMemUnmap(CUdeviceptr ptr, size_t size) {
   Enter("cuMemUnmap");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (fake_cuda::CheckUnsafeCall("cuMemUnmap") != cudaSuccess) {
+    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  }
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   // "The range must be the entire contiguous address range that was mapped to":
@@ -1029,13 +1063,42 @@ cudaError_t Memset(const char* call, void* dev_ptr, int value, size_t count,
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, call);
   if (int e = Injected(call)) return Fail(static_cast<cudaError_t>(e));
-  Enqueue(st, s,
-          DeviceWork(st, call, reinterpret_cast<uintptr_t>(dev_ptr), count,
-                     [value](const Pieces& pieces) {
-                       for (const auto& [p, n] : pieces) std::memset(p, value, n);
-                     }));
+  std::function<void()> work =
+      DeviceWork(st, call, reinterpret_cast<uintptr_t>(dev_ptr), count,
+                 [value](const Pieces& pieces) {
+                   for (const auto& [p, n] : pieces) std::memset(p, value, n);
+                 });
+  bool captured = false;
+  if (cudaError_t e = fake_cuda::OnStreamWork(FactsOf(s), &work, &captured); e != cudaSuccess) {
+    return Fail(e);
+  }
+  if (!captured) Enqueue(st, s, std::move(work));
   return cudaSuccess;
 }
+
+}  // namespace
+
+// --- the seam to the capture model (fake_cuda_capture.h) -----------------------------
+
+namespace fake_cuda {
+
+StreamFacts ResolveStream(cudaStream_t stream, const char* call) {
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return FactsOf(FindStream(st, stream, call));
+}
+void EnterCall(const char* call) { Enter(call); }
+cudaError_t RecordError(cudaError_t err) { return Fail(err); }
+void EnqueueWork(cudaStream_t stream, std::function<void()> work) {
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  Enqueue(st, FindStream(st, stream, "cudaGraphLaunch"), std::move(work));
+}
+void Abort(const std::string& what) { Misuse("%s", what.c_str()); }
+
+}  // namespace fake_cuda
+
+namespace {
 
 // --- the leak check ------------------------------------------------------------------
 
@@ -1072,6 +1135,7 @@ void LeakCheck() {
   for (const auto& [p, bytes] : st.pinned) {
     add("  cudaHostAlloc %p (%zu bytes) not freed\n", reinterpret_cast<void*>(p), bytes);
   }
+  report += fake_cuda::CaptureLeaks();
   if (report.empty()) return;
   std::fflush(stdout);
   std::fprintf(stderr, "fake-cuda: leaked at exit:\n%s", report.c_str());
@@ -1105,6 +1169,7 @@ size_t devmem_fake_cuda_live(const char* what) {
     for (size_t u : st.used) n += u;
     return n;
   }
+  if (long n = fake_cuda::LiveCaptureObjects(what); n >= 0) return static_cast<size_t>(n);
   Misuse("devmem_fake_cuda_live(\"%s\"): unknown", what);
 }
 
@@ -1185,6 +1250,13 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureUnmatched: return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
     case cudaErrorUnknown: return "cudaErrorUnknown";
     default: return "unrecognized error code";
   }
@@ -1208,6 +1280,18 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotPermitted: return "operation not permitted";
     case cudaErrorNotSupported: return "operation not supported";
+    case cudaErrorIllegalState: return "the resource is not in a valid state";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnmatched: return "capture was not initiated in this stream";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorCapturedEvent:
+      return "operation not permitted on an event last recorded in a capturing stream";
+    case cudaErrorStreamCaptureWrongThread:
+      return "attempt to terminate a thread-local capture sequence from another thread";
     case cudaErrorUnknown: return "unknown error";
     default: return "unrecognized error code";
   }
@@ -1218,6 +1302,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** dev_ptr, size_t size) {
   if (dev_ptr == nullptr) return Fail(cudaErrorInvalidValue);
   const int d = RuntimeDevice();
   if (int e = Injected("cudaMalloc")) return Fail(static_cast<cudaError_t>(e));
+  if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaMalloc"); e != cudaSuccess) return Fail(e);
   if (size == 0) {  // allowed, and gives no memory
     *dev_ptr = nullptr;
     return cudaSuccess;
@@ -1253,6 +1338,7 @@ cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
   RuntimeDevice();
   if (dev_ptr == nullptr) return cudaSuccess;  // "no operation is performed"
   if (int e = Injected("cudaFree")) return Fail(static_cast<cudaError_t>(e));
+  if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaFree"); e != cudaSuccess) return Fail(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.allocations.find(reinterpret_cast<uintptr_t>(dev_ptr));
@@ -1276,6 +1362,7 @@ cudaError_t CUDARTAPI cudaHostAlloc(void** host_ptr, size_t size, unsigned int f
   }
   RuntimeDevice();
   if (int e = Injected("cudaHostAlloc")) return Fail(static_cast<cudaError_t>(e));
+  if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaHostAlloc"); e != cudaSuccess) return Fail(e);
   char* data = HostBytes(size);  // host memory: the host may touch it
   if (data == nullptr) return Fail(cudaErrorMemoryAllocation);
   State& st = Global();
@@ -1289,6 +1376,7 @@ cudaError_t CUDARTAPI cudaFreeHost(void* ptr) {
   Enter("cudaFreeHost");
   if (ptr == nullptr) return cudaSuccess;
   if (int e = Injected("cudaFreeHost")) return Fail(static_cast<cudaError_t>(e));
+  if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaFreeHost"); e != cudaSuccess) return Fail(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.pinned.find(reinterpret_cast<uintptr_t>(ptr));
@@ -1350,6 +1438,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, "cudaStreamDestroy");
+  fake_cuda::OnStreamDestroy(FactsOf(s));
   if (int e = Injected("cudaStreamDestroy")) return Fail(static_cast<cudaError_t>(e));
   st.streams.erase(s->handle);
   st.retired.push_back(s);
@@ -1369,6 +1458,7 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
     s = FindStream(st, stream, "cudaStreamSynchronize");
     if (int e = Injected("cudaStreamSynchronize"))
       return Fail(static_cast<cudaError_t>(e));
+    if (cudaError_t e = fake_cuda::OnStreamSync(FactsOf(s)); e != cudaSuccess) return Fail(e);
     seq = Mark(st, s);
   }
   WaitFor(s, seq);
@@ -1383,7 +1473,12 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, "cudaLaunchHostFunc");
   if (int e = Injected("cudaLaunchHostFunc")) return Fail(static_cast<cudaError_t>(e));
-  Enqueue(st, s, [fn, user_data] { RunHostFunction(fn, user_data); });
+  std::function<void()> work = [fn, user_data] { RunHostFunction(fn, user_data); };
+  bool captured = false;
+  if (cudaError_t e = fake_cuda::OnStreamWork(FactsOf(s), &work, &captured); e != cudaSuccess) {
+    return Fail(e);
+  }
+  if (!captured) Enqueue(st, s, std::move(work));
   return cudaSuccess;
 }
 
@@ -1423,6 +1518,11 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         e.device, s->device);
   }
   if (int err = Injected("cudaEventRecord")) return Fail(static_cast<cudaError_t>(err));
+  cudaError_t capture_err = cudaSuccess;
+  if (fake_cuda::OnEventRecord(reinterpret_cast<uintptr_t>(event), FactsOf(s), &capture_err)) {
+    return cudaSuccess;  // a node of the capture: it completes when a replay reaches it
+  }
+  if (capture_err != cudaSuccess) return Fail(capture_err);
   e.stream = s;
   e.seq = Mark(st, s);
   return cudaSuccess;
@@ -1434,6 +1534,9 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
   std::lock_guard<std::mutex> lock(st.mu);
   const Event& e = FindEvent(st, event, "cudaEventQuery");
   if (int err = Injected("cudaEventQuery")) return Fail(static_cast<cudaError_t>(err));
+  if (fake_cuda::EventCaptured(reinterpret_cast<uintptr_t>(event))) {
+    return Fail(cudaErrorCapturedEvent);
+  }
   if (e.stream == nullptr) return cudaSuccess;  // never recorded: "an empty set of work"
   std::lock_guard<std::mutex> stream_lock(e.stream->mu);
   return e.stream->completed >= e.seq ? cudaSuccess : Fail(cudaErrorNotReady);
@@ -1449,6 +1552,9 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
     const Event& e = FindEvent(st, event, "cudaEventSynchronize");
     if (int err = Injected("cudaEventSynchronize"))
       return Fail(static_cast<cudaError_t>(err));
+    if (fake_cuda::EventCaptured(reinterpret_cast<uintptr_t>(event))) {
+      return Fail(cudaErrorCapturedEvent);
+    }
     s = e.stream;
     seq = e.seq;
   }
@@ -1464,6 +1570,7 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
   if (int err = Injected("cudaEventDestroy")) return Fail(static_cast<cudaError_t>(err));
   // A pending event may be destroyed; what it captured still runs.
   st.events.erase(reinterpret_cast<uintptr_t>(event));
+  fake_cuda::OnEventDestroy(reinterpret_cast<uintptr_t>(event));
   return cudaSuccess;
 }
 
@@ -1492,6 +1599,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count,
     std::lock_guard<std::mutex> lock(st.mu);
     s = FindStream(st, nullptr, "cudaMemcpy");
     if (int e = Injected("cudaMemcpy")) return Fail(static_cast<cudaError_t>(e));
+  if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaMemcpy"); e != cudaSuccess) return Fail(e);
     if (kind == cudaMemcpyDeviceToHost) {
       auto* to = static_cast<char*>(dst);
       seq = Enqueue(
