@@ -67,7 +67,11 @@ extern "C" {
    until the process restarts with a valid configuration. */
 #define DEVMEM_ERR_CONFIG 3
 /* Anything else: a driver failure that is not about memory (the message names the
-   call), host memory exhausted while doing the bookkeeping. */
+   call and the CUDA error), host memory exhausted while doing the bookkeeping. After
+   a driver error such as a device-side assert, the device's allocator is poisoned:
+   every later call on that device that would reach it returns DEVMEM_ERR_INTERNAL
+   with the first error in the message, changing nothing; stats and snapshots still
+   answer. The library never ends the process for one. */
 #define DEVMEM_ERR_INTERNAL 4
 
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------------- */

@@ -39,6 +39,15 @@
 //   * The thread's last error: failing runtime calls set it, cudaGetLastError
 //     returns and clears it, cudaPeekAtLastError returns it (cudaErrorNotReady is not
 //     an error and is not recorded).
+//   * Sticky device errors: devmem_fake_cuda_launch_fault(stream, error) queues device
+//     work that, when the stream reaches it, faults the device (a kernel's assert,
+//     cudaErrorAssert, or an illegal address). From then on, as with a real corrupted
+//     context, every runtime call acting on that device and every cuMem* call with
+//     its context current returns the error (the driver's CUresult of the same
+//     number), cudaGetLastError cannot clear it, queued work on the device's streams
+//     is dropped, and cudaStreamSynchronize / cudaEventSynchronize return it. Only
+//     the process's end clears it: the leak check ignores what a faulted device
+//     holds (and every reservation once any device faulted: they carry no device).
 //   * Virtual memory: cuMemAddressReserve / cuMemAddressFree, cuMemCreate /
 //     cuMemRelease (pinned device memory; the allocation is freed when it is released
 //     and no longer mapped), cuMemMap / cuMemUnmap, cuMemSetAccess, with a minimum and
@@ -107,6 +116,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdarg>
@@ -416,6 +426,27 @@ int RuntimeDevice() {
   return t_device;
 }
 
+// --- sticky device errors ----------------------------------------------------------
+
+// Per device: cudaSuccess, or the fault that corrupted its context (never cleared).
+std::atomic<int> g_sticky[16];
+
+cudaError_t Sticky(int device) {
+  return device >= 0 && device < 16 ? static_cast<cudaError_t>(g_sticky[device].load())
+                                    : cudaSuccess;
+}
+bool AnyFaulted() {
+  for (const auto& e : g_sticky) {
+    if (e.load() != cudaSuccess) return true;
+  }
+  return false;
+}
+// The driver's view: cuMem* calls act on the current context's device. CUresult and
+// cudaError_t share the numbers of these errors (700, 710, 719).
+CUresult StickyCu() {
+  return static_cast<CUresult>(Sticky(t_context));
+}
+
 // --- streams -------------------------------------------------------------------------
 
 void RunStream(Stream* s) {
@@ -426,7 +457,7 @@ void RunStream(Stream* s) {
     std::function<void()> work = std::move(s->queue.front());
     s->queue.pop_front();
     lock.unlock();
-    work();
+    if (Sticky(s->device) == cudaSuccess) work();  // a faulted device runs nothing more
     lock.lock();
     ++s->completed;
     s->cv.notify_all();
@@ -639,6 +670,9 @@ const char* CuErrorNameOf(CUresult r) {
     case CUDA_ERROR_INVALID_CONTEXT: return "CUDA_ERROR_INVALID_CONTEXT";
     case CUDA_ERROR_NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_ASSERT: return "CUDA_ERROR_ASSERT";
+    case CUDA_ERROR_LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return nullptr;
   }
@@ -656,6 +690,9 @@ const char* CuErrorTextOf(CUresult r) {
     case CUDA_ERROR_INVALID_CONTEXT: return "invalid device context";
     case CUDA_ERROR_NOT_PERMITTED: return "operation not permitted";
     case CUDA_ERROR_NOT_SUPPORTED: return "operation not supported";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
+    case CUDA_ERROR_ASSERT: return "device-side assert triggered";
+    case CUDA_ERROR_LAUNCH_FAILED: return "unspecified launch failure";
     case CUDA_ERROR_UNKNOWN: return "unknown error";
     default: return nullptr;
   }
@@ -732,6 +769,7 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
                                        CUdeviceptr addr, unsigned long long flags) {
   Enter("cuMemAddressReserve");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   // "The size and address parameters must be a multiple of the host page size and
   // the alignment must be a power of two or zero"; flags "must be zero".
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -753,6 +791,7 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
 CUresult CUDAAPI FakeMemAddressFree(CUdeviceptr ptr, size_t size) {
   Enter("cuMemAddressFree");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (int e = Injected("cuMemAddressFree")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -779,6 +818,7 @@ CUresult CUDAAPI FakeMemCreate(CUmemGenericAllocationHandle* handle, size_t size
                                unsigned long long flags) {
   Enter("cuMemCreate");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (handle == nullptr || flags != 0 || size == 0 || size % kGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -810,6 +850,7 @@ void MaybeFreeHandle(State& st, CUmemGenericAllocationHandle h) {
 CUresult CUDAAPI FakeMemRelease(CUmemGenericAllocationHandle handle) {
   Enter("cuMemRelease");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (int e = Injected("cuMemRelease")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -830,6 +871,7 @@ CUresult CUDAAPI FakeMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             unsigned long long flags) {
   Enter("cuMemMap");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   // "offset ... currently must be zero", flags "must be zero now"; ptr and size
   // multiples of the minimum granularity.
   if (offset != 0 || flags != 0 || size == 0 || ptr % kGranularity != 0 ||
@@ -899,6 +941,7 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
                                   const CUmemAccessDesc* desc, size_t count) {
   Enter("cuMemSetAccess");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
@@ -931,6 +974,7 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
 CUresult CUDAAPI FakeMemUnmap(CUdeviceptr ptr, size_t size) {
   Enter("cuMemUnmap");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   // "The range must be the entire contiguous address range that was mapped to":
@@ -1028,6 +1072,7 @@ cudaError_t Memset(const char* call, void* dev_ptr, int value, size_t count,
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, call);
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
   if (int e = Injected(call)) return Fail(static_cast<cudaError_t>(e));
   Enqueue(st, s,
           DeviceWork(st, call, reinterpret_cast<uintptr_t>(dev_ptr), count,
@@ -1049,24 +1094,31 @@ void LeakCheck() {
     std::snprintf(line, sizeof line, format, args...);
     report += line;
   };
+  // What a faulted device holds cannot be given back; it goes with the process.
+  const bool faulted = AnyFaulted();
   for (const auto& [p, a] : st.allocations) {
+    if (Sticky(a.device) != cudaSuccess) continue;
     add("  cudaMalloc %p (%zu bytes) on device %d not freed\n",
         reinterpret_cast<void*>(p), a.bytes, a.device);
   }
   for (const auto& [p, m] : st.mappings) {
+    if (Sticky(st.handles.at(m.handle).device) != cudaSuccess) continue;
     add("  mapping [%p, +%zu bytes) of handle %#llx not unmapped\n",
         reinterpret_cast<void*>(p), m.bytes, m.handle);
   }
   for (const auto& [h, x] : st.handles) {
-    if (!x.released) add("  handle %#llx (%zu bytes) not released\n", h, x.bytes);
+    if (!x.released && Sticky(x.device) == cudaSuccess) add("  handle %#llx (%zu bytes) not released\n", h, x.bytes);
   }
   for (const auto& [p, bytes] : st.reservations) {
+    if (faulted) break;
     add("  reservation [%p, +%zu bytes) not freed\n", reinterpret_cast<void*>(p), bytes);
   }
   for (const auto& [h, s] : st.streams) {
+    if (Sticky(s->device) != cudaSuccess) continue;
     add("  stream %p not destroyed\n", reinterpret_cast<void*>(h));
   }
   for (const auto& [h, e] : st.events) {
+    if (Sticky(e.device) != cudaSuccess) continue;
     add("  event %p not destroyed\n", reinterpret_cast<void*>(h));
   }
   for (const auto& [p, bytes] : st.pinned) {
@@ -1106,6 +1158,21 @@ size_t devmem_fake_cuda_live(const char* what) {
     return n;
   }
   Misuse("devmem_fake_cuda_live(\"%s\"): unknown", what);
+}
+
+int devmem_fake_cuda_launch_fault(void* stream, int error) {
+  Enter("devmem_fake_cuda_launch_fault");
+  if (error == cudaSuccess) Misuse("devmem_fake_cuda_launch_fault: error 0 is no fault");
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  Stream* s = FindStream(st, static_cast<cudaStream_t>(stream), "devmem_fake_cuda_launch_fault");
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
+  const int device = s->device;
+  Enqueue(st, s, [device, error] {
+    int healthy = cudaSuccess;
+    g_sticky[device].compare_exchange_strong(healthy, error);  // the first fault stays
+  });
+  return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
@@ -1160,11 +1227,13 @@ cudaError_t CUDARTAPI cudaGetLastError(void) {
   Enter("cudaGetLastError");
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
+  if (cudaError_t sticky = Sticky(t_device)) return sticky;  // cannot be cleared
   return e;
 }
 
 cudaError_t CUDARTAPI cudaPeekAtLastError(void) {
   Enter("cudaPeekAtLastError");
+  if (cudaError_t sticky = Sticky(t_device)) return sticky;
   return t_last_error;
 }
 
@@ -1182,6 +1251,7 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorAssert: return "cudaErrorAssert";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
@@ -1205,6 +1275,7 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorAssert: return "device-side assert triggered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotPermitted: return "operation not permitted";
     case cudaErrorNotSupported: return "operation not supported";
@@ -1217,6 +1288,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** dev_ptr, size_t size) {
   Enter("cudaMalloc");
   if (dev_ptr == nullptr) return Fail(cudaErrorInvalidValue);
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaMalloc")) return Fail(static_cast<cudaError_t>(e));
   if (size == 0) {  // allowed, and gives no memory
     *dev_ptr = nullptr;
@@ -1250,7 +1322,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** dev_ptr, size_t size) {
 
 cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
   Enter("cudaFree");
-  RuntimeDevice();
+  if (cudaError_t e = Sticky(RuntimeDevice())) return Fail(e);
   if (dev_ptr == nullptr) return cudaSuccess;  // "no operation is performed"
   if (int e = Injected("cudaFree")) return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
@@ -1313,6 +1385,7 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Enter("cudaMemGetInfo");
   if (free_bytes == nullptr || total_bytes == nullptr) return Fail(cudaErrorInvalidValue);
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaMemGetInfo")) return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -1329,6 +1402,7 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream,
     return Fail(cudaErrorInvalidValue);
   }
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaStreamCreateWithFlags"))
     return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
@@ -1350,6 +1424,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, "cudaStreamDestroy");
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
   if (int e = Injected("cudaStreamDestroy")) return Fail(static_cast<cudaError_t>(e));
   st.streams.erase(s->handle);
   st.retired.push_back(s);
@@ -1367,11 +1442,13 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
     State& st = Global();
     std::lock_guard<std::mutex> lock(st.mu);
     s = FindStream(st, stream, "cudaStreamSynchronize");
+    if (cudaError_t e = Sticky(s->device)) return Fail(e);
     if (int e = Injected("cudaStreamSynchronize"))
       return Fail(static_cast<cudaError_t>(e));
     seq = Mark(st, s);
   }
   WaitFor(s, seq);
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);  // the stream faulted on the way
   return cudaSuccess;
 }
 
@@ -1382,6 +1459,7 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, "cudaLaunchHostFunc");
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
   if (int e = Injected("cudaLaunchHostFunc")) return Fail(static_cast<cudaError_t>(e));
   Enqueue(st, s, [fn, user_data] { RunHostFunction(fn, user_data); });
   return cudaSuccess;
@@ -1399,6 +1477,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int 
     Misuse("cudaEventCreateWithFlags(%#x): timing events are not modeled", flags);
   }
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaEventCreateWithFlags"))
     return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
@@ -1422,6 +1501,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         "stream must be on the same CUDA context\")",
         e.device, s->device);
   }
+  if (cudaError_t err = Sticky(s->device)) return Fail(err);
   if (int err = Injected("cudaEventRecord")) return Fail(static_cast<cudaError_t>(err));
   e.stream = s;
   e.seq = Mark(st, s);
@@ -1433,6 +1513,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   const Event& e = FindEvent(st, event, "cudaEventQuery");
+  if (cudaError_t err = Sticky(e.device)) return Fail(err);
   if (int err = Injected("cudaEventQuery")) return Fail(static_cast<cudaError_t>(err));
   if (e.stream == nullptr) return cudaSuccess;  // never recorded: "an empty set of work"
   std::lock_guard<std::mutex> stream_lock(e.stream->mu);
@@ -1441,18 +1522,22 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
   Enter("cudaEventSynchronize");
+  int device = 0;
   Stream* s = nullptr;
   uint64_t seq = 0;
   {
     State& st = Global();
     std::lock_guard<std::mutex> lock(st.mu);
     const Event& e = FindEvent(st, event, "cudaEventSynchronize");
+    device = e.device;
+    if (cudaError_t err = Sticky(device)) return Fail(err);
     if (int err = Injected("cudaEventSynchronize"))
       return Fail(static_cast<cudaError_t>(err));
     s = e.stream;
     seq = e.seq;
   }
   if (s != nullptr) WaitFor(s, seq);
+  if (cudaError_t err = Sticky(device)) return Fail(err);
   return cudaSuccess;
 }
 
@@ -1460,7 +1545,9 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
   Enter("cudaEventDestroy");
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
-  FindEvent(st, event, "cudaEventDestroy");
+  if (cudaError_t err = Sticky(FindEvent(st, event, "cudaEventDestroy").device)) {
+    return Fail(err);
+  }
   if (int err = Injected("cudaEventDestroy")) return Fail(static_cast<cudaError_t>(err));
   // A pending event may be destroyed; what it captured still runs.
   st.events.erase(reinterpret_cast<uintptr_t>(event));
@@ -1491,6 +1578,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count,
     State& st = Global();
     std::lock_guard<std::mutex> lock(st.mu);
     s = FindStream(st, nullptr, "cudaMemcpy");
+    if (cudaError_t e = Sticky(s->device)) return Fail(e);
     if (int e = Injected("cudaMemcpy")) return Fail(static_cast<cudaError_t>(e));
     if (kind == cudaMemcpyDeviceToHost) {
       auto* to = static_cast<char*>(dst);
