@@ -96,6 +96,15 @@ void* devmem_torch_alloc(ssize_t size, int device, void* stream);
  * and in the last error; nothing is freed. Thread-safe. */
 void devmem_torch_free(void* ptr, ssize_t size, int device, void* stream);
 
+/* The record-stream hook of CUDAPluggableAllocator (PyTorch's set_record_stream_fn,
+ * `void(void* ptr, cudaStream_t stream)`): Tensor.record_stream(stream) on a tensor
+ * whose storage starts at `ptr` reaches devmem_record_stream(ptr, stream), so the
+ * block's free waits for the work queued on `stream` (side-stream copies, NCCL
+ * collectives). python/devmem/torch.py installs it where PyTorch can take it.
+ * Errors: as devmem_torch_free (PyTorch ignores the result): the last error, and a
+ * line on stderr. Thread-safe. */
+void devmem_torch_record_stream(void* ptr, void* stream);
+
 /* ---- CuPy: cupy.cuda.memory.CFunctionAllocator ----------------------------------- */
 
 /* The malloc function of CFunctionAllocator(0, malloc_addr, free_addr, owner), of the
