@@ -25,7 +25,11 @@
 //   * Streams: each stream runs its work in order on a host thread of its own. The
 //     legacy default stream (0, cudaStreamLegacy) of each device also waits for, and
 //     is waited for by, that device's blocking streams. cudaStreamDestroy returns at
-//     once and the stream finishes its queued work. Host functions
+//     once and the stream finishes its queued work. A destroyed stream's handle is
+//     given to the next cudaStreamCreateWithFlags (the newest destroyed first), while
+//     the old stream may still be running: a real driver's handles are pointers to
+//     its stream objects, whose memory it reuses, so a handle value names a stream
+//     only while that stream lives. Host functions
 //     (cudaLaunchHostFunc) run when their stream reaches them, one at a time on one
 //     thread for the whole process (the documentation says they "may be serialized"):
 //     a host function that waits for another stream's host function deadlocks.
@@ -71,8 +75,9 @@
 //     mapping, or of a released handle; cuMemAddressFree of anything but a whole
 //     reservation, or with mappings inside; cuMemRelease of an unknown or released
 //     handle; cudaFree of a pointer cudaMalloc did not return (or twice);
-//   * streams and events used after destroy (handles are never reused), an event
-//     recorded on another device's stream, cudaStreamDestroy of a default stream;
+//   * streams and events used after destroy (while a stream's handle is not reused:
+//     see Streams above), an event recorded on another device's stream,
+//     cudaStreamDestroy of a default stream;
 //   * any CUDA call from inside a host function ("The host function must not make
 //     any CUDA API calls");
 //   * device work (a memset or copy) over memory that is not allocated, not mapped, or
@@ -331,7 +336,8 @@ struct State {
   std::vector<Stream*> legacy;   // per device, made on first use
   std::map<uintptr_t, Event> events;
   std::map<uintptr_t, size_t> pinned;  // cudaHostAlloc: address -> bytes
-  uintptr_t next_stream = 0x5f0000;  // handles count up and are never reused
+  uintptr_t next_stream = 0x5f0000;  // new handles count up
+  std::vector<uintptr_t> free_streams;  // destroyed handles, reused newest first
   uintptr_t next_event = 0xe70000;
   CUmemGenericAllocationHandle next_handle = 0x4a0000;
 };
@@ -1407,8 +1413,13 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream,
     return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
-  const uintptr_t handle = st.next_stream;
-  st.next_stream += 0x10;
+  uintptr_t handle = st.next_stream;
+  if (!st.free_streams.empty()) {  // a destroyed stream's handle, as a driver reuses it
+    handle = st.free_streams.back();
+    st.free_streams.pop_back();
+  } else {
+    st.next_stream += 0x10;
+  }
   st.streams.emplace(handle, NewStream(d, /*legacy=*/false,
                                        /*blocking=*/flags == cudaStreamDefault, handle));
   *stream = reinterpret_cast<cudaStream_t>(handle);
@@ -1427,6 +1438,7 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   if (cudaError_t e = Sticky(s->device)) return Fail(e);
   if (int e = Injected("cudaStreamDestroy")) return Fail(static_cast<cudaError_t>(e));
   st.streams.erase(s->handle);
+  st.free_streams.push_back(s->handle);
   st.retired.push_back(s);
   std::lock_guard<std::mutex> stream_lock(s->mu);
   s->destroyed = true;  // its thread runs what is queued, then ends
