@@ -25,7 +25,8 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
           ? std::make_unique<Segment>()
           : nullptr;
   Block* second = keeps_below && keeps_above ? free_.new_block() : nullptr;
-  // The driver first: a DriverError leaves b free and counted, as it was.
+  acct_.unmapping(s, c0, bytes);
+  // The driver before the books: a DriverError leaves b free and counted, as it was.
   try {
     backend_.unmap(reinterpret_cast<void*>(c0), bytes);
   } catch (...) {
@@ -33,7 +34,7 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
     throw;
   }
   free_.erase(b);
-  acct_.unmapping(s, c0, bytes);
+  acct_.unmapped(s, bytes);
   r->mapped -= bytes;
 
   // What is left of b below and above the hole.

@@ -5,6 +5,7 @@ namespace devmem::internal {
 
 void SegmentSource::release(Segment* s) {
   Block* b = s->head;  // the single free block
+  acct_.segment_releasing(s);
   // The block is free in stream order only: work queued on its stream before the free
   // may still use it. cudaFree synchronizes by itself, unmapping does not, and the sim
   // backend does neither; so wait here, as the Backend contract asks. Both driver
