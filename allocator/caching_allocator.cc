@@ -37,6 +37,18 @@ inline void RefuseInStreamCallback(const internal::DevicePool& pool, const char*
   if (InStreamCallback()) [[unlikely]] ThrowInStreamCallback(pool, op);
 }
 
+// Runs `body`, a call that may reach the driver: refused on a poisoned pool; a
+// DriverError from inside poisons it and is rethrown naming the call (errors.h).
+template <typename Body>
+decltype(auto) DeviceCall(internal::DevicePool& pool, const char* op, Body&& body) {
+  if (pool.poisoned()) [[unlikely]] pool.throw_poisoned(op);
+  try {
+    return body();
+  } catch (const DriverError& e) {
+    throw DriverError(pool.poison(op, e.what()));
+  }
+}
+
 }  // namespace
 
 CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, const Config& config)
@@ -57,31 +69,41 @@ CachingAllocator::~CachingAllocator() {
 // the device lock only on a miss.
 void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
-  // Scoped arenas come first: an arena buffer must never reach a thread cache. Not while
-  // a private pool is allocated to: its allocations take the pool's path.
-  if (!pool_->allocating_to_pools()) [[likely]] {
-    if (void* p = arenas_->allocate(bytes, stream, site)) return p;
-  }
-  void* p = pool_->allocate_front(bytes, stream, site);
-  stack_sampler::OnAllocate(this, p, bytes, site);  // sampled stacks (stack_sampler.h)
-  return p;
+  return DeviceCall(*pool_, "allocate", [&] {
+    // Scoped arenas come first: an arena buffer must never reach a thread cache. Not while
+    // a private pool is allocated to: its allocations take the pool's path.
+    if (!pool_->allocating_to_pools()) [[likely]] {
+      if (void* p = arenas_->allocate(bytes, stream, site)) return p;
+    }
+    void* p = pool_->allocate_front(bytes, stream, site);
+    stack_sampler::OnAllocate(this, p, bytes, site);  // sampled stacks (stack_sampler.h)
+    return p;
+  });
 }
 void CachingAllocator::free(void* ptr) {
   RefuseInStreamCallback(*pool_, "free");
-  if (arenas_->free(ptr)) return;
-  pool_->free_front(ptr, 0);
-  stack_sampler::OnFree(this, ptr);  // after: a refused free keeps its sample
+  if (ptr == nullptr) return;  // a no-op, poisoned or not
+  DeviceCall(*pool_, "free", [&] {
+    if (arenas_->free(ptr)) return;
+    pool_->free_front(ptr, 0);
+    stack_sampler::OnFree(this, ptr);  // after: a refused free keeps its sample
+  });
 }
 void CachingAllocator::free(void* ptr, size_t size) {
   RefuseInStreamCallback(*pool_, "free");
-  if (arenas_->free(ptr)) return;
-  pool_->free_front(ptr, size);
-  stack_sampler::OnFree(this, ptr);
+  if (ptr == nullptr) return;
+  DeviceCall(*pool_, "free", [&] {
+    if (arenas_->free(ptr)) return;
+    pool_->free_front(ptr, size);
+    stack_sampler::OnFree(this, ptr);
+  });
 }
 void CachingAllocator::record_stream(void* ptr, Stream stream) {
   RefuseInStreamCallback(*pool_, "record_stream");
-  if (arenas_->record_stream(ptr, stream)) return;
-  pool_->record_stream(ptr, stream);
+  DeviceCall(*pool_, "record_stream", [&] {
+    if (arenas_->record_stream(ptr, stream)) return;
+    pool_->record_stream(ptr, stream);
+  });
 }
 void CachingAllocator::begin_allocate_to_pool(PoolId pool, StreamFilter filter) {
   RefuseInStreamCallback(*pool_, "begin_allocate_to_pool");
@@ -97,13 +119,17 @@ void CachingAllocator::release_pool(PoolId pool) {
 }
 void CachingAllocator::empty_cache() {
   RefuseInStreamCallback(*pool_, "empty_cache");
-  arenas_->release_retained();
-  pool_->empty_cache();
+  DeviceCall(*pool_, "empty_cache", [&] {
+    arenas_->release_retained();
+    pool_->empty_cache();
+  });
 }
 void CachingAllocator::trim(size_t keep_bytes) {
   RefuseInStreamCallback(*pool_, "trim");
-  arenas_->release_retained();
-  pool_->trim(keep_bytes);
+  DeviceCall(*pool_, "trim", [&] {
+    arenas_->release_retained();
+    pool_->trim(keep_bytes);
+  });
 }
 absl::Status CachingAllocator::set_memory_fraction(double fraction) {
   if (InStreamCallback()) {
@@ -113,8 +139,9 @@ absl::Status CachingAllocator::set_memory_fraction(double fraction) {
 }
 void CachingAllocator::process_events() {
   RefuseInStreamCallback(*pool_, "process_events");
-  pool_->process_events();
+  DeviceCall(*pool_, "process_events", [&] { pool_->process_events(); });
 }
+bool CachingAllocator::poisoned() const { return pool_->poisoned(); }
 DeviceStats CachingAllocator::stats() const {
   RefuseInStreamCallback(*pool_, "stats");
   return pool_->stats();

@@ -59,6 +59,11 @@
 // function) must not call any method but device(), backend() and config(); the others
 // throw InvalidArgumentError there (allocator/backend.h says why: a deadlock).
 //
+// Driver errors (allocator/errors.h): a driver failure other than out-of-memory in a
+// call that must not fail (an event query or wait, a stream synchronize, a free or
+// unmap) is thrown as DriverError naming this call, the driver call and its error,
+// and poisons the allocator (poisoned() below); nothing ends the process.
+//
 // Sizes of 0: allocate(0) returns nullptr without allocating (and counts nothing);
 // free(nullptr) does nothing.
 #pragma once
@@ -184,6 +189,13 @@ class CachingAllocator {
   // after use; nullptr removes it. The observer must outlive the allocator or be
   // removed first.
   void set_observer(AllocatorObserver* observer);
+
+  // True once a driver error poisoned this allocator (allocator/errors.h): allocate,
+  // free, record_stream, empty_cache, trim and process_events then throw DriverError
+  // naming the call and the first driver error, and change nothing; stats(),
+  // snapshot(), validate() and the other readers still answer. Never cleared: the
+  // device's context is broken (a sticky error) and the process must start again.
+  bool poisoned() const;
 
   DeviceId device() const;
   Backend& backend() const;

@@ -54,7 +54,14 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
 DevicePool::~DevicePool() {
   detach_thread_caches();  // before the blocks go (device_pool_tcache.cc)
   MutexLock lock(&mu_);
-  process_events_locked(/*wait=*/true);
+  // A destructor must not throw: a driver error here poisons the pool, and a poisoned
+  // pool makes no driver call at all (each would fail the same way): what it holds
+  // on the device goes with the process.
+  try {
+    if (!poisoned()) process_events_locked(/*wait=*/true);
+  } catch (const DriverError& e) {
+    poison("~CachingAllocator", e.what());
+  }
   // Allocated blocks: those in the allocated table and those thread caches handed out.
   size_t leaked = 0;
   size_t bytes = 0;
@@ -79,19 +86,36 @@ DevicePool::~DevicePool() {
   all.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {
     all.push_back(s);
+    if (poisoned()) continue;
     if (std::find(synced.begin(), synced.end(), s->stream.handle) == synced.end()) {
-      backend_->synchronize_stream(s->stream);
+      try {
+        backend_->synchronize_stream(s->stream);
+      } catch (const DriverError& e) {
+        poison("~CachingAllocator", e.what());
+      }
       synced.push_back(s->stream.handle);
     }
   }
-  // Each source gives its segments back; ExpandableSegments' destructor then releases
-  // the address ranges.
+  // Each source gives its segments back (a poisoned pool only forgets them);
+  // ExpandableSegments' destructor then releases the address ranges.
+  if (poisoned() && !all.empty()) {
+    std::fprintf(stderr,
+                 "devmem: %s: allocator destroyed after a driver error; its %zu "
+                 "segments are not given back to the broken device\n",
+                 device_.ToString().c_str(), all.size());
+  }
   for (Segment* s : all) {
-    if (s->expandable()) {
-      expandable_->destroy(s);
-    } else {
-      regular_.destroy(s);
+    SegmentSource& source =
+        s->expandable() ? static_cast<SegmentSource&>(*expandable_) : regular_;
+    if (!poisoned()) {
+      try {
+        source.destroy(s);
+        continue;
+      } catch (const DriverError& e) {
+        poison("~CachingAllocator", e.what());  // this segment, and the rest, forgotten
+      }
     }
+    source.destroy(s, /*give_back_memory=*/false);
   }
 }
 

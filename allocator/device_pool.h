@@ -40,7 +40,9 @@
 #pragma once
 
 #include <cstddef>
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -113,6 +115,17 @@ class DevicePool {
   // an OOM report names the sampled stacks holding the most. Set once, before any
   // allocation; nullptr: none.
   void set_sample_owner(const void* owner) { sample_owner_ = owner; }
+
+  // --- poisoning (allocator/errors.h; device_pool_poison.cc) -------------------------
+  // A DriverError poisons the pool for good: the device's context is broken, so no
+  // later call may reach the driver or change the pool. Set once, by the first error
+  // (from any thread); readable without the device lock.
+  bool poisoned() const { return poisoned_.load(std::memory_order_acquire); }
+  // Records the first driver error: `op` is the public call that met it. Returns the
+  // message CachingAllocator throws for it (naming the device, op, call and error).
+  std::string poison(const char* op, const char* what);
+  // Refuses `op` on a poisoned pool: throws DriverError naming `op` and the first error.
+  [[noreturn]] void throw_poisoned(const char* op) const;
 
   DeviceId device() const { return device_; }
   Backend& backend() const { return *backend_; }
@@ -302,6 +315,12 @@ class DevicePool {
   std::atomic<AllocatorObserver*> front_observer_{nullptr};
   ArenaPoolHook* arena_hook_ ABSL_GUARDED_BY(mu_) = nullptr;
   const void* sample_owner_ = nullptr;  // written before any allocation, then read only
+
+  // Poisoning: the first driver error's message, written once (poison_once_) before
+  // poisoned_ is set, read only after it is.
+  std::once_flag poison_once_;
+  std::string poison_message_;
+  std::atomic<bool> poisoned_{false};
 };
 
 }  // namespace devmem::internal

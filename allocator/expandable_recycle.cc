@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "allocator/errors.h"
 #include "allocator/expandable_segments.h"
 
 namespace devmem::internal {
@@ -73,9 +74,16 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
           ? std::make_unique<Segment>()
           : nullptr;
   Block* second = keeps_below && keeps_above ? free_.new_block() : nullptr;
-  free_.erase(b);
   acct_.unmapping(s, c0, bytes);
-  backend_.unmap(reinterpret_cast<void*>(c0), bytes);
+  // The driver before the books: a DriverError leaves b free and counted, as it was.
+  try {
+    backend_.unmap(reinterpret_cast<void*>(c0), bytes);
+  } catch (...) {
+    if (second != nullptr) free_.delete_block(second);
+    throw;
+  }
+  free_.erase(b);
+  acct_.unmapped(s, bytes);
   r->mapped -= bytes;
 
   // What is left of b below and above the hole.
@@ -210,10 +218,19 @@ void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes,
   Event event;
   try {
     event = backend_.record_event(r->stream);
+  } catch (const DriverError&) {
+    throw;  // the device is broken, not busy: the allocator must learn of it
   } catch (const std::exception&) {
     return;
   }
-  if (backend_.event_done(event)) {
+  bool idle = false;
+  try {
+    idle = backend_.event_done(event);
+  } catch (...) {
+    backend_.release_event(event);
+    throw;
+  }
+  if (idle) {
     // The stream is idle: every block free now is free in stream order already.
     backend_.release_event(event);
     recycle_except(bytes, Scope{p.left, p.right, r, UINT64_MAX, /*sync=*/false});

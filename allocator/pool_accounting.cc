@@ -95,11 +95,14 @@ void PoolAccounting::segment_allocated(const Segment* s) {
   }
 }
 
-void PoolAccounting::segment_released(const Segment* s) {
+void PoolAccounting::segment_releasing(const Segment* s) {
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentFree, device_, s->stream, s->addr,
                                    s->size, 0, kUnknownSite});
   }
+}
+
+void PoolAccounting::segment_released(const Segment* s) {
   if (s->oversize) stats_.oversize_segments.decrease(1);
   ++stats_.num_device_free;
   DecreaseStat(stats_.segment, s->small_pool, 1);
@@ -120,6 +123,9 @@ void PoolAccounting::unmapping(const Segment* s, uintptr_t at, size_t bytes) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, at,
                                    bytes, 0, kUnknownSite});
   }
+}
+
+void PoolAccounting::unmapped(const Segment* s, size_t bytes) {
   DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(bytes));
   ++stats_.num_device_free;
 }

@@ -142,10 +142,17 @@ class PoolAccounting {
   // A regular segment was allocated from the backend.
   void segment_allocated(const Segment* s);
   // A segment (regular, or a whole expandable run) is about to go back to the backend.
+  // In two steps, so that a driver error between them (allocator/errors.h) leaves the
+  // statistics exact: the observer hears of it first (the trace orders the release
+  // where it starts, before the stream is waited for), the statistics change once the
+  // driver calls succeeded.
+  void segment_releasing(const Segment* s);
   void segment_released(const Segment* s);
-  // [at, at + bytes) of reservation `r` was mapped / is about to be unmapped.
+  // [at, at + bytes) of reservation `r` was mapped / is about to be unmapped (the same
+  // two steps: unmapping before the driver call, unmapped after it).
   void mapped(const Reservation* r, uintptr_t at, size_t bytes);
   void unmapping(const Segment* s, uintptr_t at, size_t bytes);
+  void unmapped(const Segment* s, size_t bytes);
   // An expandable run was created (a map in a gap, a split by an unmap) or removed
   // (merged into its neighbour, unmapped whole).
   void run_added(bool small) { IncreaseStat(stats_.segment, small, 1); }

@@ -77,8 +77,9 @@ class SegmentSource {
   virtual size_t complete_deferred(bool wait) = 0;
   // Pool destruction: gives `s` back to the backend whatever its blocks' states and
   // deletes it and its blocks, with no statistics or trace. The caller has waited for
-  // the segment's stream.
-  void destroy(Segment* s);
+  // the segment's stream. Without `give_back_memory` (a poisoned pool: the driver
+  // fails every call) only the host-side records go.
+  void destroy(Segment* s, bool give_back_memory = true);
   // This part's share of validate(): the source's own records against its segments.
   virtual absl::Status validate() const = 0;
 

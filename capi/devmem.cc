@@ -298,6 +298,12 @@ void devmem_torch_free(void* ptr, ssize_t size, int device, void* stream) {
   if (rc != DEVMEM_OK) devmem::ReportOnStderr("devmem_torch_free");
 }
 
+void devmem_torch_record_stream(void* ptr, void* stream) {
+  if (devmem_record_stream(ptr, stream) != DEVMEM_OK) {
+    devmem::ReportOnStderr("devmem_torch_record_stream");
+  }
+}
+
 void* devmem_cupy_malloc(void* param, size_t size, int device_id) {
   void* out = nullptr;
   const int rc = Guard([&] {

@@ -67,7 +67,11 @@ extern "C" {
    until the process restarts with a valid configuration. */
 #define DEVMEM_ERR_CONFIG 3
 /* Anything else: a driver failure that is not about memory (the message names the
-   call), host memory exhausted while doing the bookkeeping. */
+   call and the CUDA error), host memory exhausted while doing the bookkeeping. After
+   a driver error such as a device-side assert, the device's allocator is poisoned:
+   every later call on that device that would reach it returns DEVMEM_ERR_INTERNAL
+   with the first error in the message, changing nothing; stats and snapshots still
+   answer. The library never ends the process for one. */
 #define DEVMEM_ERR_INTERNAL 4
 
 /* ---- PyTorch: torch.cuda.memory.CUDAPluggableAllocator ------------------------- */
@@ -91,6 +95,15 @@ void* devmem_torch_alloc(ssize_t size, int device, void* stream);
  * Errors: a pointer that is not a live allocation of that device is reported on stderr
  * and in the last error; nothing is freed. Thread-safe. */
 void devmem_torch_free(void* ptr, ssize_t size, int device, void* stream);
+
+/* The record-stream hook of CUDAPluggableAllocator (PyTorch's set_record_stream_fn,
+ * `void(void* ptr, cudaStream_t stream)`): Tensor.record_stream(stream) on a tensor
+ * whose storage starts at `ptr` reaches devmem_record_stream(ptr, stream), so the
+ * block's free waits for the work queued on `stream` (side-stream copies, NCCL
+ * collectives). python/devmem/torch.py installs it where PyTorch can take it.
+ * Errors: as devmem_torch_free (PyTorch ignores the result): the last error, and a
+ * line on stderr. Thread-safe. */
+void devmem_torch_record_stream(void* ptr, void* stream);
 
 /* ---- CuPy: cupy.cuda.memory.CFunctionAllocator ----------------------------------- */
 

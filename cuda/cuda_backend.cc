@@ -22,15 +22,20 @@
 //     reserve_address fails the same way (ResourceExhausted when the driver has no
 //     address space left).
 //   * Calls whose answer the allocator's correctness rests on (recording, querying and
-//     waiting for events, synchronizing streams) end the process with the CUDA error
-//     when they fail: answering "done" wrongly would let memory be reused while a
-//     kernel still uses it. Such failures mean the CUDA context is already broken.
-//   * Clean-up calls (cudaFree, cudaStreamDestroy, cudaEventDestroy, and unmap's and
-//     release_address's cuMemUnmap, cuMemRelease and cuMemAddressFree) report failures
-//     on stderr and carry on, except cudaErrorCudartUnloading and
-//     CUDA_ERROR_DEINITIALIZED (process exit), which are expected and ignored. unmap
-//     and release_address of a range that is not (entirely) mapped or reserved are
-//     reported the same way and change nothing.
+//     waiting for events, synchronizing streams) and the calls that give memory back
+//     (free_segment's cudaFree, unmap's cuMemUnmap and cuMemRelease) throw DriverError
+//     (allocator/errors.h) naming the device, the call and the CUDA error when they
+//     fail: answering "done" wrongly would let memory be reused while a kernel still
+//     uses it, and a failed free must not be counted as memory given back. Such
+//     failures mean the CUDA context is broken (a sticky error after a device-side
+//     assert or an illegal address); the allocator poisons itself on one and never
+//     ends the process (backend.h). cudaErrorCudartUnloading and
+//     CUDA_ERROR_DEINITIALIZED (process exit) are expected there and ignored.
+//   * Clean-up calls of what the allocator no longer holds (cudaStreamDestroy,
+//     cudaEventDestroy, release_address's cuMemAddressFree) report failures on stderr
+//     and carry on, with the same two exceptions. unmap and release_address of a
+//     range that is not (entirely) mapped or reserved are reported the same way and
+//     change nothing.
 //   * Graph capture: capture_state is cudaStreamGetCaptureInfo (a failure is a
 //     DriverError naming it); allocate_segment_during_capture is cudaMalloc with
 //     the thread's capture interaction mode relaxed for the call.
@@ -100,12 +105,33 @@ absl::Status CudaStatus(absl::string_view where, absl::string_view call,
   }
 }
 
-[[noreturn]] void FatalCuda(absl::string_view where, absl::string_view call,
+// Errors after which the context is corrupt and every later call on it fails the same
+// way ("sticky": the CUDA runtime documentation's "the process must be terminated and
+// relaunched"). Even where a method returns a Status, these throw DriverError, so
+// that the allocator learns the device is gone instead of retrying.
+bool IsSticky(cudaError_t err) {
+  switch (err) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorLaunchFailure:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A failure of a call that returns no Status (backend.h): DriverError, with the
+// thread's last error cleared as CudaStatus does.
+[[noreturn]] void ThrowCuda(absl::string_view where, absl::string_view call,
                             cudaError_t err) {
-  std::fprintf(stderr, "devmem: fatal: %s: %s: %s\n", std::string(where).c_str(),
-               std::string(call).c_str(), CudaErrorText(err).c_str());
-  std::fflush(stderr);
-  std::abort();
+  throw DriverError(std::string(CudaStatus(where, call, err).message()));
 }
 
 void ReportCuda(absl::string_view where, absl::string_view call, cudaError_t err) {
@@ -242,6 +268,16 @@ void ReportCu(absl::string_view where, absl::string_view call, CUresult result) 
   if (result == CUDA_SUCCESS || result == CUDA_ERROR_DEINITIALIZED) return;
   std::fprintf(stderr, "devmem: %s: %s: %s\n", std::string(where).c_str(),
                std::string(call).c_str(), CuErrorText(result).c_str());
+}
+
+// The driver's sticky errors carry the runtime's numbers (CUDA_ERROR_ASSERT is 710, as
+// cudaErrorAssert is).
+bool IsStickyCu(CUresult result) { return IsSticky(static_cast<cudaError_t>(result)); }
+
+// ThrowCuda for driver calls.
+[[noreturn]] void ThrowCu(absl::string_view where, absl::string_view call,
+                          CUresult result) {
+  throw DriverError(std::string(CuStatus(where, call, result).message()));
 }
 
 void Report(absl::string_view where, absl::string_view message) {
@@ -384,12 +420,19 @@ class CudaBackend final : public Backend {
     cudaGetLastError();
     std::string call =
         absl::StrCat("cudaMalloc(", bytes, " bytes = ", FormatBytes(bytes), ")");
+    if (IsSticky(err)) ThrowCuda(name_, call, err);
     return CudaStatus(name_, call, err);
   }
 
   void free_segment(void* p, size_t bytes) override {
     DeviceGuard guard(device_.index);
-    ReportCuda(name_, absl::StrFormat("cudaFree(%p, %u bytes)", p, bytes), cudaFree(p));
+    if (cudaError_t err = cudaFree(p); err != cudaSuccess) {
+      if (err == cudaErrorCudartUnloading) {  // process exit: the memory goes with it
+        cudaGetLastError();
+        return;
+      }
+      ThrowCuda(name_, absl::StrFormat("cudaFree(%p, %u bytes)", p, bytes), err);
+    }
   }
 
   MemInfo mem_info() override {
@@ -441,10 +484,12 @@ class CudaBackend final : public Backend {
     cudaEvent_t event = nullptr;
     if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
         err != cudaSuccess) {
-      FatalCuda(name_, "cudaEventCreateWithFlags(cudaEventDisableTiming)", err);
+      ThrowCuda(name_, "cudaEventCreateWithFlags(cudaEventDisableTiming)", err);
     }
     if (cudaError_t err = cudaEventRecord(event, ToCuda(stream)); err != cudaSuccess) {
-      FatalCuda(name_, "cudaEventRecord", err);
+      ReportCuda(name_, "cudaEventDestroy (of an event whose record failed)",
+                 cudaEventDestroy(event));
+      ThrowCuda(name_, "cudaEventRecord", err);
     }
     return Event{reinterpret_cast<uintptr_t>(event)};
   }
@@ -453,7 +498,7 @@ class CudaBackend final : public Backend {
   bool rerecord_event(Event event, Stream stream) override {
     DeviceGuard guard(device_.index);
     if (cudaError_t err = cudaEventRecord(ToCuda(event), ToCuda(stream)); err != cudaSuccess) {
-      FatalCuda(name_, "cudaEventRecord", err);
+      ThrowCuda(name_, "cudaEventRecord", err);
     }
     return true;
   }
@@ -466,12 +511,12 @@ class CudaBackend final : public Backend {
       cudaGetLastError();  // NotReady is not an error, but clear it anyway
       return false;
     }
-    FatalCuda(name_, "cudaEventQuery", err);
+    ThrowCuda(name_, "cudaEventQuery", err);
   }
 
   void synchronize_event(Event event) override {
     if (cudaError_t err = cudaEventSynchronize(ToCuda(event)); err != cudaSuccess) {
-      FatalCuda(name_, "cudaEventSynchronize", err);
+      ThrowCuda(name_, "cudaEventSynchronize", err);
     }
   }
 
@@ -482,7 +527,7 @@ class CudaBackend final : public Backend {
   void synchronize_stream(Stream stream) override {
     DeviceGuard guard(device_.index);
     if (cudaError_t err = cudaStreamSynchronize(ToCuda(stream)); err != cudaSuccess) {
-      FatalCuda(name_, "cudaStreamSynchronize", err);
+      ThrowCuda(name_, "cudaStreamSynchronize", err);
     }
   }
 
@@ -606,11 +651,11 @@ class CudaBackend final : public Backend {
       CUmemGenericAllocationHandle handle = 0;
       if (CUresult r = d.mem_create(&handle, g, &prop, 0); r != CUDA_SUCCESS) {
         Undo(made);
-        return CuStatus(
-            name_,
+        const std::string what =
             absl::StrFormat("cuMemCreate(%u bytes = %s) for granule %u of %u of %s", g,
-                            FormatBytes(g), (at - start) / g + 1, bytes / g, call),
-            r);
+                            FormatBytes(g), (at - start) / g + 1, bytes / g, call);
+        if (IsStickyCu(r)) ThrowCu(name_, what, r);
+        return CuStatus(name_, what, r);
       }
       if (CUresult r = d.mem_map(at, g, 0, handle, 0); r != CUDA_SUCCESS) {
         ReportCu(name_, "cuMemRelease", d.mem_release(handle));
@@ -660,13 +705,23 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
     const DriverApi& d = Driver();
     auto it = granules_.lower_bound(start);
+    // A driver failure throws at the first granule it hits: the granules before it
+    // are unmapped and gone from the table, the rest stay mapped (as the driver has
+    // them). On a sticky error that is the first one: nothing changes.
     while (it != granules_.end() && it->first < start + bytes) {
-      ReportCu(name_,
-               absl::StrFormat("cuMemUnmap(%p, %u bytes) of %s",
-                               reinterpret_cast<void*>(it->first), g, call),
-               d.mem_unmap(it->first, g));
-      ReportCu(name_, absl::StrCat("cuMemRelease of ", call), d.mem_release(it->second));
-      it = granules_.erase(it);
+      if (CUresult r = d.mem_unmap(it->first, g);
+          r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        ThrowCu(name_,
+                absl::StrFormat("cuMemUnmap(%p, %u bytes) of %s",
+                                reinterpret_cast<void*>(it->first), g, call),
+                r);
+      }
+      const CUmemGenericAllocationHandle handle = it->second;
+      it = granules_.erase(it);  // unmapped: not ours to unmap again, whatever follows
+      if (CUresult r = d.mem_release(handle);
+          r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+        ThrowCu(name_, absl::StrCat("cuMemRelease of ", call), r);
+      }
     }
   }
 
@@ -743,8 +798,13 @@ class PinnedHostBackend final : public Backend {
   }
 
   void free_segment(void* p, size_t bytes) override {
-    ReportCuda(kName, absl::StrFormat("cudaFreeHost(%p, %u bytes)", p, bytes),
-               cudaFreeHost(p));
+    if (cudaError_t err = cudaFreeHost(p); err != cudaSuccess) {
+      if (err == cudaErrorCudartUnloading) {
+        cudaGetLastError();
+        return;
+      }
+      ThrowCuda(kName, absl::StrFormat("cudaFreeHost(%p, %u bytes)", p, bytes), err);
+    }
   }
 
   MemInfo mem_info() override {
@@ -782,11 +842,13 @@ class PinnedHostBackend final : public Backend {
     cudaEvent_t event = nullptr;
     if (cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
         err != cudaSuccess) {
-      FatalCuda(kName, "cudaEventCreateWithFlags(cudaEventDisableTiming)", err);
+      ThrowCuda(kName, "cudaEventCreateWithFlags(cudaEventDisableTiming)", err);
     }
     if (!host) {
       if (cudaError_t err = cudaEventRecord(event, ToCuda(stream)); err != cudaSuccess) {
-        FatalCuda(kName, "cudaEventRecord", err);
+        ReportCuda(kName, "cudaEventDestroy (of an event whose record failed)",
+                   cudaEventDestroy(event));
+        ThrowCuda(kName, "cudaEventRecord", err);
       }
     }
     return Event{reinterpret_cast<uintptr_t>(event)};
@@ -799,12 +861,12 @@ class PinnedHostBackend final : public Backend {
       cudaGetLastError();
       return false;
     }
-    FatalCuda(kName, "cudaEventQuery", err);
+    ThrowCuda(kName, "cudaEventQuery", err);
   }
 
   void synchronize_event(Event event) override {
     if (cudaError_t err = cudaEventSynchronize(ToCuda(event)); err != cudaSuccess) {
-      FatalCuda(kName, "cudaEventSynchronize", err);
+      ThrowCuda(kName, "cudaEventSynchronize", err);
     }
   }
 
@@ -816,7 +878,7 @@ class PinnedHostBackend final : public Backend {
     if (stream == kPinnedHostStream) return;
     DeviceGuard guard(StreamDevice(stream));
     if (cudaError_t err = cudaStreamSynchronize(ToCuda(stream)); err != cudaSuccess) {
-      FatalCuda(kName, "cudaStreamSynchronize", err);
+      ThrowCuda(kName, "cudaStreamSynchronize", err);
     }
   }
 
@@ -836,7 +898,7 @@ class PinnedHostBackend final : public Backend {
     if (stream.handle == 0) return CurrentDevice();
     int device = 0;
     if (cudaError_t err = cudaStreamGetDevice(ToCuda(stream), &device); err != cudaSuccess) {
-      FatalCuda(kName, "cudaStreamGetDevice", err);
+      ThrowCuda(kName, "cudaStreamGetDevice", err);
     }
     return device;
   }

@@ -187,7 +187,16 @@ struct Runtime::State {
         // destroyed, on this thread. process_events never blocks (it only polls), and
         // registry -> device lock is the allowed order.
         MutexLock registry(&mu);
-        for (const auto& [device, a] : allocators) a->process_events();
+        // A poisoned allocator (a driver error, allocator/errors.h) is skipped: it
+        // refuses every poll, and the error was reported when it poisoned it.
+        for (const auto& [device, a] : allocators) {
+          if (a->poisoned()) continue;
+          try {
+            a->process_events();
+          } catch (const DriverError&) {
+            // Poisoned now (and said so on stderr): this thread must not end the process.
+          }
+        }
       }
       lock.lock();
       poll_cv.wait_for(lock, kPollInterval, [this] { return poll_stop; });

@@ -48,7 +48,9 @@
 #                                   missing)
 #         torch-package.log         tests/gpu/torch_package.py: the Python package
 #                                   (python/devmem) with devmem.torch.use(), its
-#                                   torch.cuda-style stats, tags, snapshot, resets
+#                                   torch.cuda-style stats, tags, snapshot, resets,
+#                                   and Tensor.record_stream reaching devmem (hook or
+#                                   wrapper): no early reuse under a busy side stream
 #         torch-step.log            tests/gpu/torch_training_step.py: a small CNN trained
 #                                   8 steps (fixed seed, deterministic algorithms) with
 #                                   PyTorch's allocator and with devmem as

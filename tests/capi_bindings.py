@@ -19,6 +19,8 @@ _SIGNATURES = {
     # PyTorch: void* (ssize_t, int, cudaStream_t); void (void*, ssize_t, int, cudaStream_t)
     "devmem_torch_alloc": (ctypes.c_void_p, [ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
     "devmem_torch_free": (None, [ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p]),
+    # PyTorch's set_record_stream_fn: void (void*, cudaStream_t)
+    "devmem_torch_record_stream": (None, [ctypes.c_void_p, ctypes.c_void_p]),
     # CuPy: void* (void*, size_t, int); void (void*, void*, int)
     "devmem_cupy_malloc": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]),
     "devmem_cupy_free": (None, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]),

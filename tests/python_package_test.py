@@ -322,5 +322,99 @@ class TorchUse(unittest.TestCase):
             self.assertIn("PyTorch is not installed", r.stdout, r.stderr)
 
 
+# A PyTorch with CUDA as far as use() can tell: CUDAPluggableAllocator and
+# change_current_allocator record what they get. SETTER adds set_record_stream_fn to
+# the native allocator (recent PyTorch); RECORD gives torch.Tensor a record_stream that
+# records its calls (every PyTorch).
+WORKING_TORCH = """
+version = type('v', (), {'cuda': '12.1'})()
+__version__ = '2.5.0'
+hook = []
+calls = []
+class _Native:
+    pass
+class _Pluggable:
+    def __init__(self, path, alloc, free):
+        self.native = _Native()
+    def allocator(self):
+        return self.native
+class cuda:
+    is_available = staticmethod(lambda: True)
+    class memory:
+        CUDAPluggableAllocator = _Pluggable
+        change_current_allocator = staticmethod(lambda a: None)
+class _Storage:
+    def __init__(self, p): self.p = p
+    def data_ptr(self): return self.p
+class Stream:
+    def __init__(self, raw): self.cuda_stream = raw
+class Tensor:
+    def __init__(self, p): self.p = p
+    def untyped_storage(self): return _Storage(self.p)
+"""
+SETTER = "_Native.set_record_stream_fn = lambda self, fn: hook.append(fn)\n"
+RECORD = "Tensor.record_stream = lambda self, stream: calls.append(stream)\n"
+
+
+class TorchRecordStream(unittest.TestCase):
+    def run_with_torch(self, source, code):
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "torch"))
+            with open(os.path.join(d, "torch", "__init__.py"), "w") as f:
+                f.write(WORKING_TORCH + source)
+            return _run_python("import ctypes, devmem, devmem.torch, torch\n"
+                               "lib = devmem._lib.lib()\n" + code, {}, [d])
+
+    def test_the_hook_where_pytorch_takes_one(self):
+        r = self.run_with_torch(SETTER + RECORD, """
+            devmem.torch.use()
+            print("route", devmem.torch.record_stream_route())
+            fn = torch.hook[0]
+            print("ours", fn == ctypes.cast(lib.devmem_torch_record_stream, ctypes.c_void_p).value)
+            # Called as PyTorch calls it, with a pointer devmem does not hold.
+            ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(fn)(0x1000, None)
+            print("last", lib.devmem_last_error().decode())
+            print("wrapped", torch.Tensor.record_stream.__name__)
+        """.replace("\n            ", "\n"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("route hook", r.stdout)
+        self.assertIn("ours True", r.stdout)
+        self.assertIn("0x1000", r.stdout)  # it reached devmem_record_stream
+        self.assertIn("devmem_torch_record_stream failed", r.stderr)
+        self.assertIn("wrapped <lambda>", r.stdout)  # no wrapper besides the hook
+
+    def test_a_wrapper_where_it_takes_none(self):
+        r = self.run_with_torch(RECORD, """
+            devmem.torch.use()
+            print("route", devmem.torch.record_stream_route())
+            p = ctypes.c_void_p()
+            devmem._lib.check(lib.devmem_alloc(ctypes.byref(p), 4096, 0, None))
+            t = torch.Tensor(p.value)
+            t.record_stream(torch.Stream(0))
+            print("pytorch saw", len(torch.calls))
+            devmem._lib.check(lib.devmem_free(p))
+            try:
+                t.record_stream(torch.Stream(0))
+            except devmem.DevmemError as e:
+                print("refused", hex(p.value) in str(e))
+        """.replace("\n            ", "\n"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("route wrapper", r.stdout)
+        self.assertIn("pytorch saw 1", r.stdout)
+        self.assertIn("refused True", r.stdout)  # devmem's record_stream named the pointer
+        self.assertNotIn("warning", r.stderr)
+
+    def test_a_warning_where_neither_is_possible(self):
+        r = self.run_with_torch("", """
+            devmem.torch.use()
+            devmem.torch.use()
+            print("route", devmem.torch.record_stream_route())
+        """.replace("\n            ", "\n"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("route None", r.stdout)
+        self.assertEqual(r.stderr.count("devmem.torch: warning:"), 1, r.stderr)
+        self.assertIn("devmem.torch.record_stream(tensor, stream)", r.stderr)
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]])

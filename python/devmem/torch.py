@@ -23,13 +23,65 @@ and graphs_supported() is False. devmem still keeps such a capture intact (no cu
 in global mode, no event query or synchronize on a capturing stream), but memory freed
 inside the captured region can be handed to other work that the graph's replays then
 overwrite: do not capture graphs through devmem on such a PyTorch.
+
+Tensor.record_stream(stream) must reach devmem, or a tensor used on a side stream (a
+copy, an NCCL collective) is reused while that stream still works on it. use() makes
+it so, in the first way this PyTorch allows (record_stream_route() says which):
+  "hook"     the pluggable allocator's set_record_stream_fn (recent PyTorch) gets
+             libdevmem.so's devmem_torch_record_stream;
+  "wrapper"  otherwise torch.Tensor.record_stream is wrapped: PyTorch's own call, then
+             devmem's record_stream on the storage's pointer and stream.cuda_stream;
+  None       neither is possible: a warning says so once, and record_stream(tensor,
+             stream) below must be called instead.
 """
 import ctypes
+import functools
+import sys
 import warnings
 
 from . import _lib
 
 _installed = None
+_route = None
+_warned = False
+
+
+def record_stream(tensor, stream):
+    """devmem's record_stream for a CUDA tensor: the free of its storage waits for the
+    work queued so far on `stream` (a torch.cuda.Stream, or a raw cudaStream_t int).
+    Raises DevmemError naming the pointer when devmem does not hold the storage."""
+    storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+    raw = getattr(stream, "cuda_stream", stream)
+    _lib.check(_lib.lib().devmem_record_stream(ctypes.c_void_p(storage.data_ptr()),
+                                               ctypes.c_void_p(raw or None)))
+
+
+def record_stream_route():
+    """How Tensor.record_stream reaches devmem since use(): "hook", "wrapper" or None."""
+    return _route
+
+
+def _install_record_stream(torch, allocator):
+    native = allocator.allocator() if callable(getattr(allocator, "allocator", None)) else None
+    setter = getattr(native, "set_record_stream_fn", None)
+    if callable(setter):
+        hook = ctypes.cast(_lib.lib().devmem_torch_record_stream, ctypes.c_void_p).value
+        setter(hook)
+        return "hook"
+    original = getattr(getattr(torch, "Tensor", None), "record_stream", None)
+    if original is None:
+        return None
+
+    @functools.wraps(original)
+    def wrapped(self, stream):
+        original(self, stream)  # PyTorch's own bookkeeping (a no-op for a pluggable one)
+        record_stream(self, stream)
+
+    try:
+        torch.Tensor.record_stream = wrapped
+    except (AttributeError, TypeError):  # a Tensor type that takes no attributes
+        return None
+    return "wrapper"
 
 
 def use():
@@ -59,6 +111,15 @@ def use():
         raise RuntimeError("devmem.torch.use(): PyTorch refused the allocator: call it "
                            f"before the first CUDA tensor exists ({e})") from None
     _install_graph_hooks(allocator, torch.__version__)
+    global _route, _warned
+    _route = _install_record_stream(torch, allocator)
+    if _route is None and not _warned:
+        _warned = True
+        print("devmem.torch: warning: this PyTorch offers no way to pass "
+              "Tensor.record_stream to devmem (no set_record_stream_fn, and "
+              "torch.Tensor.record_stream cannot be wrapped): a tensor used on another "
+              "stream may be reused early; call devmem.torch.record_stream(tensor, "
+              "stream) where you call tensor.record_stream(stream)", file=sys.stderr)
     _installed = allocator
     return allocator
 

@@ -25,7 +25,11 @@
 //   * Streams: each stream runs its work in order on a host thread of its own. The
 //     legacy default stream (0, cudaStreamLegacy) of each device also waits for, and
 //     is waited for by, that device's blocking streams. cudaStreamDestroy returns at
-//     once and the stream finishes its queued work. Host functions
+//     once and the stream finishes its queued work. A destroyed stream's handle is
+//     given to the next cudaStreamCreateWithFlags (the newest destroyed first), while
+//     the old stream may still be running: a real driver's handles are pointers to
+//     its stream objects, whose memory it reuses, so a handle value names a stream
+//     only while that stream lives. Host functions
 //     (cudaLaunchHostFunc) run when their stream reaches them, one at a time on one
 //     thread for the whole process (the documentation says they "may be serialized"):
 //     a host function that waits for another stream's host function deadlocks.
@@ -39,6 +43,15 @@
 //   * The thread's last error: failing runtime calls set it, cudaGetLastError
 //     returns and clears it, cudaPeekAtLastError returns it (cudaErrorNotReady is not
 //     an error and is not recorded).
+//   * Sticky device errors: devmem_fake_cuda_launch_fault(stream, error) queues device
+//     work that, when the stream reaches it, faults the device (a kernel's assert,
+//     cudaErrorAssert, or an illegal address). From then on, as with a real corrupted
+//     context, every runtime call acting on that device and every cuMem* call with
+//     its context current returns the error (the driver's CUresult of the same
+//     number), cudaGetLastError cannot clear it, queued work on the device's streams
+//     is dropped, and cudaStreamSynchronize / cudaEventSynchronize return it. Only
+//     the process's end clears it: the leak check ignores what a faulted device
+//     holds (and every reservation once any device faulted: they carry no device).
 //   * Virtual memory: cuMemAddressReserve / cuMemAddressFree, cuMemCreate /
 //     cuMemRelease (pinned device memory; the allocation is freed when it is released
 //     and no longer mapped), cuMemMap / cuMemUnmap, cuMemSetAccess, with a minimum and
@@ -62,8 +75,9 @@
 //     mapping, or of a released handle; cuMemAddressFree of anything but a whole
 //     reservation, or with mappings inside; cuMemRelease of an unknown or released
 //     handle; cudaFree of a pointer cudaMalloc did not return (or twice);
-//   * streams and events used after destroy (handles are never reused), an event
-//     recorded on another device's stream, cudaStreamDestroy of a default stream;
+//   * streams and events used after destroy (while a stream's handle is not reused:
+//     see Streams above), an event recorded on another device's stream,
+//     cudaStreamDestroy of a default stream;
 //   * any CUDA call from inside a host function ("The host function must not make
 //     any CUDA API calls");
 //   * device work (a memset or copy) over memory that is not allocated, not mapped, or
@@ -112,6 +126,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdarg>
@@ -326,7 +341,8 @@ struct State {
   std::vector<Stream*> legacy;   // per device, made on first use
   std::map<uintptr_t, Event> events;
   std::map<uintptr_t, size_t> pinned;  // cudaHostAlloc: address -> bytes
-  uintptr_t next_stream = 0x5f0000;  // handles count up and are never reused
+  uintptr_t next_stream = 0x5f0000;  // new handles count up
+  std::vector<uintptr_t> free_streams;  // destroyed handles, reused newest first
   uintptr_t next_event = 0xe70000;
   CUmemGenericAllocationHandle next_handle = 0x4a0000;
 };
@@ -421,6 +437,27 @@ int RuntimeDevice() {
   return t_device;
 }
 
+// --- sticky device errors ----------------------------------------------------------
+
+// Per device: cudaSuccess, or the fault that corrupted its context (never cleared).
+std::atomic<int> g_sticky[16];
+
+cudaError_t Sticky(int device) {
+  return device >= 0 && device < 16 ? static_cast<cudaError_t>(g_sticky[device].load())
+                                    : cudaSuccess;
+}
+bool AnyFaulted() {
+  for (const auto& e : g_sticky) {
+    if (e.load() != cudaSuccess) return true;
+  }
+  return false;
+}
+// The driver's view: cuMem* calls act on the current context's device. CUresult and
+// cudaError_t share the numbers of these errors (700, 710, 719).
+CUresult StickyCu() {
+  return static_cast<CUresult>(Sticky(t_context));
+}
+
 // --- streams -------------------------------------------------------------------------
 
 void RunStream(Stream* s) {
@@ -431,7 +468,7 @@ void RunStream(Stream* s) {
     std::function<void()> work = std::move(s->queue.front());
     s->queue.pop_front();
     lock.unlock();
-    work();
+    if (Sticky(s->device) == cudaSuccess) work();  // a faulted device runs nothing more
     lock.lock();
     ++s->completed;
     s->cv.notify_all();
@@ -650,6 +687,9 @@ const char* CuErrorNameOf(CUresult r) {
     case CUDA_ERROR_NOT_PERMITTED: return "CUDA_ERROR_NOT_PERMITTED";
     case CUDA_ERROR_NOT_SUPPORTED: return "CUDA_ERROR_NOT_SUPPORTED";
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "CUDA_ERROR_ILLEGAL_ADDRESS";
+    case CUDA_ERROR_ASSERT: return "CUDA_ERROR_ASSERT";
+    case CUDA_ERROR_LAUNCH_FAILED: return "CUDA_ERROR_LAUNCH_FAILED";
     case CUDA_ERROR_UNKNOWN: return "CUDA_ERROR_UNKNOWN";
     default: return nullptr;
   }
@@ -669,6 +709,9 @@ const char* CuErrorTextOf(CUresult r) {
     case CUDA_ERROR_NOT_SUPPORTED: return "operation not supported";
     case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED:
       return "operation not permitted when stream is capturing";
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return "an illegal memory access was encountered";
+    case CUDA_ERROR_ASSERT: return "device-side assert triggered";
+    case CUDA_ERROR_LAUNCH_FAILED: return "unspecified launch failure";
     case CUDA_ERROR_UNKNOWN: return "unknown error";
     default: return nullptr;
   }
@@ -745,6 +788,7 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
                                        CUdeviceptr addr, unsigned long long flags) {
   Enter("cuMemAddressReserve");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemAddressReserve") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -769,6 +813,7 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
 CUresult CUDAAPI FakeMemAddressFree(CUdeviceptr ptr, size_t size) {
   Enter("cuMemAddressFree");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemAddressFree") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -798,6 +843,7 @@ CUresult CUDAAPI FakeMemCreate(CUmemGenericAllocationHandle* handle, size_t size
                                unsigned long long flags) {
   Enter("cuMemCreate");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemCreate") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -832,6 +878,7 @@ void MaybeFreeHandle(State& st, CUmemGenericAllocationHandle h) {
 CUresult CUDAAPI FakeMemRelease(CUmemGenericAllocationHandle handle) {
   Enter("cuMemRelease");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemRelease") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -855,6 +902,7 @@ CUresult CUDAAPI FakeMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             unsigned long long flags) {
   Enter("cuMemMap");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemMap") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -927,6 +975,7 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
                                   const CUmemAccessDesc* desc, size_t count) {
   Enter("cuMemSetAccess");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemSetAccess") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -962,6 +1011,7 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
 CUresult CUDAAPI FakeMemUnmap(CUdeviceptr ptr, size_t size) {
   Enter("cuMemUnmap");
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
   if (fake_cuda::CheckUnsafeCall("cuMemUnmap") != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
@@ -1062,6 +1112,7 @@ cudaError_t Memset(const char* call, void* dev_ptr, int value, size_t count,
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, call);
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
   if (int e = Injected(call)) return Fail(static_cast<cudaError_t>(e));
   std::function<void()> work =
       DeviceWork(st, call, reinterpret_cast<uintptr_t>(dev_ptr), count,
@@ -1112,24 +1163,31 @@ void LeakCheck() {
     std::snprintf(line, sizeof line, format, args...);
     report += line;
   };
+  // What a faulted device holds cannot be given back; it goes with the process.
+  const bool faulted = AnyFaulted();
   for (const auto& [p, a] : st.allocations) {
+    if (Sticky(a.device) != cudaSuccess) continue;
     add("  cudaMalloc %p (%zu bytes) on device %d not freed\n",
         reinterpret_cast<void*>(p), a.bytes, a.device);
   }
   for (const auto& [p, m] : st.mappings) {
+    if (Sticky(st.handles.at(m.handle).device) != cudaSuccess) continue;
     add("  mapping [%p, +%zu bytes) of handle %#llx not unmapped\n",
         reinterpret_cast<void*>(p), m.bytes, m.handle);
   }
   for (const auto& [h, x] : st.handles) {
-    if (!x.released) add("  handle %#llx (%zu bytes) not released\n", h, x.bytes);
+    if (!x.released && Sticky(x.device) == cudaSuccess) add("  handle %#llx (%zu bytes) not released\n", h, x.bytes);
   }
   for (const auto& [p, bytes] : st.reservations) {
+    if (faulted) break;
     add("  reservation [%p, +%zu bytes) not freed\n", reinterpret_cast<void*>(p), bytes);
   }
   for (const auto& [h, s] : st.streams) {
+    if (Sticky(s->device) != cudaSuccess) continue;
     add("  stream %p not destroyed\n", reinterpret_cast<void*>(h));
   }
   for (const auto& [h, e] : st.events) {
+    if (Sticky(e.device) != cudaSuccess) continue;
     add("  event %p not destroyed\n", reinterpret_cast<void*>(h));
   }
   for (const auto& [p, bytes] : st.pinned) {
@@ -1171,6 +1229,21 @@ size_t devmem_fake_cuda_live(const char* what) {
   }
   if (long n = fake_cuda::LiveCaptureObjects(what); n >= 0) return static_cast<size_t>(n);
   Misuse("devmem_fake_cuda_live(\"%s\"): unknown", what);
+}
+
+int devmem_fake_cuda_launch_fault(void* stream, int error) {
+  Enter("devmem_fake_cuda_launch_fault");
+  if (error == cudaSuccess) Misuse("devmem_fake_cuda_launch_fault: error 0 is no fault");
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  Stream* s = FindStream(st, static_cast<cudaStream_t>(stream), "devmem_fake_cuda_launch_fault");
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
+  const int device = s->device;
+  Enqueue(st, s, [device, error] {
+    int healthy = cudaSuccess;
+    g_sticky[device].compare_exchange_strong(healthy, error);  // the first fault stays
+  });
+  return cudaSuccess;
 }
 
 cudaError_t CUDARTAPI cudaGetDeviceCount(int* count) {
@@ -1225,11 +1298,13 @@ cudaError_t CUDARTAPI cudaGetLastError(void) {
   Enter("cudaGetLastError");
   const cudaError_t e = t_last_error;
   t_last_error = cudaSuccess;
+  if (cudaError_t sticky = Sticky(t_device)) return sticky;  // cannot be cleared
   return e;
 }
 
 cudaError_t CUDARTAPI cudaPeekAtLastError(void) {
   Enter("cudaPeekAtLastError");
+  if (cudaError_t sticky = Sticky(t_device)) return sticky;
   return t_last_error;
 }
 
@@ -1247,6 +1322,7 @@ const char* CUDARTAPI cudaGetErrorName(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorAssert: return "cudaErrorAssert";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorNotPermitted: return "cudaErrorNotPermitted";
     case cudaErrorNotSupported: return "cudaErrorNotSupported";
@@ -1277,6 +1353,7 @@ const char* CUDARTAPI cudaGetErrorString(cudaError_t error) {
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorAssert: return "device-side assert triggered";
     case cudaErrorLaunchFailure: return "unspecified launch failure";
     case cudaErrorNotPermitted: return "operation not permitted";
     case cudaErrorNotSupported: return "operation not supported";
@@ -1301,6 +1378,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** dev_ptr, size_t size) {
   Enter("cudaMalloc");
   if (dev_ptr == nullptr) return Fail(cudaErrorInvalidValue);
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaMalloc")) return Fail(static_cast<cudaError_t>(e));
   if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaMalloc"); e != cudaSuccess) return Fail(e);
   if (size == 0) {  // allowed, and gives no memory
@@ -1335,7 +1413,7 @@ cudaError_t CUDARTAPI cudaMalloc(void** dev_ptr, size_t size) {
 
 cudaError_t CUDARTAPI cudaFree(void* dev_ptr) {
   Enter("cudaFree");
-  RuntimeDevice();
+  if (cudaError_t e = Sticky(RuntimeDevice())) return Fail(e);
   if (dev_ptr == nullptr) return cudaSuccess;  // "no operation is performed"
   if (int e = Injected("cudaFree")) return Fail(static_cast<cudaError_t>(e));
   if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaFree"); e != cudaSuccess) return Fail(e);
@@ -1401,6 +1479,7 @@ cudaError_t CUDARTAPI cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   Enter("cudaMemGetInfo");
   if (free_bytes == nullptr || total_bytes == nullptr) return Fail(cudaErrorInvalidValue);
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaMemGetInfo")) return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -1417,12 +1496,18 @@ cudaError_t CUDARTAPI cudaStreamCreateWithFlags(cudaStream_t* stream,
     return Fail(cudaErrorInvalidValue);
   }
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaStreamCreateWithFlags"))
     return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
-  const uintptr_t handle = st.next_stream;
-  st.next_stream += 0x10;
+  uintptr_t handle = st.next_stream;
+  if (!st.free_streams.empty()) {  // a destroyed stream's handle, as a driver reuses it
+    handle = st.free_streams.back();
+    st.free_streams.pop_back();
+  } else {
+    st.next_stream += 0x10;
+  }
   st.streams.emplace(handle, NewStream(d, /*legacy=*/false,
                                        /*blocking=*/flags == cudaStreamDefault, handle));
   *stream = reinterpret_cast<cudaStream_t>(handle);
@@ -1438,9 +1523,11 @@ cudaError_t CUDARTAPI cudaStreamDestroy(cudaStream_t stream) {
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, "cudaStreamDestroy");
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
   fake_cuda::OnStreamDestroy(FactsOf(s));
   if (int e = Injected("cudaStreamDestroy")) return Fail(static_cast<cudaError_t>(e));
   st.streams.erase(s->handle);
+  st.free_streams.push_back(s->handle);
   st.retired.push_back(s);
   std::lock_guard<std::mutex> stream_lock(s->mu);
   s->destroyed = true;  // its thread runs what is queued, then ends
@@ -1456,12 +1543,14 @@ cudaError_t CUDARTAPI cudaStreamSynchronize(cudaStream_t stream) {
     State& st = Global();
     std::lock_guard<std::mutex> lock(st.mu);
     s = FindStream(st, stream, "cudaStreamSynchronize");
+    if (cudaError_t e = Sticky(s->device)) return Fail(e);
     if (int e = Injected("cudaStreamSynchronize"))
       return Fail(static_cast<cudaError_t>(e));
     if (cudaError_t e = fake_cuda::OnStreamSync(FactsOf(s)); e != cudaSuccess) return Fail(e);
     seq = Mark(st, s);
   }
   WaitFor(s, seq);
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);  // the stream faulted on the way
   return cudaSuccess;
 }
 
@@ -1472,6 +1561,7 @@ cudaError_t CUDARTAPI cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn,
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   Stream* s = FindStream(st, stream, "cudaLaunchHostFunc");
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
   if (int e = Injected("cudaLaunchHostFunc")) return Fail(static_cast<cudaError_t>(e));
   std::function<void()> work = [fn, user_data] { RunHostFunction(fn, user_data); };
   bool captured = false;
@@ -1494,6 +1584,7 @@ cudaError_t CUDARTAPI cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int 
     Misuse("cudaEventCreateWithFlags(%#x): timing events are not modeled", flags);
   }
   const int d = RuntimeDevice();
+  if (cudaError_t e = Sticky(d)) return Fail(e);
   if (int e = Injected("cudaEventCreateWithFlags"))
     return Fail(static_cast<cudaError_t>(e));
   State& st = Global();
@@ -1517,6 +1608,7 @@ cudaError_t CUDARTAPI cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         "stream must be on the same CUDA context\")",
         e.device, s->device);
   }
+  if (cudaError_t err = Sticky(s->device)) return Fail(err);
   if (int err = Injected("cudaEventRecord")) return Fail(static_cast<cudaError_t>(err));
   cudaError_t capture_err = cudaSuccess;
   if (fake_cuda::OnEventRecord(reinterpret_cast<uintptr_t>(event), FactsOf(s), &capture_err)) {
@@ -1533,6 +1625,7 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   const Event& e = FindEvent(st, event, "cudaEventQuery");
+  if (cudaError_t err = Sticky(e.device)) return Fail(err);
   if (int err = Injected("cudaEventQuery")) return Fail(static_cast<cudaError_t>(err));
   if (fake_cuda::EventCaptured(reinterpret_cast<uintptr_t>(event))) {
     return Fail(cudaErrorCapturedEvent);
@@ -1544,12 +1637,15 @@ cudaError_t CUDARTAPI cudaEventQuery(cudaEvent_t event) {
 
 cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
   Enter("cudaEventSynchronize");
+  int device = 0;
   Stream* s = nullptr;
   uint64_t seq = 0;
   {
     State& st = Global();
     std::lock_guard<std::mutex> lock(st.mu);
     const Event& e = FindEvent(st, event, "cudaEventSynchronize");
+    device = e.device;
+    if (cudaError_t err = Sticky(device)) return Fail(err);
     if (int err = Injected("cudaEventSynchronize"))
       return Fail(static_cast<cudaError_t>(err));
     if (fake_cuda::EventCaptured(reinterpret_cast<uintptr_t>(event))) {
@@ -1559,6 +1655,7 @@ cudaError_t CUDARTAPI cudaEventSynchronize(cudaEvent_t event) {
     seq = e.seq;
   }
   if (s != nullptr) WaitFor(s, seq);
+  if (cudaError_t err = Sticky(device)) return Fail(err);
   return cudaSuccess;
 }
 
@@ -1566,7 +1663,9 @@ cudaError_t CUDARTAPI cudaEventDestroy(cudaEvent_t event) {
   Enter("cudaEventDestroy");
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
-  FindEvent(st, event, "cudaEventDestroy");
+  if (cudaError_t err = Sticky(FindEvent(st, event, "cudaEventDestroy").device)) {
+    return Fail(err);
+  }
   if (int err = Injected("cudaEventDestroy")) return Fail(static_cast<cudaError_t>(err));
   // A pending event may be destroyed; what it captured still runs.
   st.events.erase(reinterpret_cast<uintptr_t>(event));
@@ -1598,6 +1697,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count,
     State& st = Global();
     std::lock_guard<std::mutex> lock(st.mu);
     s = FindStream(st, nullptr, "cudaMemcpy");
+    if (cudaError_t e = Sticky(s->device)) return Fail(e);
     if (int e = Injected("cudaMemcpy")) return Fail(static_cast<cudaError_t>(e));
   if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaMemcpy"); e != cudaSuccess) return Fail(e);
     if (kind == cudaMemcpyDeviceToHost) {

@@ -14,4 +14,11 @@ extern "C" {
 // "used_bytes" (memory charged against the devices' capacity). Any other name aborts.
 size_t devmem_fake_cuda_live(const char* what);
 
+// A kernel that faults: queues work on `stream` (a cudaStream_t; NULL for the legacy
+// default stream of the current device) that, when the stream reaches it, corrupts the
+// stream's device with `error` (cudaErrorAssert, cudaErrorIllegalAddress, ...), which
+// every later call on that device returns (fake_cuda.cc, "Sticky device errors").
+// Returns cudaSuccess, or the device's error if it has faulted already.
+int devmem_fake_cuda_launch_fault(void* stream, int error);
+
 }  // extern "C"

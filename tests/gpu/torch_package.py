@@ -6,7 +6,9 @@
 devmem.torch.use() installs devmem as PyTorch's CUDA allocator; then tensors made
 under devmem.tag("forward") must show in devmem.memory_stats() under PyTorch's key
 names, in memory_summary() under the tag's site, and in the snapshot; peaks reset,
-empty_cache() returns the cache, and mem_get_info() agrees with PyTorch's total.
+empty_cache() returns the cache, and mem_get_info() agrees with PyTorch's total;
+Tensor.record_stream reaches devmem (a block freed while a side stream reads it is
+not reused early).
 Needs PyTorch 2.0+ with CUDA and a GPU: without them it prints "SKIP: ..." and exits 0.
 """
 import os
@@ -83,8 +85,38 @@ def main():
     devmem.empty_cache()
     if devmem.memory_stats(device)["reserved_bytes.all.current"] > during["reserved_bytes.all.current"] - (64 << 20):
         fail("empty_cache returned nothing")
+    check_record_stream(torch, devmem)
     print("ok: devmem.torch.use() and devmem's torch.cuda-style stats on %s (%s)"
           % ("cuda:%d" % device, devmem.library_path()))
+
+
+def check_record_stream(torch, devmem):
+    """Tensor.record_stream reaches devmem (the hook or the wrapper, whichever this
+    PyTorch allows): a tensor freed while a side stream still works on it is not handed
+    to the next allocation on its own stream until the side stream is past it."""
+    route = devmem.torch.record_stream_route()
+    if route is None:
+        fail("this PyTorch (%s) took neither the record_stream hook nor the wrapper"
+             % torch.__version__)
+    x = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    x.fill_(3)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # the side stream is busy for a while (~0.1 s)
+        y = x.clone()                   # and then reads x
+    x.record_stream(side)
+    ptr = x.data_ptr()
+    del x
+    z = torch.empty(8 << 20, dtype=torch.uint8, device="cuda")
+    reused_early = z.data_ptr() == ptr
+    side.synchronize()
+    if reused_early:
+        fail("record_stream (%s) did not reach devmem: x's block went to the next "
+             "allocation while the side stream still read it" % route)
+    if int(y.sum().item()) != 3 * (8 << 20):
+        fail("the side stream's copy of x is wrong")
+    print("ok: Tensor.record_stream reaches devmem (%s)" % route)
 
 
 if __name__ == "__main__":
