@@ -122,6 +122,7 @@ ArenaFrame* Arenas::open(std::string_view name, const ArenaOptions& options) {
   frame->stream = options.stream;
   frame->chunk_size = options.chunk_size;
   frame->max_request = options.chunk_size / 4;
+  frame->next_chunk = kMinArenaChunkSize;
   frame->name_text = clean;
   frame->label = absl::StrCat("arena '", clean, "' on ", device_.ToString());
   frame->below = t_arena_top;
@@ -276,13 +277,26 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
     }
   }
   f->chunks.reserve(f->chunks.size() + 1);  // nothing below may be undone by a throw
-  // 2. A retained chunk (from an earlier scope).
+  // The new chunk's size: the scope's chunks grow from 64 KiB, doubling up to
+  // chunk_size, and hold at least four requests of this size. A scope's chunks exceed
+  // what it bumped by at most about that much again (or 64 KiB), never a whole
+  // chunk_size for a step that bumps a few KiB (arena.h, "Chunk size").
+  size_t want = f->next_chunk;
+  while (want < 4 * bytes && want < f->chunk_size) want *= 2;
+  want = std::min(want, f->chunk_size);
+  f->next_chunk = std::min(f->chunk_size, 2 * want);
+  // 2. A retained chunk (from an earlier scope): the smallest that holds `want`.
   {
     MutexLock lock(&mu_);
-    for (size_t i = retained_.size(); i-- > 0;) {
-      ArenaChunk* c = retained_[i];
-      if (c->size < f->chunk_size || c->stream != f->stream) continue;
-      retained_.erase(retained_.begin() + static_cast<ptrdiff_t>(i));
+    size_t best = retained_.size();
+    for (size_t i = 0; i < retained_.size(); ++i) {
+      const ArenaChunk* c = retained_[i];
+      if (c->size < want || c->stream != f->stream) continue;
+      if (best == retained_.size() || c->size < retained_[best]->size) best = i;
+    }
+    if (best != retained_.size()) {
+      ArenaChunk* c = retained_[best];
+      retained_.erase(retained_.begin() + static_cast<ptrdiff_t>(best));
       c->name.store(f->name, std::memory_order_relaxed);
       c->used.store(0, std::memory_order_relaxed);
       c->live.store(LivePack(1, 0), std::memory_order_relaxed);
@@ -295,15 +309,15 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
   }
   // 3. A new block from the pool (its OutOfMemoryError propagates: the report names
   //    the arena's site).
-  void* p = pool_->allocate(f->chunk_size, f->stream, f->site);
+  void* p = pool_->allocate(want, f->stream, f->site);
   ArenaChunk* c;
   try {
     auto chunk = std::make_unique<ArenaChunk>();
     chunk->begin = reinterpret_cast<uintptr_t>(p);
-    chunk->size = f->chunk_size;
+    chunk->size = want;
     chunk->stream = f->stream;
     chunk->name.store(f->name, std::memory_order_relaxed);
-    chunk->slots = std::make_unique<std::atomic<uint64_t>[]>(f->chunk_size / kSlot);
+    chunk->slots = std::make_unique<std::atomic<uint64_t>[]>(want / kSlot);
     chunk->live.store(LivePack(1, 0), std::memory_order_relaxed);
     MutexLock lock(&mu_);
     WriterLock table(&table_mu_);

@@ -86,8 +86,9 @@ struct ArenaFrame {
   std::string name_text;       // the name as reports spell it
   SiteId site = kUnknownSite;  // the chunks' pool site (kind arena, tag = name)
   Stream stream;
-  size_t chunk_size = 0;
+  size_t chunk_size = 0;   // the largest chunk it takes (ArenaOptions::chunk_size)
   size_t max_request = 0;
+  size_t next_chunk = 0;   // the least size of its next chunk: doubles up to chunk_size
   ArenaFrame* below = nullptr;        // the next outer scope of this thread
   std::atomic<bool> abandoned{false};  // its ArenaScope died without closing it
   ArenaChunk* current = nullptr;
