@@ -24,7 +24,6 @@ namespace {
 constexpr size_t kSlot = ArenaChunk::kSlotBytes;
 static_assert(kSlot == kMinBlockSize, "arena buffers keep the pool's alignment");
 
-uint64_t SlotPack(uint64_t units, SiteId site) { return (units << 32) | site; }
 uint64_t SlotUnits(uint64_t slot) { return slot >> 32; }
 SiteId SlotSite(uint64_t slot) { return static_cast<SiteId>(slot & 0xffffffffu); }
 uint64_t LiveCount(uint64_t live) { return live >> kLiveCountShift; }
@@ -189,7 +188,7 @@ ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
       c->state.store(ChunkState::kRetired, std::memory_order_relaxed);
       // Escapes are read before the scope's reference is dropped: past that, the last
       // free (on any thread) may dispose of the chunk.
-      if (LiveCount(c->live.load(std::memory_order_acquire)) > 1) {
+      if (LiveCount(c->live_total()) > 1) {
         const size_t used_slots = c->used.load(std::memory_order_relaxed) / kSlot;
         for (size_t i = 0; i < used_slots; ++i) {
           const uint64_t slot = c->slots[i].load(std::memory_order_relaxed);
@@ -203,8 +202,13 @@ ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
           s.escaped_bytes += bytes;
         }
       }
-      const uint64_t prev = c->live.fetch_sub(LivePack(1, 0), std::memory_order_acq_rel);
-      if (prev != LivePack(1, 0)) continue;  // escaped: the last free disposes of it
+      // Fold this thread's word into the shared one, dropping the scope's count: from
+      // here on `live` alone is the figure, and frees on any thread decrement it.
+      const uint64_t delta =
+          c->owner_live.load(std::memory_order_relaxed) - LivePack(1, 0);
+      c->owner_live.store(0, std::memory_order_relaxed);
+      const uint64_t prev = c->live.fetch_add(delta, std::memory_order_acq_rel);
+      if (prev + delta != 0) continue;  // escaped: the last free disposes of it
       if (c->stream_used.load(std::memory_order_relaxed)) {
         unregister_locked(c);
         give_back.push_back(c);
@@ -254,12 +258,7 @@ void* Arenas::allocate_slow(size_t bytes, Stream stream, SiteId site) {
     c = next_chunk(f, size);
     at = 0;
   }
-  c->used.store(at + size, std::memory_order_relaxed);
-  c->live.fetch_add(LivePack(1, size / kSlot), std::memory_order_relaxed);
-  c->slots[at / kSlot].store(SlotPack(size / kSlot, site), std::memory_order_relaxed);
-  ++f->summary.allocations;
-  f->summary.bytes += static_cast<int64_t>(size);
-  return reinterpret_cast<void*>(c->begin + at);
+  return bump(f, c, at, size, site);
 }
 
 ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
@@ -267,7 +266,7 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
   //    reference is left, so no other thread can touch it but to find its slots empty.
   for (size_t i = 0; i < f->chunks.size(); ++i) {
     ArenaChunk* c = f->chunks[i];
-    if (c->size >= bytes && c->live.load(std::memory_order_acquire) == LivePack(1, 0) &&
+    if (c->size >= bytes && c->live_total() == LivePack(1, 0) &&
         !c->stream_used.load(std::memory_order_relaxed)) {
       c->used.store(0, std::memory_order_relaxed);
       f->chunks.erase(f->chunks.begin() + static_cast<ptrdiff_t>(i));
@@ -300,6 +299,7 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
       c->name.store(f->name, std::memory_order_relaxed);
       c->used.store(0, std::memory_order_relaxed);
       c->live.store(LivePack(1, 0), std::memory_order_relaxed);
+      c->owner_live.store(0, std::memory_order_relaxed);
       c->state.store(ChunkState::kHeld, std::memory_order_relaxed);
       f->chunks.push_back(c);
       f->current = c;
@@ -507,7 +507,7 @@ ArenaReport Arenas::report() const {
       r.retained_bytes += static_cast<int64_t>(c->size);
       continue;
     }
-    const uint64_t live = c->live.load(std::memory_order_acquire);
+    const uint64_t live = c->live_total();
     const int64_t buffers =
         static_cast<int64_t>(LiveCount(live)) - (state == ChunkState::kHeld ? 1 : 0);
     ArenaStats& s = r.arenas[static_cast<size_t>(index[static_cast<size_t>(
@@ -582,7 +582,7 @@ absl::Status Arenas::validate(const AllocatorSnapshot& pool_view) const {
     if (c->begin < prev_end) return fail(c, "overlaps the chunk below it");
     prev_end = c->begin + c->size;
     const ChunkState state = c->state.load(std::memory_order_relaxed);
-    const uint64_t live = c->live.load(std::memory_order_acquire);
+    const uint64_t live = c->live_total();
     const size_t used = c->used.load(std::memory_order_relaxed);
     if (used > c->size) return fail(c, absl::StrCat("bumped ", used, " bytes past its end"));
     uint64_t count = 0, units = 0;
@@ -630,7 +630,7 @@ void Arenas::describe(OomReport* report) const {
   ReaderLock table(&table_mu_);
   for (const ArenaChunk* c : table_) {
     const ChunkState state = c->state.load(std::memory_order_relaxed);
-    const int64_t bytes = LiveBytes(c->live.load(std::memory_order_acquire));
+    const int64_t bytes = LiveBytes(c->live_total());
     if (state == ChunkState::kRetained) {
       report->arena_retained_bytes += c->size;
     } else {
