@@ -24,7 +24,6 @@ namespace {
 constexpr size_t kSlot = ArenaChunk::kSlotBytes;
 static_assert(kSlot == kMinBlockSize, "arena buffers keep the pool's alignment");
 
-uint64_t SlotPack(uint64_t units, SiteId site) { return (units << 32) | site; }
 uint64_t SlotUnits(uint64_t slot) { return slot >> 32; }
 SiteId SlotSite(uint64_t slot) { return static_cast<SiteId>(slot & 0xffffffffu); }
 uint64_t LiveCount(uint64_t live) { return live >> kLiveCountShift; }
@@ -122,6 +121,7 @@ ArenaFrame* Arenas::open(std::string_view name, const ArenaOptions& options) {
   frame->stream = options.stream;
   frame->chunk_size = options.chunk_size;
   frame->max_request = options.chunk_size / 4;
+  frame->next_chunk = kMinArenaChunkSize;
   frame->name_text = clean;
   frame->label = absl::StrCat("arena '", clean, "' on ", device_.ToString());
   frame->below = t_arena_top;
@@ -188,7 +188,7 @@ ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
       c->state.store(ChunkState::kRetired, std::memory_order_relaxed);
       // Escapes are read before the scope's reference is dropped: past that, the last
       // free (on any thread) may dispose of the chunk.
-      if (LiveCount(c->live.load(std::memory_order_acquire)) > 1) {
+      if (LiveCount(c->live_total()) > 1) {
         const size_t used_slots = c->used.load(std::memory_order_relaxed) / kSlot;
         for (size_t i = 0; i < used_slots; ++i) {
           const uint64_t slot = c->slots[i].load(std::memory_order_relaxed);
@@ -202,8 +202,13 @@ ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
           s.escaped_bytes += bytes;
         }
       }
-      const uint64_t prev = c->live.fetch_sub(LivePack(1, 0), std::memory_order_acq_rel);
-      if (prev != LivePack(1, 0)) continue;  // escaped: the last free disposes of it
+      // Fold this thread's word into the shared one, dropping the scope's count: from
+      // here on `live` alone is the figure, and frees on any thread decrement it.
+      const uint64_t delta =
+          c->owner_live.load(std::memory_order_relaxed) - LivePack(1, 0);
+      c->owner_live.store(0, std::memory_order_relaxed);
+      const uint64_t prev = c->live.fetch_add(delta, std::memory_order_acq_rel);
+      if (prev + delta != 0) continue;  // escaped: the last free disposes of it
       if (c->stream_used.load(std::memory_order_relaxed)) {
         unregister_locked(c);
         give_back.push_back(c);
@@ -253,12 +258,7 @@ void* Arenas::allocate_slow(size_t bytes, Stream stream, SiteId site) {
     c = next_chunk(f, size);
     at = 0;
   }
-  c->used.store(at + size, std::memory_order_relaxed);
-  c->live.fetch_add(LivePack(1, size / kSlot), std::memory_order_relaxed);
-  c->slots[at / kSlot].store(SlotPack(size / kSlot, site), std::memory_order_relaxed);
-  ++f->summary.allocations;
-  f->summary.bytes += static_cast<int64_t>(size);
-  return reinterpret_cast<void*>(c->begin + at);
+  return bump(f, c, at, size, site);
 }
 
 ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
@@ -266,7 +266,7 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
   //    reference is left, so no other thread can touch it but to find its slots empty.
   for (size_t i = 0; i < f->chunks.size(); ++i) {
     ArenaChunk* c = f->chunks[i];
-    if (c->size >= bytes && c->live.load(std::memory_order_acquire) == LivePack(1, 0) &&
+    if (c->size >= bytes && c->live_total() == LivePack(1, 0) &&
         !c->stream_used.load(std::memory_order_relaxed)) {
       c->used.store(0, std::memory_order_relaxed);
       f->chunks.erase(f->chunks.begin() + static_cast<ptrdiff_t>(i));
@@ -276,16 +276,30 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
     }
   }
   f->chunks.reserve(f->chunks.size() + 1);  // nothing below may be undone by a throw
-  // 2. A retained chunk (from an earlier scope).
+  // The new chunk's size: the scope's chunks grow from 64 KiB, doubling up to
+  // chunk_size, and hold at least four requests of this size. A scope's chunks exceed
+  // what it bumped by at most about that much again (or 64 KiB), never a whole
+  // chunk_size for a step that bumps a few KiB (arena.h, "Chunk size").
+  size_t want = f->next_chunk;
+  while (want < 4 * bytes && want < f->chunk_size) want *= 2;
+  want = std::min(want, f->chunk_size);
+  f->next_chunk = std::min(f->chunk_size, 2 * want);
+  // 2. A retained chunk (from an earlier scope): the smallest that holds `want`.
   {
     MutexLock lock(&mu_);
-    for (size_t i = retained_.size(); i-- > 0;) {
-      ArenaChunk* c = retained_[i];
-      if (c->size < f->chunk_size || c->stream != f->stream) continue;
-      retained_.erase(retained_.begin() + static_cast<ptrdiff_t>(i));
+    size_t best = retained_.size();
+    for (size_t i = 0; i < retained_.size(); ++i) {
+      const ArenaChunk* c = retained_[i];
+      if (c->size < want || c->stream != f->stream) continue;
+      if (best == retained_.size() || c->size < retained_[best]->size) best = i;
+    }
+    if (best != retained_.size()) {
+      ArenaChunk* c = retained_[best];
+      retained_.erase(retained_.begin() + static_cast<ptrdiff_t>(best));
       c->name.store(f->name, std::memory_order_relaxed);
       c->used.store(0, std::memory_order_relaxed);
       c->live.store(LivePack(1, 0), std::memory_order_relaxed);
+      c->owner_live.store(0, std::memory_order_relaxed);
       c->state.store(ChunkState::kHeld, std::memory_order_relaxed);
       f->chunks.push_back(c);
       f->current = c;
@@ -295,15 +309,15 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
   }
   // 3. A new block from the pool (its OutOfMemoryError propagates: the report names
   //    the arena's site).
-  void* p = pool_->allocate(f->chunk_size, f->stream, f->site);
+  void* p = pool_->allocate(want, f->stream, f->site);
   ArenaChunk* c;
   try {
     auto chunk = std::make_unique<ArenaChunk>();
     chunk->begin = reinterpret_cast<uintptr_t>(p);
-    chunk->size = f->chunk_size;
+    chunk->size = want;
     chunk->stream = f->stream;
     chunk->name.store(f->name, std::memory_order_relaxed);
-    chunk->slots = std::make_unique<std::atomic<uint64_t>[]>(f->chunk_size / kSlot);
+    chunk->slots = std::make_unique<std::atomic<uint64_t>[]>(want / kSlot);
     chunk->live.store(LivePack(1, 0), std::memory_order_relaxed);
     MutexLock lock(&mu_);
     WriterLock table(&table_mu_);
@@ -493,7 +507,7 @@ ArenaReport Arenas::report() const {
       r.retained_bytes += static_cast<int64_t>(c->size);
       continue;
     }
-    const uint64_t live = c->live.load(std::memory_order_acquire);
+    const uint64_t live = c->live_total();
     const int64_t buffers =
         static_cast<int64_t>(LiveCount(live)) - (state == ChunkState::kHeld ? 1 : 0);
     ArenaStats& s = r.arenas[static_cast<size_t>(index[static_cast<size_t>(
@@ -568,7 +582,7 @@ absl::Status Arenas::validate(const AllocatorSnapshot& pool_view) const {
     if (c->begin < prev_end) return fail(c, "overlaps the chunk below it");
     prev_end = c->begin + c->size;
     const ChunkState state = c->state.load(std::memory_order_relaxed);
-    const uint64_t live = c->live.load(std::memory_order_acquire);
+    const uint64_t live = c->live_total();
     const size_t used = c->used.load(std::memory_order_relaxed);
     if (used > c->size) return fail(c, absl::StrCat("bumped ", used, " bytes past its end"));
     uint64_t count = 0, units = 0;
@@ -616,7 +630,7 @@ void Arenas::describe(OomReport* report) const {
   ReaderLock table(&table_mu_);
   for (const ArenaChunk* c : table_) {
     const ChunkState state = c->state.load(std::memory_order_relaxed);
-    const int64_t bytes = LiveBytes(c->live.load(std::memory_order_acquire));
+    const int64_t bytes = LiveBytes(c->live_total());
     if (state == ChunkState::kRetained) {
       report->arena_retained_bytes += c->size;
     } else {

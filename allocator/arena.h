@@ -14,15 +14,30 @@
 // set), of at most chunk_size / 4 bytes (rounded to 512 B, the pool's alignment). The
 // innermost open scope of that allocator on this thread wins. Everything else takes
 // the normal path: other threads, other allocators, other streams, larger requests.
-// A scope takes chunks of chunk_size bytes from the pool, as ordinary allocations
-// whose site is the arena's (kind `arena`, tag = the arena's name), so the pool's
-// stats, retry, snapshots and OOM reports see them; inside a chunk it bumps a pointer.
+// A scope takes chunks from the pool, as ordinary allocations whose site is the
+// arena's (kind `arena`, tag = the arena's name), so the pool's stats, retry,
+// snapshots and OOM reports see them; inside a chunk it bumps a pointer.
+//
+// Chunk size: a scope's first chunk is 64 KiB (kMinArenaChunkSize), each further one
+// twice the last, up to chunk_size, and at least four times the request that needs
+// it. Space in a chunk is reused only as a whole, so a scope's chunks exceed what it
+// has live by at most about what it bumped so far (the growth) or one chunk_size
+// (the last chunk, barely begun), plus each full chunk's tail that a request did not
+// fit (under chunk_size / 4). So keep chunk_size small next to the step: temporaries
+// larger than chunk_size / 4 take the pool's path, whose best fit hands each step the
+// blocks the previous one freed, at no cost in footprint. A chunk_size chosen to hold
+// the step's largest temporaries defeats this: the demo's step (four 32 MiB
+// activations and a few KiB of small ones) in 128 MiB chunks overflowed into a second
+// chunk and reserved twice the pool's peak (258 MiB against 130 MiB); with the default
+// it reserves the same 130 MiB.
 //
 // Free is O(1) from any thread: allocator.free(p) finds p's chunk (the thread's own
 // current chunk first, else a read-locked table of chunks by address; never the
 // device lock), clears p's slot in the chunk's side table (which is how a double or
 // interior free is caught: InvalidArgumentError naming the pointer and the arena) and
-// decrements the chunk's live count. Space inside a chunk is not reused piecemeal: a
+// decrements the chunk's live count. A free by the scope's own thread of a buffer in
+// its current chunk does so with plain loads and stores (arena_internal.h): a double
+// free racing on two threads is not caught there, as in any allocator. Space inside a chunk is not reused piecemeal: a
 // chunk is reused as a whole once every buffer in it has died.
 //
 // Scope exit (close() or the destructor) has mimalloc's mi_heap_delete semantics, not
@@ -69,12 +84,10 @@ namespace internal {
 struct ArenaFrame;
 }
 
-// The default chunk: 4 MiB. Chunks come from the large pool (requests above 1 MiB),
-// where a 4 MiB block splits a standard 20 MiB segment without waste, and the largest
-// request an arena serves (chunk_size / 4 = 1 MiB) is exactly the small pool's bound,
-// so every request the small pool would have served is a bump. (Chosen by that
-// reasoning; tools/bench/arena.cc measures the default only. A step whose temporaries
-// are larger sets chunk_size: the demo uses 4x its largest activation.)
+// The default (largest) chunk: 4 MiB, so that the largest request an arena serves
+// (chunk_size / 4 = 1 MiB) is exactly the small pool's bound: every request the small
+// pool would have served is a bump. docs/architecture.md ("Scoped step arenas") has
+// the sweep over chunk sizes this default was checked against.
 inline constexpr size_t kDefaultArenaChunkSize = 4 * kMiB;
 inline constexpr size_t kMinArenaChunkSize = 64 * kKiB;
 inline constexpr size_t kMaxArenaChunkSize = 1 * kGiB;
@@ -83,8 +96,9 @@ inline constexpr size_t kMaxArenaNames = 32;
 inline constexpr size_t kMaxArenaNameBytes = 64;
 
 struct ArenaOptions {
-  // Bytes of each chunk: a multiple of 512 in [64 KiB, 1 GiB]. Requests of at most
-  // chunk_size / 4 are served by the arena.
+  // Bytes of the largest chunk (chunks grow from 64 KiB up to it; see "Chunk size"
+  // above): a multiple of 512 in [64 KiB, 1 GiB]. Requests of at most chunk_size / 4
+  // are served by the arena.
   size_t chunk_size = kDefaultArenaChunkSize;
   // Only allocations on this stream come from the arena.
   Stream stream;

@@ -4,9 +4,17 @@
 // Pieces:
 //   ArenaChunk  one pool block used for bumps. A side table holds one 64-bit slot per
 //               512 B: (units << 32 | site) at the offset of each live buffer, 0
-//               elsewhere. `live` packs (count << 40 | units): count is the live
-//               buffers plus one while an open scope holds the chunk; whoever brings
-//               it to 0 (the last free, or the scope's close) disposes of the chunk.
+//               elsewhere. The live figure packs (count << 40 | units): count is the
+//               live buffers plus one while an open scope holds the chunk. It is the
+//               sum, modulo 2^64, of two words (mimalloc's local and thread frees):
+//               `owner_live`, which only the thread whose scope holds the chunk
+//               changes (bumps and its own frees of its current chunk: plain loads and
+//               stores, no read-modify-write), and `live`, which every other free
+//               decrements atomically. Scope exit folds owner_live into live; from then
+//               on live alone is the figure, and whoever brings it to 0 (the last free,
+//               or the close) disposes of the chunk. While held, live alone never
+//               reaches 0: it starts at one count and no set of frees sums to exactly
+//               one count with zero units.
 //   ArenaFrame  one open scope, linked into its thread's stack (t_arena_top).
 //   Arenas      per allocator: the chunk table (by address, behind a reader-writer
 //               lock that frees on other threads read), the retained empty chunks,
@@ -70,11 +78,16 @@ struct ArenaChunk {
   std::atomic<int> name{0};              // index into Arenas::names_ (last user)
   std::atomic<ChunkState> state{ChunkState::kHeld};
   std::atomic<size_t> used{0};           // bump offset (written by the owning thread)
-  std::atomic<uint64_t> live{0};         // LivePack(count, units)
+  std::atomic<uint64_t> live{0};         // LivePack(count, units), less owner_live
+  std::atomic<uint64_t> owner_live{0};   // written by the holding thread only (relaxed)
   std::atomic<bool> stream_used{false};  // record_stream was called on a buffer
   std::unique_ptr<std::atomic<uint64_t>[]> slots;  // size / 512 entries
 
   bool contains(uintptr_t a) const { return a - begin < size; }
+  // The live figure (exact on the holding thread, or once the chunk is retired).
+  uint64_t live_total() const {
+    return live.load(std::memory_order_acquire) + owner_live.load(std::memory_order_relaxed);
+  }
   size_t slot_count() const { return size / kSlotBytes; }
   static constexpr size_t kSlotBytes = 512;
 };
@@ -86,8 +99,9 @@ struct ArenaFrame {
   std::string name_text;       // the name as reports spell it
   SiteId site = kUnknownSite;  // the chunks' pool site (kind arena, tag = name)
   Stream stream;
-  size_t chunk_size = 0;
+  size_t chunk_size = 0;   // the largest chunk it takes (ArenaOptions::chunk_size)
   size_t max_request = 0;
+  size_t next_chunk = 0;   // the least size of its next chunk: doubles up to chunk_size
   ArenaFrame* below = nullptr;        // the next outer scope of this thread
   std::atomic<bool> abandoned{false};  // its ArenaScope died without closing it
   ArenaChunk* current = nullptr;
@@ -114,14 +128,45 @@ class Arenas final : public ArenaPoolHook {
 
   // --- the allocator's hooks -----------------------------------------------------
   // A bump from this thread's innermost scope of this allocator, or nullptr when the
-  // request takes the normal path. Inline: the common case is no open scope at all.
+  // request takes the normal path. Inline: the common case is no open scope at all,
+  // the next one a bump in the innermost scope's current chunk (no read-modify-write,
+  // no lock, no call).
   void* allocate(size_t bytes, Stream stream, SiteId site) {
-    if (t_arena_top == nullptr) [[likely]] return nullptr;
+    ArenaFrame* f = t_arena_top;
+    if (f == nullptr) [[likely]] return nullptr;
+    ArenaChunk* c = f->current;
+    if (f->arenas == this && c != nullptr && bytes - 1 < f->max_request &&
+        stream == f->stream && !f->abandoned.load(std::memory_order_relaxed)) {
+      const size_t size = (bytes + ArenaChunk::kSlotBytes - 1) & ~(ArenaChunk::kSlotBytes - 1);
+      const size_t at = c->used.load(std::memory_order_relaxed);
+      if (size <= c->size - at) [[likely]] return bump(f, c, at, size, site);
+    }
     return allocate_slow(bytes, stream, site);
   }
-  // True when `ptr` is an arena buffer (then it was freed); false: not ours.
+  // True when `ptr` is an arena buffer (then it was freed); false: not ours. Inline:
+  // a free of the innermost scope's current chunk by its own thread touches only that
+  // thread's words (owner_live and the slot).
   bool free(void* ptr) {
     if (chunk_count_.load(std::memory_order_acquire) == 0) [[likely]] return false;
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    ArenaFrame* f = t_arena_top;
+    if (f != nullptr && f->arenas == this && f->current != nullptr &&
+        f->current->contains(addr)) {
+      ArenaChunk* c = f->current;
+      const uintptr_t off = addr - c->begin;
+      // A racing double free of one buffer from two threads is not caught here (as
+      // in any allocator, it is a data race in the program); a second free is.
+      const uint64_t slot = off % ArenaChunk::kSlotBytes == 0
+                                ? c->slots[off / ArenaChunk::kSlotBytes].load(
+                                      std::memory_order_relaxed)
+                                : 0;
+      if (slot == 0) [[unlikely]] return free_slow(ptr);  // throws, naming the pointer
+      c->slots[off / ArenaChunk::kSlotBytes].store(0, std::memory_order_relaxed);
+      c->owner_live.store(
+          c->owner_live.load(std::memory_order_relaxed) - LivePack(1, slot >> 32),
+          std::memory_order_relaxed);
+      return true;
+    }
     return free_slow(ptr);
   }
   bool record_stream(void* ptr, Stream stream);
@@ -152,6 +197,18 @@ class Arenas final : public ArenaPoolHook {
   };
 
   void* allocate_slow(size_t bytes, Stream stream, SiteId site);
+  // Bumps `size` bytes at offset `at` of `c`, held by `f` on this thread.
+  static void* bump(ArenaFrame* f, ArenaChunk* c, size_t at, size_t size, SiteId site) {
+    const uint64_t units = size / ArenaChunk::kSlotBytes;
+    c->used.store(at + size, std::memory_order_relaxed);
+    c->owner_live.store(c->owner_live.load(std::memory_order_relaxed) + LivePack(1, units),
+                        std::memory_order_relaxed);
+    c->slots[at / ArenaChunk::kSlotBytes].store((units << 32) | site,
+                                                std::memory_order_relaxed);
+    ++f->summary.allocations;
+    f->summary.bytes += static_cast<int64_t>(size);
+    return reinterpret_cast<void*>(c->begin + at);
+  }
   bool free_slow(void* ptr);
   // Clears the slot of `addr` in `c` and drops its live count; true when the chunk
   // is now empty and retired (the caller disposes of it, holding no table lock).

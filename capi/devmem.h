@@ -204,8 +204,8 @@ int devmem_pop_tag(void);
 
 /* Opens an arena scope named `name` on `device` for this thread: until the matching
  * devmem_arena_pop, this thread's allocations through this API on that device (default
- * stream, at most 1 MiB each) are bump allocations in 4 MiB chunks the arena takes from
- * the device's pool; their frees (from any thread) are O(1). Buffers that outlive the
+ * stream, at most 1 MiB each) are bump allocations in chunks (64 KiB, growing to
+ * 4 MiB) the arena takes from the device's pool; their frees (from any thread) are O(1). Buffers that outlive the
  * scope stay valid ("escaped"; counted per arena name in devmem_stats_json). Scopes
  * nest; the innermost of a device wins. A thread's stack holds at most 64 scopes.
  * Returns DEVMEM_OK, or DEVMEM_ERR_INVALID for a NULL or empty name, a bad device or a

@@ -4,6 +4,7 @@
 // with scopes opened and closed at random and frees from another thread.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -55,7 +56,7 @@ TEST(Arena, BumpsInOneChunkAndFreesDecrement) {
   std::vector<void*> ps;
   {
     ArenaScope arena(*t, "step");
-    for (size_t n : {1, 512, 513, 4000, 100000}) ps.push_back(t->allocate(n, {}, Site("bump")));
+    for (size_t n : {1, 512, 513, 4000, 10000}) ps.push_back(t->allocate(n, {}, Site("bump")));
     // Consecutive bumps, 512-aligned, in one chunk: one pool block (the chunk).
     for (size_t i = 1; i < ps.size(); ++i) {
       EXPECT_GT(reinterpret_cast<uintptr_t>(ps[i]), reinterpret_cast<uintptr_t>(ps[i - 1]));
@@ -66,7 +67,7 @@ TEST(Arena, BumpsInOneChunkAndFreesDecrement) {
     const ArenaReport r = t->arena_report();
     ASSERT_NE(Find(r, "step"), nullptr);
     EXPECT_EQ(Find(r, "step")->live_buffers, 5);
-    EXPECT_EQ(Find(r, "step")->live_bytes, 512 + 512 + 1024 + 4096 + 100352);
+    EXPECT_EQ(Find(r, "step")->live_bytes, 512 + 512 + 1024 + 4096 + 10240);
     EXPECT_EQ(Find(r, "step")->open_scopes, 1);
     EXPECT_EQ(ArenaOf(*t, ps[2]), "step");
     auto info = t->find_allocation(ps[3]);
@@ -91,7 +92,7 @@ TEST(Arena, BumpsInOneChunkAndFreesDecrement) {
       if (b.state != BlockState::kAllocated) continue;
       EXPECT_EQ(GetSite(b.site).kind, SiteKind::kArena);
       EXPECT_EQ(GetSite(b.site).tag, "step");
-      EXPECT_EQ(b.size, kDefaultArenaChunkSize);
+      EXPECT_EQ(b.size, kMinArenaChunkSize);  // a scope's first chunk: the smallest
       saw_chunk = true;
     }
   }
@@ -109,17 +110,69 @@ TEST(Arena, NextScopeReusesRetainedChunksWithoutThePool) {
   for (int step = 0; step < 5; ++step) {
     ArenaScope arena(*t, "step");
     std::vector<void*> ps;
-    for (int i = 0; i < 40; ++i) ps.push_back(t->allocate(256 * kKiB));  // 10 MiB: 3 chunks
+    // 10 MiB: chunks of 1 MiB (four requests' worth), 2 MiB, 4 MiB and 4 MiB.
+    for (int i = 0; i < 40; ++i) ps.push_back(t->allocate(256 * kKiB));
     for (void* p : ps) t->free(p);
     if (step == 0) {
-      EXPECT_EQ(arena.summary().pool_chunk_allocs, 3);
+      EXPECT_EQ(arena.summary().pool_chunk_allocs, 4);
       device_allocs = t->stats().num_device_alloc;
     } else {
       EXPECT_EQ(arena.summary().pool_chunk_allocs, 0) << "step " << step;
       EXPECT_EQ(t->stats().num_device_alloc, device_allocs);
     }
   }
-  EXPECT_EQ(Find(t->arena_report(), "step")->chunk_reuses, 4 * 3);
+  EXPECT_EQ(Find(t->arena_report(), "step")->chunk_reuses, 4 * 4);
+  EXPECT_VALID(*t);
+}
+
+// A scope's chunks start small and double up to chunk_size, so that a step of a few
+// KiB does not reserve a whole chunk_size (the demo's step reserved twice the pool's
+// peak when every chunk was chunk_size), and a request gets a chunk of at least four
+// times its size.
+TEST(Arena, ChunksGrowFromTheSmallestUpToChunkSize) {
+  SimAllocator t = MakeSimAllocator();
+  {
+    ArenaScope arena(*t, "small");
+    std::vector<void*> ps;
+    for (int i = 0; i < 8; ++i) ps.push_back(t->allocate(1000));
+    const ArenaStats* s = Find(t->arena_report(), "small");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->chunks_held, 1);
+    EXPECT_EQ(s->chunk_bytes, static_cast<int64_t>(kMinArenaChunkSize));
+    for (void* p : ps) t->free(p);
+  }
+  t->empty_cache();
+  {
+    ArenaScope arena(*t, "growing");
+    std::vector<void*> ps;
+    // A 64 KiB chunk holds 128 buffers of 512 B, the next one 256, and so on.
+    for (int i = 0; i < 40000; ++i) ps.push_back(t->allocate(512));
+    std::vector<size_t> sizes;
+    for (const SegmentInfo& seg : t->snapshot().segments) {
+      for (const BlockInfo& b : seg.blocks) {
+        if (b.state == BlockState::kAllocated && GetSite(b.site).kind == SiteKind::kArena) {
+          sizes.push_back(b.size);
+        }
+      }
+    }
+    std::sort(sizes.begin(), sizes.end());
+    // 40000 * 512 B = 19.5 MiB: 64 KiB, 128 KiB, ..., 2 MiB (4 MiB - 64 KiB), then
+    // 4 MiB chunks (4 of them hold the remaining 15.5 MiB).
+    const std::vector<size_t> expect = {64 * kKiB, 128 * kKiB, 256 * kKiB, 512 * kKiB,
+                                        kMiB,      2 * kMiB,   4 * kMiB,   4 * kMiB,
+                                        4 * kMiB,  4 * kMiB};
+    EXPECT_EQ(sizes, expect);
+    EXPECT_VALID(*t);
+    for (void* p : ps) t->free(p);
+  }
+  t->empty_cache();
+  {
+    ArenaScope arena(*t, "large");
+    void* p = t->allocate(kMiB);  // the largest request: a chunk_size chunk at once
+    EXPECT_EQ(Find(t->arena_report(), "large")->chunk_bytes,
+              static_cast<int64_t>(kDefaultArenaChunkSize));
+    t->free(p);
+  }
   EXPECT_VALID(*t);
 }
 

@@ -193,7 +193,7 @@ TEST(MetricsTest, ArenaFamiliesFollowTheArenas) {
   std::vector<Sample> s = f.Scrape();
   EXPECT_EQ(SampleValue(s, "devmem_arena_live_bytes", step), 1024);
   EXPECT_EQ(SampleValue(s, "devmem_arena_escaped_bytes", step), 1024);
-  EXPECT_EQ(SampleValue(s, "devmem_arena_chunk_bytes", step), kDefaultArenaChunkSize);
+  EXPECT_EQ(SampleValue(s, "devmem_arena_chunk_bytes", step), kMinArenaChunkSize);
   EXPECT_EQ(SampleValue(s, "devmem_arena_scopes_total", step), 1);
   EXPECT_EQ(SampleValue(s, "devmem_arena_allocations_total", step), 2);
   EXPECT_EQ(SampleValue(s, "devmem_arena_allocated_bytes_total", step), 5120 + 1024);
@@ -206,7 +206,7 @@ TEST(MetricsTest, ArenaFamiliesFollowTheArenas) {
   EXPECT_EQ(SampleValue(s, "devmem_arena_escaped_bytes", step), 0);
   EXPECT_EQ(SampleValue(s, "devmem_arena_chunk_bytes", step), 0);
   EXPECT_EQ(SampleValue(s, "devmem_arena_retained_bytes", {{"device", "sim:0"}}),
-            kDefaultArenaChunkSize);
+            kMinArenaChunkSize);  // a scope's first chunk is the smallest (arena.h)
   f.alloc->empty_cache();
   EXPECT_EQ(SampleValue(f.Scrape(), "devmem_arena_chunks_returned_total", {{"device", "sim:0"}}), 1);
 }

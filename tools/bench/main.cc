@@ -78,19 +78,23 @@ class JsonOut {
 
 int Main(int argc, char** argv) {
   bool json = false;
+  bool arena_sweep = false;  // only the arena figures, per chunk size (tools/bench/arena.h)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
+    } else if (std::strcmp(argv[i], "--arena-sweep") == 0) {
+      arena_sweep = true;
     } else if (std::strcmp(argv[i], "--version") == 0) {
       std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
       return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
-          "usage: devmem-bench [--json]\n"
+          "usage: devmem-bench [--json] [--arena-sweep]\n"
           "Times cache-hit alloc+free pairs through devmem (sim device: a bare allocator,\n"
           "and the runtime's shipped path) beside jemalloc and mimalloc in the same run,\n"
           "threads, tensors, site interning and steady-state device maps; prints medians\n"
-          "of %d passes, each beside its target.\n",
+          "of %d passes, each beside its target. --arena-sweep prints only the scoped\n"
+          "arena figures, one row per chunk size (64 KiB .. 64 MiB).\n",
           kRepetitions);
       return 0;
     } else {
@@ -106,6 +110,10 @@ int Main(int argc, char** argv) {
   if (!env.ok()) {
     std::fprintf(stderr, "devmem-bench: %s\n", std::string(env.status().message()).c_str());
     return 2;
+  }
+  if (arena_sweep) {
+    bench::PrintArenaSweep(*env);
+    return 0;
   }
   // The shipped path: the runtime, as a program gets it, on the sim device.
   std::shared_ptr<CachingAllocator> shipped;

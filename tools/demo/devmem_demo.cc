@@ -54,14 +54,17 @@ constexpr size_t kDemoTraceEntries = size_t{1} << 20;
 
 void Usage() {
   std::printf(
-      "usage: devmem-demo [--epochs N] [--batch N] [--width N] [--snapshot FILE]\n"
-      "                   [--trace FILE] [--serve ADDRESS:PORT] [--linger SECONDS]\n"
+      "usage: devmem-demo [--epochs N] [--batch N] [--width N] [--arena-chunk-size SIZE]\n"
+      "                   [--snapshot FILE] [--trace FILE] [--serve ADDRESS:PORT]\n"
+      "                   [--linger SECONDS]\n"
       "Trains the seed's two-layer network on the default device (a GPU if present,\n"
       "else the simulated device), printing loss and memory per epoch, the allocator's\n"
       "stats and the bytes created per explicit-copy site; then provokes an OOM on a\n"
       "small simulated device and prints its report.\n"
       "  --batch N         samples per step (default 2048)\n"
       "  --width N         hidden units (default 4096); activations are batch x width\n"
+      "  --arena-chunk-size SIZE  the step arena's largest chunk (default 4MiB; 64KiB..1GiB,\n"
+      "                    a multiple of 512; units as in DEVMEM_CONF)\n"
       "  --snapshot FILE   write the runtime's snapshot (JSON) at the end\n"
       "  --trace FILE      write the event trace (JSON Lines) at the end; turns tracing\n"
       "                    on (%zu entries) unless DEVMEM_CONF sets trace_entries\n"
@@ -96,19 +99,11 @@ bool ParseIntFlag(const char* flag, const char* text, long lo, long hi, int* out
   return true;
 }
 
-// The step arena's chunk for activations of `bytes`: 4x the largest temporary (so it
-// is served by bumps: an arena takes requests up to a quarter of its chunk), rounded
-// to a power of two, within the arena's bounds.
-size_t StepChunkSize(size_t bytes) {
-  size_t chunk = kMinArenaChunkSize;
-  while (chunk < 4 * bytes && chunk < kMaxArenaChunkSize) chunk *= 2;
-  return chunk;
-}
-
 int Main(int argc, char** argv) {
   int epochs = 8;
   int batch = 2048, width = 4096;
   std::string snapshot_path, trace_path, serve;
+  size_t arena_chunk_size = kDefaultArenaChunkSize;
   long linger_s = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--version") == 0) {
@@ -146,6 +141,20 @@ int Main(int argc, char** argv) {
       int* target = argv[i][2] == 'b' ? &batch : &width;
       if (!ParseIntFlag(argv[i], argv[i + 1], 1, 1 << 20, target)) return 2;
       ++i;
+      continue;
+    }
+    if (std::strcmp(argv[i], "--arena-chunk-size") == 0 && i + 1 < argc) {
+      const absl::StatusOr<size_t> size = ParseSize(argv[++i]);
+      if (!size.ok() || *size % 512 != 0 || *size < kMinArenaChunkSize ||
+          *size > kMaxArenaChunkSize) {
+        std::fprintf(stderr,
+                     "devmem-demo: --arena-chunk-size \"%s\" is not a size in 64KiB..1GiB "
+                     "that is a multiple of 512%s%s\n",
+                     argv[i], size.ok() ? "" : ": ",
+                     size.ok() ? "" : std::string(size.status().message()).c_str());
+        return 2;
+      }
+      arena_chunk_size = *size;
       continue;
     }
     if (std::strcmp(argv[i], "--epochs") == 0 && i + 1 < argc) {
@@ -217,7 +226,13 @@ int Main(int argc, char** argv) {
     alloc->empty_cache();
     alloc->reset_peak_stats();
 
-    options.step_arena = ArenaOptions{.chunk_size = StepChunkSize(activation_bytes), .stream = {}};
+    // The default chunk (allocator/arena.h): the step's many small temporaries are
+    // bumps, its batch x width activations (larger than a quarter chunk) take the
+    // pool's path, whose best fit hands each step the blocks the last one freed. A
+    // chunk sized to hold the activations (4x the largest, say) doubles the peak: the
+    // fourth activation plus the step's small temporaries overflow the first chunk, and
+    // the second chunk is a whole one (allocator/arena.h, "Chunk size").
+    options.step_arena = ArenaOptions{.chunk_size = arena_chunk_size, .stream = {}};
     std::printf("%5s %9s %9s %12s %12s %8s %7s\n", "epoch", "loss", "best", "allocated",
                 "reserved", "allocs", "slices");
     result = RunTrainingLoop(options, [](const EpochReport& e) {
@@ -234,7 +249,7 @@ int Main(int argc, char** argv) {
       const int64_t plain_allocs = pool_only.allocation[kAggregatePool].allocated -
                                    before.allocation[kAggregatePool].allocated;
       std::printf(
-          "\nstep arena (%s chunks): %lld steps, %lld allocations by bump (%lld per "
+          "\nstep arena (chunks up to %s): %lld steps, %lld allocations by bump (%lld per "
           "step; one epoch without the arena made %lld pool allocations), %lld free-list "
           "operations avoided (an allocation and a free each), %lld chunks from the pool "
           "and %lld reused, %s escaped\n",
@@ -244,9 +259,23 @@ int Main(int argc, char** argv) {
           static_cast<long long>(plain_allocs), static_cast<long long>(2 * a.allocations),
           static_cast<long long>(a.pool_chunk_allocs), static_cast<long long>(a.chunk_reuses),
           FormatBytes(static_cast<size_t>(a.escaped_bytes)).c_str());
-      std::printf("peak reserved: %s with the arena, %s without (one epoch through the pool)\n",
-                  FormatBytes(result.stats.reserved_bytes[kAggregatePool].peak).c_str(),
-                  FormatBytes(pool_only.reserved_bytes[kAggregatePool].peak).c_str());
+      const size_t with_arena = result.stats.reserved_bytes[kAggregatePool].peak;
+      const size_t without = pool_only.reserved_bytes[kAggregatePool].peak;
+      std::printf(
+          "peak reserved: %s with the arena, %s without (one epoch through the pool): "
+          "%.2fx\n",
+          FormatBytes(with_arena).c_str(), FormatBytes(without).c_str(),
+          without > 0 ? static_cast<double>(with_arena) / static_cast<double>(without) : 0.0);
+      // The program's own requests are the same in both runs; with the arena the pool's
+      // requested figure counts chunks, so the run without it gives the denominator.
+      const size_t requested = pool_only.requested_bytes[kAggregatePool].peak;
+      if (requested > 0) {
+        std::printf("fragmentation (peak reserved / peak requested %s): %.3f with the "
+                    "arena, %.3f without\n",
+                    FormatBytes(requested).c_str(),
+                    static_cast<double>(with_arena) / static_cast<double>(requested),
+                    static_cast<double>(without) / static_cast<double>(requested));
+      }
     }
   } catch (const OutOfMemoryError& e) {
     // The device is too small for the workload: a result to report, not a crash.
