@@ -63,8 +63,8 @@ void Usage() {
       "  --batch N         samples per step (default 2048)\n"
       "  --width N         hidden units (default 4096); activations are batch x width\n"
       "  --snapshot FILE   write the runtime's snapshot (JSON) at the end\n"
-      "  --trace FILE      write the event trace (JSON Lines) at the end; turns tracing\n"
-      "                    on (%zu entries) unless DEVMEM_CONF sets trace_entries\n"
+      "  --trace FILE      write the event trace (JSON Lines) at the end (the trace is\n"
+      "                    on by default; %zu entries if DEVMEM_CONF turned it off)\n"
       "  --serve ADDR:PORT serve /metrics and /debug/* while training (port 0: any)\n"
       "  --linger SECONDS  keep serving that long after the loop (needs --serve or http)\n"
       "DEVMEM_CONF (key:value,...) configures the allocator; see docs/configuration.md.\n",

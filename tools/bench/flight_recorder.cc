@@ -33,14 +33,6 @@
 namespace devmem::devbench {
 namespace {
 
-// This thread's CPU time: a pass that is preempted (the machine is shared) does not
-// count the time it waited.
-int64_t ThreadCpuNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
-
 template <typename Alloc>
 double Pass(const std::vector<size_t>& sizes, CachingAllocator& a, Alloc alloc) {
   void* live[kLive] = {};
