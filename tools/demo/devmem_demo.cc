@@ -49,7 +49,8 @@
 namespace devmem {
 namespace {
 
-// Trace entries the demo asks for when --trace is given and DEVMEM_CONF sets none.
+// Trace entries the demo asks for when --trace is given and DEVMEM_CONF turned the
+// trace off (trace_entries:0; it is on by default).
 constexpr size_t kDemoTraceEntries = size_t{1} << 20;
 
 void Usage() {
