@@ -520,8 +520,8 @@ const std::array<KeySpec, 27>& Keys() {
          return "";
        },
        [](const Config& c) { return absl::StrCat(c.thread_cache_max_blocks); }},
-      {"trace_entries", "integer", "0",
-       "Size of the event trace ring, 0 .. 100000000 events (0 = no trace).",
+      {"trace_entries", "integer", "131072",
+       "Size of the event trace, 0 .. 100000000 events (0 = no trace).",
        [](std::string_view v, Config* c) -> std::string {
          uint64_t n = 0;
          std::string why = ParseUnsignedInRange(v, 0, 100'000'000, &n);

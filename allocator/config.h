@@ -34,6 +34,10 @@ std::string_view BackendKindName(BackendKind kind);
 enum class ExpandableMode : uint8_t { kAuto, kOff, kOn };
 std::string_view ExpandableModeName(ExpandableMode mode);  // "auto", "false", "true"
 
+// The default of trace_entries: 2^17 events, 8 MiB of slots (docs/configuration.md,
+// "Trace ring size": what that buys in seconds of history on the shipped traces).
+inline constexpr size_t kDefaultTraceEntries = size_t{1} << 17;
+
 struct Config {
   // --- which device ---------------------------------------------------------------
   BackendKind backend = BackendKind::kAuto;  // key backend: auto|cuda|sim|cpu
@@ -85,7 +89,10 @@ struct Config {
   size_t thread_cache_max_blocks = 256;
 
   // --- observability (runtime layer) -------------------------------------------------
-  size_t trace_entries = 0;       // key trace_entries: event ring size (0 = off, <= 10^8)
+  // key trace_entries: event trace size (0 = off, <= 10^8); on by default, so that a
+  // running process can be looked into (memtrace timeline URL) without a restart. The
+  // default's measurement: docs/configuration.md, "Trace ring size".
+  size_t trace_entries = kDefaultTraceEntries;
   // key stack_sample_bytes: one sampled stack per this many bytes allocated on average
   // (0 = off; process-wide, allocator/stack_sampler.h).
   uint64_t stack_sample_bytes = uint64_t{256} << 20;  // kDefaultStackSampleBytes

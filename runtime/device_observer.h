@@ -17,11 +17,13 @@
 //
 // Cost: one virtual call per event (the allocator's single observer slot), then the
 // histogram's per-thread count (inline; no lock, no read-modify-write on a cache line
-// other threads write) and, only when tracing is on (trace_entries > 0), the ring's
-// record (one shared atomic increment to claim a slot, runtime/trace.h).
+// other threads write) and, when tracing is on (trace_entries > 0, the default), the
+// trace's record (into the calling thread's own chunk: no lock, no shared
+// read-modify-write but one per 64 events, runtime/trace.h).
 //
-// Thread-safety: on_event runs under the allocator's device lock and only writes the
-// lock-free ring and the calling thread's histogram shard; on_oom runs after the lock
+// Thread-safety: on_event runs under the allocator's device lock (or, for thread-cache
+// hits, on the allocating thread without it) and only writes the calling thread's lane
+// of the trace and its histogram shard; on_oom runs after the lock
 // is released (allocator/observer.h).
 #pragma once
 

@@ -563,8 +563,8 @@ struct HttpServer::Impl {
     }
     const TraceRing* ring = runtime->trace();
     if (ring == nullptr) {
-      return Error(404, "tracing is off: set trace_entries (e.g. DEVMEM_CONF="
-                        "\"trace_entries:100000\") to record events");
+      return Error(404, "tracing is off (trace_entries:0 in the configuration): leave "
+                        "trace_entries at its default, or set it, to record events");
     }
     uint64_t missed = 0;
     auto events =

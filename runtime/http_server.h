@@ -11,7 +11,7 @@
 //                     (default 10,000, at most 100,000); headers X-Devmem-Next-Since
 //                     (the seq to ask after next), X-Devmem-More (1: more events were
 //                     already there; ask again) and X-Devmem-Missed (events overwritten
-//                     before this read); 404 when trace_entries is 0
+//                     before this read); 404 when trace_entries is 0 (it is on by default)
 // Every endpoint answers GET only (405 otherwise, with Allow: GET); an unknown or
 // repeated query parameter is a 400 naming it, like a bad value.
 // Every request whose Host header names something other than localhost, a loopback

@@ -8,8 +8,8 @@
 //
 // One allocator per device: `cuda:N` for each GPU present (else `sim:0`), plus `cpu`,
 // each created on first use with the policy keys of the configuration. When
-// trace_entries > 0 every allocator the runtime creates reports to one TraceRing
-// (runtime/trace.h). When `http` is configured the HTTP service (runtime/http_server.h)
+// trace_entries > 0 (the default) every allocator the runtime creates reports to one
+// TraceRing (runtime/trace.h). When `http` is configured the HTTP service (runtime/http_server.h)
 // starts with the runtime and serves /metrics and /debug/*.
 //
 // OOMs: every allocator the runtime holds reports its OutOfMemoryErrors to the

@@ -1,28 +1,44 @@
-// runtime/trace.cc: the lock-free event ring (see trace.h).
+// runtime/trace.cc: the per-thread event lanes and their merge (see trace.h).
 //
-// Protocol. Event number s (s = 1, 2, ...) goes to slot (s - 1) % capacity. Its writer
-//   1. claims s with one fetch_add on next_ (relaxed: events of one device are already
-//      ordered by the device lock the caller holds);
-//   2. waits until the slot holds event s - capacity (or nothing, for s <= capacity):
-//      the previous writer of the slot must finish first, so two writers never mix
-//      their words. This wait is one load in practice; it spins only when the whole
-//      ring was lapped while an older writer was preempted mid-write;
-//   3. stores kBusy | s in the slot's seq, a release fence, the seven data words
-//      (relaxed), and finally s with release.
-// A reader of event q loads the slot's seq (acquire); if it is q it reads the words
-// (relaxed), issues an acquire fence and loads seq again: unchanged means the words are
-// event q's (Boehm, "Can seqlocks get along with programming language memory
-// models?", 2012). A larger seq means q was overwritten (missed); a smaller one means
-// q's writer has not published yet, and the read stops there so that results stay in
-// order without gaps that are not counted.
+// Writers. The ring's slots are cut into C chunks of K slots. A thread's first event
+// takes it a lane (trace.h), and the lane a chunk; the thread fills its chunk's slots in
+// order, each event seven relaxed stores and a release store of the chunk's count, and
+// when the chunk is full claims another: one fetch_add on `claims_` gives claim number
+// g, and the lane takes the first chunk from g mod C on that no lane holds open (open
+// = 0), by a compare-and-swap of the chunk's gen from its old value to kBusy | g; it
+// resets the count, fences, and commits gen = g. So a writer's only shared
+// read-modify-writes are one per K events, and a chunk has one writer per claim. A
+// chunk is "open" while its lane may still write it (until the lane's next claim; a
+// thread that exits keeps it open: the lane, and its chunk, go to the next thread that
+// records); open chunks are never taken, so a lane never has its slots overwritten
+// under it. Gens are unique (claim numbers), so a reader that compares a
+// chunk's gen with the claim it expects cannot be fooled by reuse.
 //
-// Packing of the words: [0] clock tick, [1] action | device type << 8 | device index
-// << 16 (16 bits) | thread << 32, [2] stream, [3] addr, [4] size, [5] requested,
+// Each lane lists its claims (chunk, gen, base = the lane's event count when claimed)
+// in a ring of C entries, published by `nclaims` (release), with `nclaims_begin`
+// stored and fenced before an entry is rewritten, so that a reader can tell an entry
+// it read while it was overwritten (seqlock-style, Boehm 2012).
+//
+// Readers (under read_mu_). Collect walks every lane's claims from where the last read
+// stopped: for each claim whose chunk still has that gen it copies the slots not read
+// yet up to the count (acquire), fences, and checks the gen again (a changed gen means
+// the chunk was recycled while copied: the copy is dropped). Events of a lane that no
+// chunk holds any more (a gap in the bases, a recycled chunk, an entry overwritten,
+// events dropped when no chunk was free) are counted as lost. The lanes' new events are
+// merged by tick, each lane's own order kept (a k-way merge, not a sort), the lost
+// ones get the next numbers as a gap, then the merged events theirs, and all go into
+// `numbered_`, the readers' ring of the newest `capacity_` numbered events that since()
+// pages through.
+//
+// Packing of a slot's words: [0] clock tick, [1] action | device type << 8 | device
+// index << 16 (16 bits) | thread << 32, [2] stream, [3] addr, [4] size, [5] requested,
 // [6] site.
 #include "runtime/trace.h"
 
 #include <algorithm>
-#include <thread>
+#include <queue>
+#include <unordered_map>
+#include <utility>
 
 #include "allocator/errors.h"
 
@@ -30,9 +46,32 @@ namespace devmem {
 namespace {
 
 constexpr uint64_t kBusy = uint64_t{1} << 63;
+constexpr int kWords = 7;
 
 std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t tls_thread = 0;
+std::atomic<uint64_t> g_next_ring_uid{1};
+
+// The live rings by uid, so that a thread that exits gives its lanes back only to rings
+// that still exist. Leaked: threads may exit after static destructors ran.
+struct RingRegistry {
+  Mutex mu;
+  std::unordered_map<uint64_t, TraceRing*> rings ABSL_GUARDED_BY(mu);
+};
+RingRegistry& Rings() {
+  static RingRegistry* registry = new RingRegistry;
+  return *registry;
+}
+
+// The hot path's lookup: the last ring this thread recorded into, and its lane there.
+// Trivially destructible, so reading them costs no TLS guard.
+thread_local uint64_t tls_ring_uid = 0;
+thread_local TraceRing::Lane* tls_ring_lane = nullptr;
+
+uint32_t ChunkEventsFor(size_t capacity) {
+  return static_cast<uint32_t>(
+      std::clamp<size_t>(capacity / 4, 1, TraceRing::kChunkEvents));
+}
 
 }  // namespace
 
@@ -45,48 +84,188 @@ uint32_t TraceThreadNumber() {
   return t;
 }
 
+struct alignas(64) TraceRing::Slot {
+  std::atomic<uint64_t> words[8] = {};
+};
+
+struct alignas(64) TraceRing::Chunk {
+  std::atomic<uint64_t> gen{0};     // 0: never claimed; kBusy | g: being claimed; g
+  std::atomic<uint32_t> count{0};   // slots written and published in this claim
+  std::atomic<uint32_t> open{0};    // 1 while its lane may write it
+};
+
+struct TraceRing::Lane {
+  Lane(uint32_t lane_id, uint32_t history)
+      : id(lane_id), history_size(history), history(new std::atomic<uint64_t>[3 * history]) {
+    for (uint32_t i = 0; i < 3 * history; ++i) this->history[i].store(0, std::memory_order_relaxed);
+  }
+  const uint32_t id;
+  const uint32_t history_size;  // C: entries in `history`
+  // The writer's own state (the thread that holds the lane; handed to the next holder
+  // under lanes_mu_).
+  Chunk* chunk = nullptr;   // the open chunk, or null
+  Slot* slots = nullptr;    // its first slot
+  uint32_t used = 0;        // slots written in it
+  uint32_t retry_in = 0;    // events to drop before trying to claim again
+  uint32_t thread = 0;      // TraceThreadNumber() of the holder
+  uint64_t written = 0;     // events written into chunks, ever
+  uint64_t claims = 0;      // entries written to `history`, ever
+  uint64_t dropped_local = 0;
+  // Shared with readers.
+  alignas(64) std::atomic<uint64_t> nclaims{0};        // entries published
+  std::atomic<uint64_t> nclaims_begin{0};              // entries being written
+  std::atomic<uint64_t> dropped{0};                    // events dropped (no free chunk)
+  // Claim k at [3 (k mod C)]: chunk index, gen, base.
+  std::unique_ptr<std::atomic<uint64_t>[]> history;
+};
+
+struct TraceRing::Numbered {
+  uint64_t seq = 0;  // 0: none
+  uint64_t words[kWords] = {};
+};
+
+struct TraceRing::Cursor {
+  uint64_t taken = 0;         // the lane's events numbered or counted lost
+  uint64_t claim = 0;         // the claim entry `taken` lies in
+  uint64_t dropped_seen = 0;  // of lane.dropped
+};
+
+// A thread's lanes in every ring it recorded into; gives them back when it exits.
+struct LaneCache {
+  std::vector<std::pair<uint64_t, TraceRing::Lane*>> lanes;
+  ~LaneCache() {
+    RingRegistry& registry = Rings();
+    MutexLock lock(&registry.mu);
+    for (const auto& [uid, lane] : lanes) {
+      auto it = registry.rings.find(uid);
+      if (it != registry.rings.end()) it->second->ReleaseLane(lane);
+    }
+    tls_ring_uid = 0;
+    tls_ring_lane = nullptr;
+  }
+};
+namespace {
+thread_local LaneCache tls_lane_cache;
+}  // namespace
+
 TraceRing::TraceRing(size_t capacity)
     : capacity_(capacity),
-      mask_(capacity != 0 && (capacity & (capacity - 1)) == 0 ? capacity - 1 : 0),
-      slots_(capacity == 0 ? nullptr : new Slot[capacity]) {
+      chunk_events_(ChunkEventsFor(capacity)),
+      num_chunks_(static_cast<uint32_t>(
+          capacity == 0 ? 0 : (capacity + chunk_events_ - 1) / chunk_events_ + 1)),
+      uid_(g_next_ring_uid.fetch_add(1, std::memory_order_relaxed)) {
   if (capacity == 0) {
     throw InvalidArgumentError("TraceRing: capacity must be at least 1 (got 0)");
   }
+  chunks_.reset(new Chunk[num_chunks_]);
+  slots_.reset(new Slot[size_t{num_chunks_} * chunk_events_]);
+  RingRegistry& registry = Rings();
+  MutexLock lock(&registry.mu);
+  registry.rings.emplace(uid_, this);
 }
 
-TraceRing::~TraceRing() = default;
+TraceRing::~TraceRing() {
+  RingRegistry& registry = Rings();
+  MutexLock lock(&registry.mu);
+  registry.rings.erase(uid_);
+}
 
 size_t TraceRing::capacity() const { return capacity_; }
 
-uint64_t TraceRing::next_seq() const { return next_.load(std::memory_order_acquire); }
-
-TraceRing::Slot& TraceRing::slot_for(uint64_t seq) const {
-  const uint64_t i = seq - 1;
-  // A mask for power-of-two capacities (mask_ + 1 == capacity_), else a division.
-  return slots_[mask_ + 1 == capacity_ ? (i & mask_) : (i % capacity_)];
+TraceRing::Lane* TraceRing::ThisThreadLane() {
+  if (tls_ring_uid == uid_) [[likely]] return tls_ring_lane;
+  LaneCache& cache = tls_lane_cache;
+  Lane* lane = nullptr;
+  for (const auto& [uid, l] : cache.lanes) {
+    if (uid == uid_) lane = l;
+  }
+  if (lane == nullptr) {
+    lane = AcquireLane();
+    cache.lanes.emplace_back(uid_, lane);
+  }
+  tls_ring_uid = uid_;
+  tls_ring_lane = lane;
+  return lane;
 }
 
-void TraceRing::WaitForSlot(const Slot& slot, uint64_t previous) const {
-  // Cold: an older writer of this slot is still writing (see the protocol above).
-  while (slot.seq.load(std::memory_order_acquire) != previous) std::this_thread::yield();
+TraceRing::Lane* TraceRing::AcquireLane() {
+  MutexLock lock(&lanes_mu_);
+  Lane* lane;
+  if (!free_lanes_.empty()) {
+    lane = free_lanes_.back();
+    free_lanes_.pop_back();
+  } else {
+    lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(lanes_.size()), num_chunks_));
+    lane = lanes_.back().get();
+  }
+  lane->thread = TraceThreadNumber();
+  lane->retry_in = 0;
+  return lane;
+}
+
+void TraceRing::ReleaseLane(Lane* lane) {
+  // The lane keeps its open chunk: the next thread that takes the lane goes on filling
+  // it, so that short-lived threads do not each waste (and recycle) a chunk.
+  MutexLock lock(&lanes_mu_);
+  free_lanes_.push_back(lane);
+}
+
+bool TraceRing::Claim(Lane* lane) {
+  if (lane->chunk != nullptr) {
+    lane->chunk->open.store(0, std::memory_order_release);
+    lane->chunk = nullptr;
+  }
+  const uint64_t g = claims_.fetch_add(1, std::memory_order_relaxed) + 1;
+  for (uint32_t t = 0; t < num_chunks_; ++t) {
+    const uint32_t p = static_cast<uint32_t>((g + t) % num_chunks_);
+    Chunk& c = chunks_[p];
+    uint64_t old = c.gen.load(std::memory_order_acquire);
+    if ((old & kBusy) != 0 || c.open.load(std::memory_order_acquire) != 0) continue;
+    if (!c.gen.compare_exchange_strong(old, kBusy | g, std::memory_order_acq_rel,
+                                       std::memory_order_relaxed)) {
+      continue;  // another lane took it first
+    }
+    c.open.store(1, std::memory_order_relaxed);
+    c.count.store(0, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);  // before any slot is rewritten
+    c.gen.store(g, std::memory_order_release);
+    // The claim's history entry (seqlock-style, see the file comment).
+    const uint64_t k = lane->claims++;
+    std::atomic<uint64_t>* e = &lane->history[3 * (k % lane->history_size)];
+    lane->nclaims_begin.store(k + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    e[0].store(p, std::memory_order_relaxed);
+    e[1].store(g, std::memory_order_relaxed);
+    e[2].store(lane->written, std::memory_order_relaxed);
+    lane->nclaims.store(k + 1, std::memory_order_release);
+    lane->chunk = &c;
+    lane->slots = &slots_[size_t{p} * chunk_events_];
+    lane->used = 0;
+    return true;
+  }
+  return false;  // every chunk is open in another lane (more writing threads than chunks)
 }
 
 void TraceRing::on_event(const AllocEvent& event) { Record(event); }
 
 void TraceRing::Record(const AllocEvent& event) {
   const int64_t tick = clock_.Now();
-  const uint64_t s = next_.fetch_add(1, std::memory_order_relaxed);
-  Slot& slot = slot_for(s);
-  const uint64_t previous = s > capacity_ ? s - capacity_ : 0;
-  if (slot.seq.load(std::memory_order_acquire) != previous) [[unlikely]] {
-    WaitForSlot(slot, previous);
+  Lane* lane = ThisThreadLane();
+  if (lane->chunk == nullptr || lane->used == chunk_events_) [[unlikely]] {
+    // Cold: once per K events. After a failed claim, drop K events before trying again,
+    // so that a starved thread does not pay a shared increment per event.
+    const bool claimed = lane->retry_in == 0 && Claim(lane);
+    if (!claimed) {
+      lane->retry_in = lane->retry_in == 0 ? chunk_events_ : lane->retry_in - 1;
+      lane->dropped.store(++lane->dropped_local, std::memory_order_relaxed);
+      return;
+    }
   }
-  slot.seq.store(kBusy | s, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  Slot& slot = lane->slots[lane->used];
   const uint64_t packed = static_cast<uint64_t>(event.action) |
                           static_cast<uint64_t>(event.device.type) << 8 |
                           (static_cast<uint64_t>(event.device.index) & 0xffff) << 16 |
-                          static_cast<uint64_t>(TraceThreadNumber()) << 32;
+                          static_cast<uint64_t>(lane->thread) << 32;
   slot.words[0].store(static_cast<uint64_t>(tick), std::memory_order_relaxed);
   slot.words[1].store(packed, std::memory_order_relaxed);
   slot.words[2].store(event.stream.handle, std::memory_order_relaxed);
@@ -94,26 +273,113 @@ void TraceRing::Record(const AllocEvent& event) {
   slot.words[4].store(event.size, std::memory_order_relaxed);
   slot.words[5].store(event.requested, std::memory_order_relaxed);
   slot.words[6].store(event.site, std::memory_order_relaxed);
-  slot.seq.store(s, std::memory_order_release);
-  // Each event writes a fresh cache line; a ring larger than the caches would make the
-  // next event wait for that line's read-for-ownership. Ask for it now, while the
-  // caller goes on with its work (measured: keeps tracing_overhead_ratio stable when
-  // the shared L3 is busy).
-  __builtin_prefetch(&slot_for(s + 1), /*rw=*/1, /*locality=*/3);
+  ++lane->written;
+  lane->chunk->count.store(++lane->used, std::memory_order_release);
+  // Each event writes a fresh cache line, and a trace larger than the caches makes a
+  // later event wait for its line's read-for-ownership: ask for it now, while the
+  // caller goes on with its work.
+  if (lane->used + 2 <= chunk_events_) {
+    __builtin_prefetch(&lane->slots[lane->used + 1], /*rw=*/1, /*locality=*/3);
+  }
+}
+
+void TraceRing::Collect() const {
+  std::vector<Lane*> lanes;
+  {
+    MutexLock lock(&lanes_mu_);
+    lanes.reserve(lanes_.size());
+    for (const auto& l : lanes_) lanes.push_back(l.get());
+  }
+  if (numbered_.empty()) numbered_.resize(capacity_);
+  if (cursors_.size() < lanes.size()) cursors_.resize(lanes.size());
+  uint64_t lost = 0;
+  std::vector<std::vector<Numbered>> fresh(lanes.size());  // per lane, in lane order
+  for (size_t i = 0; i < lanes.size(); ++i) {
+    const Lane& lane = *lanes[i];
+    Cursor& cur = cursors_[lane.id];
+    std::vector<Numbered>& out = fresh[i];
+    const uint64_t n = lane.nclaims.load(std::memory_order_acquire);
+    const uint64_t h = lane.history_size;
+    if (n > h && cur.claim < n - h) cur.claim = n - h;  // older entries are rewritten
+    for (uint64_t k = cur.claim; k < n; ++k) {
+      const std::atomic<uint64_t>* e = &lane.history[3 * (k % h)];
+      const uint64_t p = e[0].load(std::memory_order_relaxed);
+      const uint64_t g = e[1].load(std::memory_order_relaxed);
+      const uint64_t base = e[2].load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      // Rewritten while read: its events are counted by the next entry's base.
+      if (lane.nclaims_begin.load(std::memory_order_relaxed) > k + h) continue;
+      if (base > cur.taken) {  // claims whose chunks were lost in between
+        lost += base - cur.taken;
+        cur.taken = base;
+      }
+      const Chunk& c = chunks_[p];
+      if (c.gen.load(std::memory_order_acquire) == g) {
+        const uint32_t count = c.count.load(std::memory_order_acquire);
+        const size_t before = out.size();
+        const Slot* slots = &slots_[p * chunk_events_];
+        for (uint64_t j = cur.taken - base; j < count; ++j) {
+          Numbered& ev = out.emplace_back();
+          for (int w = 0; w < kWords; ++w) {
+            ev.words[w] = slots[j].words[w].load(std::memory_order_relaxed);
+          }
+        }
+        std::atomic_thread_fence(std::memory_order_acquire);
+        if (c.gen.load(std::memory_order_relaxed) == g) {
+          cur.taken = std::max(cur.taken, base + count);
+        } else {
+          out.resize(before);  // recycled while copied
+        }
+      }
+      // Not whole: recycled, its events lost; the next entry's base counts them (a
+      // lane's last chunk is open, never recycled).
+      if (k + 1 < n) cur.claim = k + 1;  // a later claim exists: this chunk is final
+    }
+    const uint64_t dropped = lane.dropped.load(std::memory_order_relaxed);
+    lost += dropped - cur.dropped_seen;
+    cur.dropped_seen = dropped;
+  }
+  // The lost events' numbers first (they are older than anything still held), then
+  // the lanes' new events merged by tick.
+  next_ += lost;
+  using Head = std::pair<int64_t, size_t>;  // (tick, lane), the smallest on top
+  std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
+  std::vector<size_t> at(fresh.size(), 0);
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    if (!fresh[i].empty()) heads.emplace(static_cast<int64_t>(fresh[i][0].words[0]), i);
+  }
+  while (!heads.empty()) {
+    const size_t i = heads.top().second;
+    heads.pop();
+    Numbered& ev = fresh[i][at[i]++];
+    ev.seq = next_++;
+    numbered_[(ev.seq - 1) % capacity_] = ev;
+    if (at[i] < fresh[i].size()) {
+      heads.emplace(static_cast<int64_t>(fresh[i][at[i]].words[0]), i);
+    }
+  }
+}
+
+uint64_t TraceRing::next_seq() const {
+  MutexLock lock(&read_mu_);
+  Collect();
+  return next_;
 }
 
 std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit,
                                          uint64_t* missed) const {
+  MutexLock lock(&read_mu_);
+  Collect();
   std::vector<TraceEvent> out;
   uint64_t lost = 0;
-  const uint64_t end = next_.load(std::memory_order_acquire);  // first seq not claimed
+  const uint64_t end = next_;  // the first number not given
   // Nothing has a seq above `after` yet (end >= 1 always). Checked before computing
   // after + 1, which wraps to 0 for after = 2^64 - 1 and would return the whole ring.
   if (after >= end - 1) {
     if (missed != nullptr) *missed = 0;
     return out;
   }
-  // Events older than the last `capacity_` claimed are gone (or being overwritten).
+  // Events older than the last `capacity_` numbered are gone.
   const uint64_t oldest_kept = end > capacity_ ? end - capacity_ : 1;
   uint64_t q = after + 1;
   if (q < oldest_kept) {
@@ -123,23 +389,12 @@ std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit,
   const TraceClock::Mapping map = clock_.Map();
   if (end > q) out.reserve(std::min<uint64_t>(end - q, limit));
   for (; q < end && out.size() < limit; ++q) {
-    const Slot& slot = slot_for(q);
-    const uint64_t s1 = slot.seq.load(std::memory_order_acquire);
-    const uint64_t holder = s1 & ~kBusy;
-    // q's writer has not published yet (the slot holds an older event, or q itself
-    // half-written): stop, so the caller's next since() resumes here.
-    if (holder < q || s1 == (kBusy | q)) break;
-    if (holder > q) {  // lapped: q was overwritten
+    const Numbered& n = numbered_[(q - 1) % capacity_];
+    if (n.seq != q) {  // a number given to a lost event
       ++lost;
       continue;
     }
-    uint64_t w[7];
-    for (int i = 0; i < 7; ++i) w[i] = slot.words[i].load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (slot.seq.load(std::memory_order_relaxed) != q) {  // overwritten while reading
-      ++lost;
-      continue;
-    }
+    const uint64_t* w = n.words;
     TraceEvent e;
     e.seq = q;
     e.time_ns = map.ToNs(static_cast<int64_t>(w[0]));

@@ -177,5 +177,41 @@ TEST(RuntimeShutdownTest, IdempotentJoinsThreadsAndExitsCleanly) {
       ::testing::ExitedWithCode(0), "");
 }
 
+// The trace is on by default (a running process can be looked into without a
+// restart), with kDefaultTraceEntries events; trace_entries:0 turns it off. In child
+// processes: each needs a fresh runtime.
+TEST(RuntimeTraceDefaultTest, OnByDefaultAndZeroTurnsItOff) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        Config config;  // trace_entries left at its default
+        config.backend = BackendKind::kSim;
+        config.sim_capacity = 256 * kMiB;
+        if (!Runtime::Init(config).ok()) std::exit(3);
+        Runtime& rt = Runtime::Get();
+        if (rt.trace() == nullptr) std::exit(4);
+        if (rt.trace()->capacity() != kDefaultTraceEntries) std::exit(5);
+        auto a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+        void* p = a->allocate(1000);
+        a->free(p);
+        int seen = 0;
+        for (const TraceEvent& e : rt.trace()->since(0)) {
+          if (e.addr == reinterpret_cast<uintptr_t>(p) &&
+              (e.action == AllocAction::kAlloc || e.action == AllocAction::kFree)) {
+            ++seen;
+          }
+        }
+        std::exit(seen == 2 ? 0 : 6);
+      },
+      ::testing::ExitedWithCode(0), "");
+  EXPECT_EXIT(
+      {
+        absl::StatusOr<Config> config = ParseConfig("backend:sim,trace_entries:0");
+        if (!config.ok() || !Runtime::Init(*config).ok()) std::exit(3);
+        std::exit(Runtime::Get().trace() == nullptr ? 0 : 4);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
 }  // namespace
 }  // namespace devmem

@@ -5,7 +5,10 @@
 
 #include <atomic>
 #include <cstdio>
+#include <condition_variable>
 #include <fstream>
+#include <latch>
+#include <mutex>
 #include <source_location>
 #include <sstream>
 #include <string>
@@ -176,6 +179,112 @@ TEST(TraceRingTest, ConcurrentWritersNeverTearAnEvent) {
   w1.join();
   w2.join();
   EXPECT_EQ(read + missed_total, 2 * kPerThread);
+}
+
+// Per-thread lanes, read when every writer is done (quiescent): every event comes back
+// numbered 1..N without a gap, in time order, each thread's events in its own order.
+TEST(TraceRingTest, PerThreadLanesMergeByTimeWhenQuiescent) {
+  constexpr int kThreads = 4;
+  constexpr uint64_t kPerThread = 3000;
+  TraceRing ring(size_t{1} << 15);
+  std::latch start(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      start.arrive_and_wait();
+      for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * 1'000'000 + i));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  uint64_t missed = 1;
+  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(missed, 0u);
+  ASSERT_EQ(events.size(), kThreads * kPerThread);
+  std::vector<uint64_t> last(kThreads, 0);
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].seq, i + 1);
+    if (i > 0) ASSERT_GE(events[i].time_ns, events[i - 1].time_ns) << "seq " << events[i].seq;
+    const uint64_t t = events[i].addr / 1'000'000, n = events[i].addr % 1'000'000;
+    ASSERT_LT(t, uint64_t{kThreads});
+    ASSERT_EQ(n, last[t] + 1) << "thread " << t << "'s events out of their order";
+    last[t] = n;
+  }
+  EXPECT_EQ(ring.next_seq(), kThreads * kPerThread + 1);
+}
+
+// Events ordered by a lock (as the device lock orders an allocator's events) are
+// numbered in that order, although each thread writes its own lane.
+TEST(TraceRingTest, EventsOrderedByALockAcrossThreadsKeepThatOrder) {
+  TraceRing ring(4096);
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t turn = 1;  // the next event; odd ones are thread 0's, even ones thread 1's
+  constexpr uint64_t kEvents = 1000;
+  auto player = [&](uint64_t parity) {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return turn > kEvents || turn % 2 == parity; });
+      if (turn > kEvents) return;
+      ring.on_event(Synthetic(turn));
+      ++turn;
+      cv.notify_all();
+    }
+  };
+  std::thread a(player, 1), b(player, 0);
+  a.join();
+  b.join();
+  const std::vector<TraceEvent> events = ring.since(0);
+  ASSERT_EQ(events.size(), kEvents);
+  for (uint64_t i = 0; i < kEvents; ++i) {
+    ASSERT_EQ(events[i].seq, i + 1);
+    ASSERT_EQ(events[i].addr, i + 1) << "the lock's order is lost at seq " << i + 1;
+  }
+  EXPECT_NE(events[0].thread, events[1].thread);
+}
+
+// More writing threads at once than the ring has chunks: those without a chunk drop
+// their events, and every event is still either read or counted as missed.
+TEST(TraceRingTest, ConcurrentThreadsBeyondTheChunksCountWhatTheyDrop) {
+  TraceRing ring(8);  // 4 slots a chunk, 3 chunks
+  constexpr int kThreads = 6;
+  constexpr uint64_t kPerThread = 200;
+  std::latch wrote(kThreads), done(1);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * 1000 + i));
+      wrote.count_down();
+      done.wait();  // every thread keeps its lane (and chunk) open until all wrote
+    });
+  }
+  wrote.wait();
+  uint64_t missed = 0;
+  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+  done.count_down();
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(events.size() + missed, kThreads * kPerThread);
+  EXPECT_EQ(ring.next_seq(), kThreads * kPerThread + 1);
+  EXPECT_LE(events.size(), ring.capacity());
+  for (const TraceEvent& e : events) EXPECT_EQ(e.size, e.addr * 3);
+}
+
+// A thread that exits gives its lane back: a thousand short-lived threads, one after
+// another, neither run out of chunks nor lose the newest events.
+TEST(TraceRingTest, PerThreadLanesAreReusedAcrossThreadExits) {
+  TraceRing ring(256);
+  constexpr uint64_t kThreads = 1000, kPerThread = 5;
+  for (uint64_t t = 0; t < kThreads; ++t) {
+    std::thread([&] {
+      for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * kPerThread + i));
+    }).join();
+  }
+  uint64_t missed = 0;
+  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(events.size() + missed, kThreads * kPerThread);
+  ASSERT_EQ(events.size(), ring.capacity());  // the newest 256, none dropped
+  for (size_t i = 0; i < events.size(); ++i) {
+    EXPECT_EQ(events[i].addr, kThreads * kPerThread - ring.capacity() + 1 + i);
+  }
 }
 
 TEST(TraceJsonTest, EventRoundTrip) {

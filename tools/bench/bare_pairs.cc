@@ -1,12 +1,8 @@
 // tools/bench/bare_pairs.cc: see bare_pairs.h.
 #include "tools/bench/bare_pairs.h"
 
-#include <source_location>
-
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/site.h"
-#include "runtime/trace.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/host_allocators.h"
 
@@ -32,35 +28,6 @@ PairFigures MeasurePairs(const std::vector<size_t>& sizes, const Config& base) {
   f.devmem_ns = Median(dm);
   f.jemalloc_ns = Median(je);
   f.timed_segment_allocs = alloc.stats().num_device_alloc - segments_before;
-  return f;
-}
-
-TracingFigures MeasureTracing(const std::vector<size_t>& sizes, const Config& base) {
-  const Config config = SimConfig(base);
-  CachingAllocator alloc(MakeSimBackend(config), config);
-  TraceRing ring(size_t{1} << 16);  // 4 MiB: larger than L2, as a real trace is
-  auto plain_alloc = [&](size_t n, size_t) { return alloc.allocate(n); };
-  auto traced_alloc = [&](size_t n, size_t) {
-    return alloc.allocate(n, {}, InternSite(std::source_location::current(), SiteKind::kAlloc));
-  };
-  auto dm_free = [&](void* p, size_t) { alloc.free(p); };
-  auto segments = [&] { return alloc.stats().num_device_alloc; };
-  WarmUp([&] { TimePairs(sizes, plain_alloc, dm_free); }, segments);
-  alloc.set_observer(&ring);
-  TimePairs(sizes, traced_alloc, dm_free);
-  const int64_t before = alloc.stats().num_device_alloc;
-  std::vector<double> p, t;
-  for (int r = 0; r < kRepetitions; ++r) {
-    alloc.set_observer(nullptr);
-    p.push_back(TimePairs(sizes, plain_alloc, dm_free));
-    alloc.set_observer(&ring);
-    t.push_back(TimePairs(sizes, traced_alloc, dm_free));
-  }
-  alloc.set_observer(nullptr);
-  TracingFigures f;
-  f.plain_ns = Median(p);
-  f.traced_ns = Median(t);
-  f.timed_segment_allocs = alloc.stats().num_device_alloc - before;
   return f;
 }
 

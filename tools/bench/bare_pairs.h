@@ -1,5 +1,6 @@
 // tools/bench/bare_pairs.h: cache-hit pairs through a bare CachingAllocator on the sim
-// device (no runtime, no observer, no site) beside jemalloc, and the cost of tracing.
+// device (no runtime, no observer, no site) beside jemalloc (the cost of tracing is
+// measured on the shipped path: tools/bench/tracing.h).
 //
 // Each figure is the median of kRepetitions passes after a warm-up that fills the
 // cache (passes until one allocates no segment: WarmUp), devmem and the host allocator interleaved so that drift in machine load hits
@@ -22,17 +23,5 @@ struct PairFigures {
 
 // `sizes` through a CachingAllocator of SimConfig(base) and through jemalloc.
 PairFigures MeasurePairs(const std::vector<size_t>& sizes, const Config& base);
-
-struct TracingFigures {
-  double plain_ns = 0;
-  double traced_ns = 0;
-  int64_t timed_segment_allocs = 0;
-};
-
-// `sizes` on one allocator, passes alternating between plain (no observer, no site)
-// and traced (a TraceRing attached, a site interned per allocation). One allocator, so
-// that both see the same memory layout: two allocators of one process can differ by
-// more than tracing costs (hash-table and address layout).
-TracingFigures MeasureTracing(const std::vector<size_t>& sizes, const Config& base);
 
 }  // namespace devmem::devbench

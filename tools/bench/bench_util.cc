@@ -1,6 +1,8 @@
 // tools/bench/bench_util.cc: see bench_util.h.
 #include "tools/bench/bench_util.h"
 
+#include <time.h>
+
 #include <algorithm>
 #include <cmath>
 #include <random>
@@ -22,6 +24,12 @@ std::array<std::source_location, sizeof...(N)> SitesOf(std::integer_sequence<int
 }
 
 }  // namespace
+
+int64_t ThreadCpuNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
 
 std::vector<size_t> LogUniformSizes(size_t lo, size_t hi, uint64_t seed, size_t n) {
   std::mt19937_64 rng(seed);

@@ -34,15 +34,11 @@ Config SimConfig(const Config& base);
 // its own function name), built once.
 const std::array<std::source_location, kNumSites>& Sites();
 
-// Runs the size stream through alloc/free with a window of kLive live pointers (allocate
-// the next, free the oldest, so the free lists hold real neighbours) and returns ns per
-// alloc+free pair. alloc(bytes, i) gets the index of the request in the stream;
-// free_fn(ptr, bytes) gets the size it was allocated with.
+// The pair loop of TimePairs and CpuTimePairs, untimed.
 template <typename Alloc, typename Free>
-double TimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
+void RunPairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
   void* live[kLive] = {};
   size_t live_size[kLive] = {};
-  const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < sizes.size(); ++i) {
     const size_t slot = i % kLive;
     if (live[slot] != nullptr) free_fn(live[slot], live_size[slot]);
@@ -52,6 +48,20 @@ double TimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
   for (size_t slot = 0; slot < kLive; ++slot) {
     if (live[slot] != nullptr) free_fn(live[slot], live_size[slot]);
   }
+}
+
+// The calling thread's CPU time in ns (CLOCK_THREAD_CPUTIME_ID): a pass preempted on a
+// shared machine does not count the time it waited.
+int64_t ThreadCpuNs();
+
+// Runs the size stream through alloc/free with a window of kLive live pointers (allocate
+// the next, free the oldest, so the free lists hold real neighbours) and returns ns per
+// alloc+free pair. alloc(bytes, i) gets the index of the request in the stream;
+// free_fn(ptr, bytes) gets the size it was allocated with.
+template <typename Alloc, typename Free>
+double TimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
+  const auto start = std::chrono::steady_clock::now();
+  RunPairs(sizes, alloc, free_fn);
   const auto end = std::chrono::steady_clock::now();
   return std::chrono::duration<double, std::nano>(end - start).count() /
          static_cast<double>(sizes.size());
@@ -70,6 +80,16 @@ void WarmUp(Pass pass, Segments segments) {
     pass();
     if (segments() == before) return;
   }
+}
+
+// TimePairs timed in the calling thread's CPU time (ThreadCpuNs). For ratios of two
+// variants on a loaded machine, compare their fastest passes: wall-clock medians of
+// passes of a few milliseconds measure preemption there (see flight_recorder.cc).
+template <typename Alloc, typename Free>
+double CpuTimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
+  const int64_t start = ThreadCpuNs();
+  RunPairs(sizes, alloc, free_fn);
+  return static_cast<double>(ThreadCpuNs() - start) / static_cast<double>(sizes.size());
 }
 
 }  // namespace devmem::devbench

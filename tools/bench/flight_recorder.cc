@@ -5,7 +5,7 @@
 // passes alternating between plain (no observer) and recorded (a FlightDevice of a
 // recorder on a temporary file attached: the ring slot, the live-site entry and the
 // stats written on every event). Both intern a call site per allocation, so the ratio
-// is of the recorder alone. One allocator for both, as MeasureTracing does, so that
+// is of the recorder alone. One allocator for both, as MeasureShippedTracing (tracing.cc) does, so that
 // both see the same memory layout. The file is made in $TMPDIR (else /tmp) and
 // removed at once (the mapping keeps it). Each pass is timed in this thread's CPU time
 // and the figure of each side is its fastest pass: on a shared machine (the 2-core
@@ -32,14 +32,6 @@
 
 namespace devmem::devbench {
 namespace {
-
-// This thread's CPU time: a pass that is preempted (the machine is shared) does not
-// count the time it waited.
-int64_t ThreadCpuNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
-}
 
 template <typename Alloc>
 double Pass(const std::vector<size_t>& sizes, CachingAllocator& a, Alloc alloc) {

@@ -49,7 +49,8 @@
 namespace devmem {
 namespace {
 
-// Trace entries the demo asks for when --trace is given and DEVMEM_CONF sets none.
+// Trace entries the demo asks for when --trace is given and DEVMEM_CONF turned the
+// trace off (trace_entries:0; it is on by default).
 constexpr size_t kDemoTraceEntries = size_t{1} << 20;
 
 void Usage() {
@@ -66,8 +67,8 @@ void Usage() {
       "  --arena-chunk-size SIZE  the step arena's largest chunk (default 4MiB; 64KiB..1GiB,\n"
       "                    a multiple of 512; units as in DEVMEM_CONF)\n"
       "  --snapshot FILE   write the runtime's snapshot (JSON) at the end\n"
-      "  --trace FILE      write the event trace (JSON Lines) at the end; turns tracing\n"
-      "                    on (%zu entries) unless DEVMEM_CONF sets trace_entries\n"
+      "  --trace FILE      write the event trace (JSON Lines) at the end (the trace is\n"
+      "                    on by default; %zu entries if DEVMEM_CONF turned it off)\n"
       "  --serve ADDR:PORT serve /metrics and /debug/* while training (port 0: any)\n"
       "  --linger SECONDS  keep serving that long after the loop (needs --serve or http)\n"
       "DEVMEM_CONF (key:value,...) configures the allocator; see docs/configuration.md.\n",
