@@ -16,6 +16,7 @@ DeviceStats DevicePool::stats() const {
   quiesce_for_read_locked();  // fold the thread caches' hits
   DeviceStats stats = acct_.stats();
   free_.summarize(&stats);
+  stats.driver = backend_->driver_calls();  // a leaf lock of the backend's, if any
   return stats;
 }
 
@@ -68,6 +69,7 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   }
   snap.stats = acct_.stats();
   free_.summarize(&snap.stats);
+  snap.stats.driver = backend_->driver_calls();
   snap.time_ns = CoarseNowNs();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {

@@ -16,6 +16,7 @@ namespace devmem::internal {
 
 ExpandableSegments::~ExpandableSegments() {
   for (const Deferred& d : deferred_) backend_.release_event(d.event);
+  backend_.release_handle_reserve();  // what destroy() unmapped
   for (auto& [key, r] : reservations_) {
     backend_.release_address(reinterpret_cast<void*>(r->addr), r->va_size);
     delete r;
@@ -112,20 +113,26 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
   // the footprint within the threshold (never more than is about to be mapped).
   // The limit may take idle granules from any reservation; the threshold only from
   // this one: another stream's cache is likely to be wanted back by that stream.
-  // Regular segment allocations in flight count as reserved.
-  auto committed_now = [&] { return reserved() + req.reserved_in_flight; };
-  if (committed_now() > limit - p.bytes) {
-    recycle_except(committed_now() + p.bytes - limit, Scope{p.left, p.right});
-    if (committed_now() > limit - p.bytes) return nullptr;
+  // Regular segment allocations in flight count as reserved, and so does the
+  // backend's physical-handle reserve (device memory still held); a map takes its
+  // granules from the reserve first, so only the rest (`fresh`) is new memory, and
+  // each granule recycled (unmapped into the reserve) is one fewer to create.
+  auto held = [&] { return backend_.handle_reserve_bytes(); };
+  auto fresh = [&] { return p.bytes > held() ? p.bytes - held() : 0; };
+  auto committed_now = [&] { return reserved() + held() + req.reserved_in_flight; };
+  if (committed_now() > limit - fresh()) {
+    recycle_except(committed_now() + fresh() - limit, Scope{p.left, p.right});
+    if (committed_now() > limit - fresh()) return nullptr;
   }
   // The recycle trigger is measured against the high-water mark of allocated bytes,
   // not the current value: a program between two peaks will need the memory again,
   // and unmapping it only to map it back is churn. Bytes already decided (deferred)
   // count as given back, so that waiting decisions are not taken twice.
-  const size_t committed = reserved() > deferred_bytes_ ? reserved() - deferred_bytes_ : 0;
+  const size_t footprint = reserved() + held();
+  const size_t committed = footprint > deferred_bytes_ ? footprint - deferred_bytes_ : 0;
   if (const size_t over = ProactiveRecycleBytes(
           recycle_threshold_, allocated_high_water(),
-          acct_.stats().allocated_bytes[kAggregatePool].current, size, committed, p.bytes);
+          acct_.stats().allocated_bytes[kAggregatePool].current, size, committed, fresh());
       over > 0) {
     recycle_proactively(r, over, p, req.free_seq);
   }

@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <string>
 
+#include "allocator/driver_calls.h"
+
 namespace devmem {
 
 struct Stat {
@@ -102,6 +104,10 @@ struct DeviceStats {
   std::array<int64_t, kNumStatPools> free_bytes{};
   std::array<int64_t, kNumStatPools> free_blocks{};
   std::array<int64_t, kNumStatPools> largest_free_block{};
+  // The backend's driver calls by kind, the time in them, and its physical-handle
+  // reserve (allocator/driver_calls.h). Since the backend was made: neither
+  // reset_peak_stats() nor reset_accumulated_stats() changes them.
+  DriverCallStats driver;
 
   // reserved - active, for the aggregate or one pool.
   int64_t cached_bytes(StatPool pool = kAggregatePool) const {

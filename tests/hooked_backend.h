@@ -96,6 +96,9 @@ class HookedBackend : public Backend {
     return inner_->map(p, bytes);
   }
   void unmap(void* p, size_t bytes) override { inner_->unmap(p, bytes); }
+  size_t release_handle_reserve() override { return inner_->release_handle_reserve(); }
+  size_t handle_reserve_bytes() const override { return inner_->handle_reserve_bytes(); }
+  DriverCallStats driver_calls() const override { return inner_->driver_calls(); }
 
  private:
   std::unique_ptr<Backend> inner_;
