@@ -13,7 +13,14 @@
 //     backend).
 //   * Errors: only allocate_segment / map return a failure that means "out of memory":
 //     absl::ResourceExhaustedError. Any other failure is a driver error and is
-//     returned with another code (and a message naming the driver call).
+//     returned with another code (and a message naming the driver call). Methods that
+//     return no Status (free_segment, unmap, record_event, rerecord_event, event_done,
+//     synchronize_event, synchronize_stream) report a driver failure by throwing
+//     DriverError (allocator/errors.h), naming the device, the call and the driver's
+//     error, before changing anything of their own; they never end the process. The
+//     allocator then poisons itself (caching_allocator.h). Clean-up of what the
+//     allocator owns no more (release_event, release_address, destroy_stream) reports
+//     failures on stderr and does not throw. The sim and cpu backends never throw it.
 //   * Pointers: allocate_segment returns memory aligned to at least 512 bytes (CUDA
 //     gives 256-byte alignment at least; sim and cpu give 2 MiB / page alignment).
 //     free_segment receives exactly a pointer and size that allocate_segment returned.

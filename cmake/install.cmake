@@ -94,7 +94,7 @@ foreach(tool devmem-demo devmem-bench memtrace)
   endif()
 endforeach()
 if(TARGET memtrace)
-  install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/import_pytorch_snapshot.py
+  install(PROGRAMS ${PROJECT_SOURCE_DIR}/tools/import/import_pytorch_snapshot.py
     DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT tools)
 endif()
 

@@ -65,6 +65,7 @@
 #include "tensor/dtype.h"
 #include "tensor/errors.h"
 #include "tensor/kernels.h"
+#include "tensor/scalar_cast.h"
 #include "tensor/shape.h"
 
 namespace devmem {
@@ -142,25 +143,7 @@ ck::Geometry GeometryOf(IntList shape, std::initializer_list<IntList> ops,
   return g;
 }
 
-// ---- scalars, converted as the host kernels convert them -------------------------------
-
-template <typename T>
-T FromDouble(double v) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    return BFloat16(static_cast<float>(v));
-  } else if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<T>(v);
-  } else {
-    if (std::isnan(v)) return T{0};
-    if (v <= static_cast<double>(std::numeric_limits<T>::min())) {
-      return std::numeric_limits<T>::min();
-    }
-    if (v >= static_cast<double>(std::numeric_limits<T>::max())) {
-      return std::numeric_limits<T>::max();
-    }
-    return static_cast<T>(v);
-  }
-}
+// ---- scalars, converted as the host kernels convert them (tensor/scalar_cast.h) -------
 
 ck::Scalar ScalarFor(DType dtype, double v) {
   ck::Scalar s;

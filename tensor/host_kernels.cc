@@ -15,6 +15,7 @@
 #include "tensor/errors.h"
 #include "tensor/kernels.h"
 #include "tensor/random.h"
+#include "tensor/scalar_cast.h"
 
 namespace devmem {
 namespace {
@@ -109,26 +110,6 @@ void VisitFloat(DType dtype, Fn&& fn) {
   }
   ThrowInvalidArgument(
       Cat("host kernels: expected float32 or float64, got ", DTypeName(dtype)));
-}
-
-// A scalar converted to T: static_cast for floats, saturating for integers (ops check
-// that integer scalars are in range; this only keeps the cast defined).
-template <typename T>
-T FromDouble(double v) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    return BFloat16(static_cast<float>(v));
-  } else if constexpr (std::is_floating_point_v<T>) {
-    return static_cast<T>(v);
-  } else {
-    if (std::isnan(v)) return T{0};
-    if (v <= static_cast<double>(std::numeric_limits<T>::min())) {
-      return std::numeric_limits<T>::min();
-    }
-    if (v >= static_cast<double>(std::numeric_limits<T>::max())) {
-      return std::numeric_limits<T>::max();
-    }
-    return static_cast<T>(v);
-  }
 }
 
 // Integer arithmetic wraps (through the unsigned type) instead of overflowing.

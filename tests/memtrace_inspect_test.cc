@@ -1,4 +1,4 @@
-// tests/memtrace_inspect_test.cc: memtrace's inspection library (tools/snapshot_reader,
+// tests/memtrace_inspect_test.cc: memtrace's inspection library (tools/snapshot/snapshot_reader,
 // site_usage, segment_map, inspect_format, http_get): the simdjson reader agrees with
 // the runtime's writer, refuses what docs/formats.md says to refuse with the path or
 // byte offset, and the grouping, diff, segment maps and HTTP framing are right. The
@@ -19,12 +19,12 @@
 #include "nlohmann/json.hpp"
 #include "allocator/snapshot.h"
 #include "runtime/json.h"
-#include "tools/http_get.h"
-#include "tools/live_trace.h"
-#include "tools/inspect_format.h"
-#include "tools/segment_map.h"
-#include "tools/site_usage.h"
-#include "tools/snapshot_reader.h"
+#include "tools/http/http_get.h"
+#include "tools/http/live_trace.h"
+#include "tools/inspect/inspect_format.h"
+#include "tools/inspect/segment_map.h"
+#include "tools/inspect/site_usage.h"
+#include "tools/snapshot/snapshot_reader.h"
 
 namespace devmem::memtrace {
 namespace {

@@ -1,7 +1,7 @@
 // tests/memtrace_timeline_test.cc: memtrace timeline's reader and bucketing
-// (tools/timeline.h): the trace rule shared with replay, bounded intervals when time
+// (tools/timeline/timeline.h): the trace rule shared with replay, bounded intervals when time
 // goes backwards, and the sparse per-site series against what they must add up to.
-#include "tools/timeline.h"
+#include "tools/timeline/timeline.h"
 
 #include <gtest/gtest.h>
 

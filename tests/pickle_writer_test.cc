@@ -1,10 +1,10 @@
-// tests/pickle_writer_test.cc: tools/pickle_writer.h byte for byte, in the cases the
+// tests/pickle_writer_test.cc: tools/export/pickle_writer.h byte for byte, in the cases the
 // PyTorch snapshot export relies on: ints at every width boundary (addresses above 2^63
 // included; the bytes are those of CPython 3.11's pickle.dumps(value, 2)), strings
 // written once and referred to after, empty containers (these use other memo opcodes
 // than CPython's writer; pickle.loads of each gives the value the test names), and the
 // error for a container left open. tests/export_pytorch_test.py loads whole exports.
-#include "tools/pickle_writer.h"
+#include "tools/export/pickle_writer.h"
 
 #include <string>
 

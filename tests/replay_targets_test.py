@@ -6,7 +6,7 @@ workload to run).
 
     replay_targets_test.py MEMTRACE TRACE...
 
-The targets are tools/replay_table.py's (imported from there, so the README's table
+The targets are tools/replay/replay_table.py's (imported from there, so the README's table
 and this test cannot disagree). One trace has a looser capacity target, named in its
 CAPACITY_EXCEPTIONS with the reason: the fragmentation adversary is built so that no
 allocator that never moves a live buffer fits it in 1.05 x its peak with 2 MiB
@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tools"))
+                                "tools", "replay"))
 from replay_table import RESERVED_TARGET, capacity_target  # noqa: E402
 
 

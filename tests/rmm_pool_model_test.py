@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/rmm_pool_model.py on traces small enough to work out by hand: best fit (not
+"""tools/replay/rmm_pool_model.py on traces small enough to work out by hand: best fit (not
 first fit), coalescing, and "fits from" when a hole is too small for a request."""
 import json
 import os
@@ -8,7 +8,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = os.path.join(ROOT, "tools", "rmm_pool_model.py")
+MODEL = os.path.join(ROOT, "tools", "replay", "rmm_pool_model.py")
 MIB = 1 << 20
 
 

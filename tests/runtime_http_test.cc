@@ -43,10 +43,10 @@
 #include "runtime/trace.h"
 #include "tests/metrics_test_util.h"
 #include "tests/test_util.h"
-#include "tools/live_trace.h"
-#include "tools/site_usage.h"
-#include "tools/snapshot_reader.h"
-#include "tools/timeline.h"
+#include "tools/http/live_trace.h"
+#include "tools/inspect/site_usage.h"
+#include "tools/snapshot/snapshot_reader.h"
+#include "tools/timeline/timeline.h"
 
 namespace devmem {
 namespace {
@@ -880,7 +880,7 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
             0);
 }
 
-// memtrace's live path (tools/live_trace.h) reads the whole ring, page after page, with
+// memtrace's live path (tools/http/live_trace.h) reads the whole ring, page after page, with
 // the sites' names: it used to take one default page (the first 10,000 events) and no
 // site table, so a live timeline stopped early and named its sites "site 17".
 TEST(HttpServerTest, MemtraceReadsTheWholeTraceInPagesWithSiteNames) {

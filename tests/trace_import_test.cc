@@ -1,7 +1,7 @@
-// tests/trace_import_test.cc: the RMM and Umpire importers (tools/trace_import.h): their
+// tests/trace_import_test.cc: the RMM and Umpire importers (tools/import/trace_import.h): their
 // output is a devmem trace that ParseTrace reads and Replay runs, and malformed input is
 // refused with the file, the line and what was expected.
-#include "tools/trace_import.h"
+#include "tools/import/trace_import.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "tools/trace_replay.h"
+#include "tools/replay/trace_replay.h"
 
 namespace devmem {
 namespace {

@@ -1,6 +1,6 @@
 // tests/trace_replay_test.cc: trace parsing, replay figures, determinism, and the
-// minimum-capacity search (tools/trace_replay.h).
-#include "tools/trace_replay.h"
+// minimum-capacity search (tools/replay/trace_replay.h).
+#include "tools/replay/trace_replay.h"
 
 #include <gtest/gtest.h>
 
@@ -221,7 +221,7 @@ TEST(RealTraceTest, ResNet18FiguresMatchTheTraceReadme) {
   EXPECT_GE(a.peak_reserved_bytes, a.peak_requested_bytes);
 }
 
-// gzip traces (tools/trace_file.h): members one after another are read in turn; a
+// gzip traces (tools/replay/trace_file.h): members one after another are read in turn; a
 // truncated or corrupt file is an error naming it, not a partial trace.
 TEST(TraceFileTest, GzipMembersTruncationAndCorruption) {
   const std::filesystem::path real = std::filesystem::path(DEVMEM_SOURCE_DIR) / "tests" /

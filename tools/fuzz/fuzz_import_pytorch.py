@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """tools/fuzz/fuzz_import_pytorch.py: a mutation fuzzer for the PyTorch snapshot importer
-(tools/import_pytorch_snapshot.py), in Python because the importer is: libFuzzer cannot
+(tools/import/import_pytorch_snapshot.py), in Python because the importer is: libFuzzer cannot
 drive it. Each round mutates a seed from tools/fuzz/corpus/import_pytorch/ (byte flips,
 inserted and deleted ranges, repeated ranges, pickle opcodes, splices of two seeds) and
 runs what the importer runs on it: the restricted unpickling, the conversion with its
@@ -24,7 +24,7 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location(
-    "import_pytorch_snapshot", os.path.join(HERE, "..", "import_pytorch_snapshot.py"))
+    "import_pytorch_snapshot", os.path.join(HERE, "..", "import", "import_pytorch_snapshot.py"))
 imp = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(imp)
 

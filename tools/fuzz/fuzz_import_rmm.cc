@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include "tools/trace_import.h"
-#include "tools/trace_replay.h"
+#include "tools/import/trace_import.h"
+#include "tools/replay/trace_replay.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);

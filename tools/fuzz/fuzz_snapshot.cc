@@ -1,5 +1,5 @@
 // tools/fuzz/fuzz_snapshot.cc: libFuzzer target for memtrace's snapshot reader
-// (ParseSnapshot, tools/snapshot_reader.h) and for what `oom`, `buffers` and `diff`
+// (ParseSnapshot, tools/snapshot/snapshot_reader.h) and for what `oom`, `buffers` and `diff`
 // compute from what it accepts: errors, never crashes, and the invariants those views
 // rely on hold (a violation traps, so the fuzzer reports it):
 //   - oom: a device's cell size keeps every segment map within columns x 4 cells, and
@@ -13,9 +13,9 @@
 #include <cstdint>
 #include <string_view>
 
-#include "tools/segment_map.h"
-#include "tools/site_usage.h"
-#include "tools/snapshot_reader.h"
+#include "tools/inspect/segment_map.h"
+#include "tools/inspect/site_usage.h"
+#include "tools/snapshot/snapshot_reader.h"
 
 namespace {
 

@@ -68,7 +68,7 @@ running the script again reproduces the committed files byte for byte; the ctest
 Usage: python3 generate.py [--out-dir DIR] [--seed N] [--only NAME ...]
 (default: every trace, into the script's own folder, from SEED). Another --seed gives
 the same workloads with other random choices (batch sizes, lengths, jitter): new
-workloads to check a policy on (tools/fit_sweep.py does that), not the committed ones.
+workloads to check a policy on (tools/replay/fit_sweep.py does that), not the committed ones.
 """
 import argparse
 import json

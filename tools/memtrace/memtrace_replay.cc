@@ -1,0 +1,159 @@
+// tools/memtrace/memtrace_replay.cc: `memtrace replay`: runs a trace (JSON Lines:
+// docs/formats.md) through a fresh allocator on a simulated device with the given
+// configuration and prints peak requested bytes, peak reserved bytes, their ratio,
+// device (segment) allocations, OOMs and ns per operation; --min-capacity adds the
+// smallest device the trace fits on (FindMinCapacity in tools/replay/trace_replay.h says how,
+// and why the answer is verified).
+//
+// Exit status: 0 the trace replayed with no OOM at this capacity; 1 it did not fit (the
+// answer is "no": `ooms` > 0, `fits` false in --json), the figures printed all the same;
+// 2 bad input. A trace of several devices replays merged on the one sim device: said
+// on stderr, in the table and in --json (`devices`, `devices_merged`). Events whose
+// action is not one of the format's are skipped, counted (`unknown_actions`) and said.
+#include <cstdio>
+#include <string>
+
+#include "allocator/config.h"
+#include "nlohmann/json.hpp"
+#include "tools/memtrace/memtrace_commands.h"
+#include "tools/replay/trace_replay.h"
+
+namespace devmem::memtrace {
+namespace {
+
+int RunReplay(const std::string& path, const std::string& conf, const std::string& capacity_text,
+              bool min_capacity, bool json) {
+  absl::StatusOr<Config> config = CommandConfig(conf);
+  if (!config.ok()) {
+    std::fprintf(stderr, "memtrace replay: --conf: %s\n",
+                 std::string(config.status().message()).c_str());
+    return kExitBadInput;
+  }
+  uint64_t capacity = kUnboundedCapacity;
+  if (!capacity_text.empty()) {
+    absl::StatusOr<size_t> parsed = ParseSize(capacity_text);
+    if (!parsed.ok() || *parsed == 0) {
+      std::fprintf(stderr, "memtrace replay: --capacity \"%s\": %s\n", capacity_text.c_str(),
+                   parsed.ok() ? "must be positive"
+                               : std::string(parsed.status().message()).c_str());
+      return kExitBadInput;
+    }
+    capacity = *parsed;
+  }
+  absl::StatusOr<Trace> trace = ReadTrace(path);
+  if (!trace.ok()) {
+    std::fprintf(stderr, "memtrace replay: %s\n", std::string(trace.status().message()).c_str());
+    return kExitBadInput;
+  }
+  WarnUnmatchedFrees("replay", path, trace->unmatched_frees);
+  if (trace->unknown_actions > 0) {
+    std::fprintf(stderr,
+                 "memtrace replay: %s: warning: skipped %llu event%s of unknown actions (the "
+                 "first: \"%s\" at line %llu; docs/formats.md lists the actions)\n",
+                 path.c_str(), static_cast<unsigned long long>(trace->unknown_actions),
+                 trace->unknown_actions == 1 ? "" : "s", trace->first_unknown_action.c_str(),
+                 static_cast<unsigned long long>(trace->first_unknown_line));
+  }
+  const bool merged = trace->devices.size() > 1;
+  std::string device_list;
+  for (const std::string& d : trace->devices) {
+    device_list += (device_list.empty() ? "" : ", ") + (d.empty() ? "(none)" : d);
+  }
+  if (merged) {
+    std::fprintf(stderr,
+                 "memtrace replay: %s: warning: the trace has %zu devices (%s); they replay "
+                 "merged on one sim device, sharing its pool and capacity\n",
+                 path.c_str(), trace->devices.size(), device_list.c_str());
+  }
+  const ReplayResult r = Replay(*trace, *config, capacity);
+  MinCapacity m;
+  if (min_capacity) m = FindMinCapacity(*trace, *config);
+  if (json) {
+    std::printf("{\"trace\": \"%s\", \"events\": %llu, \"ops\": %llu, \"unmatched_frees\": %llu, "
+                "\"capacity_bytes\": %llu, \"peak_requested_bytes\": %llu, "
+                "\"peak_reserved_bytes\": %llu, \"reserved_over_requested\": %.4f, "
+                "\"device_allocs\": %lld, \"device_frees\": %lld, \"ooms\": %lld, "
+                "\"alloc_retries\": %lld, \"ns_per_op\": %.1f, \"config\": \"%s\"",
+                path.c_str(), static_cast<unsigned long long>(trace->lines),
+                static_cast<unsigned long long>(r.ops),
+                static_cast<unsigned long long>(trace->unmatched_frees),
+                static_cast<unsigned long long>(r.capacity),
+                static_cast<unsigned long long>(r.peak_requested_bytes),
+                static_cast<unsigned long long>(r.peak_reserved_bytes), r.reserved_over_requested,
+                static_cast<long long>(r.device_allocs), static_cast<long long>(r.device_frees),
+                static_cast<long long>(r.ooms), static_cast<long long>(r.alloc_retries),
+                r.ns_per_op, ToString(*config).c_str());
+    if (min_capacity) {
+      std::printf(", \"min_capacity_bytes\": %llu, \"min_capacity_over_peak_requested\": %.4f, "
+                  "\"smallest_fitting_bytes\": %llu, \"min_capacity_monotonic\": %s, "
+                  "\"min_capacity_step_bytes\": %llu, \"min_capacity_runs\": %d",
+                  static_cast<unsigned long long>(m.bytes), m.over_peak_requested,
+                  static_cast<unsigned long long>(m.smallest_fitting_bytes),
+                  m.monotonic ? "true" : "false", static_cast<unsigned long long>(m.step),
+                  m.runs);
+    }
+    std::printf(", \"fits\": %s, \"devices\": %s, \"devices_merged\": %s, "
+                "\"unknown_actions\": %llu",
+                r.ooms == 0 ? "true" : "false", nlohmann::json(trace->devices).dump().c_str(),
+                merged ? "true" : "false",
+                static_cast<unsigned long long>(trace->unknown_actions));
+    std::printf("}\n");
+    return r.ooms == 0 ? kExitOk : kExitNo;
+  }
+  std::printf("trace              %s (%llu events, %llu replayed, %llu unmatched frees)\n",
+              path.c_str(), static_cast<unsigned long long>(trace->lines),
+              static_cast<unsigned long long>(r.ops),
+              static_cast<unsigned long long>(trace->unmatched_frees));
+  std::printf("device             sim, capacity %s%s%s%s\n",
+              capacity == kUnboundedCapacity ? "unbounded" : FormatBytes(capacity).c_str(),
+              merged ? " (merged from " : "", merged ? device_list.c_str() : "",
+              merged ? ")" : "");
+  std::printf("peak requested     %s\n", FormatBytes(r.peak_requested_bytes).c_str());
+  std::printf("peak reserved      %s (%.3fx requested)\n",
+              FormatBytes(r.peak_reserved_bytes).c_str(), r.reserved_over_requested);
+  std::printf("device allocs      %lld (frees %lld)\n", static_cast<long long>(r.device_allocs),
+              static_cast<long long>(r.device_frees));
+  std::printf("OOMs               %lld (alloc retries %lld)%s\n", static_cast<long long>(r.ooms),
+              static_cast<long long>(r.alloc_retries),
+              r.ooms == 0 ? "" : ": does not fit at this capacity (exit status 1)");
+  std::printf("ns per op          %.1f\n", r.ns_per_op);
+  if (min_capacity) {
+    std::printf("min capacity       %s (%.3fx peak requested): fits at every capacity "
+                "from here up (step %s, %d replays)\n",
+                FormatBytes(m.bytes).c_str(), m.over_peak_requested,
+                FormatBytes(m.step).c_str(), m.runs);
+    if (!m.monotonic) {
+      std::printf("                   not monotonic: it also fits at %s, but some capacity "
+                  "in between fails\n",
+                  FormatBytes(m.smallest_fitting_bytes).c_str());
+    }
+  }
+  return r.ooms == 0 ? kExitOk : kExitNo;
+}
+
+}  // namespace
+
+void AddReplayCommand(CLI::App& app, int* exit_code) {
+  struct Options {
+    std::string path, conf, capacity;
+    bool json = false, min_capacity = false;
+  };
+  auto opts = std::make_shared<Options>();
+  CLI::App* replay = app.add_subcommand(
+      "replay", "Replay a JSON Lines trace through a fresh allocator on a simulated device");
+  replay->add_option("trace", opts->path, "trace file (JSON Lines, see docs/formats.md)")
+      ->required();
+  replay->add_option("--conf", opts->conf, "DEVMEM_CONF-style configuration string");
+  replay->add_option("--capacity", opts->capacity,
+                     "device capacity, e.g. 8GiB (default: unbounded)");
+  replay->add_flag("--min-capacity", opts->min_capacity,
+                   "also find the smallest capacity with zero OOMs");
+  replay->add_flag("--json", opts->json,
+                   "print one JSON object (exit status 1 when the trace had OOMs: fits false)");
+  replay->callback([opts, exit_code] {
+    *exit_code = RunReplay(opts->path, opts->conf, opts->capacity, opts->min_capacity,
+                           opts->json);
+  });
+}
+
+}  // namespace devmem::memtrace
