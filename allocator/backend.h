@@ -28,8 +28,13 @@
 //     stream runs in order. Events complete when their stream reaches them.
 //   * Virtual memory (only when caps().virtual_memory): reserve_address returns an
 //     address range that holds no memory; map() backs [addr, addr+bytes) with physical
-//     memory (ResourceExhausted when there is none); unmap() releases it. Offsets and
+//     memory (ResourceExhausted when there is none); unmap() takes it away. Offsets and
 //     sizes are multiples of granularity(); an unmap may cover parts of several maps.
+//     A backend may keep what unmap() took in a physical-handle reserve
+//     (driver_calls.h), from which later maps take memory first; the reserve's bytes
+//     are still charged to the device until release_handle_reserve().
+//   * Driver calls: driver_calls() reports every driver call made so far by kind
+//     (driver_calls.h); backends without a driver report nothing.
 //   * Releasing memory (free_segment, unmap) need not wait for queued work: the
 //     allocator synchronizes the owning stream first. So a stream must outlive the
 //     memory cached for it (empty_cache before destroy_stream).
@@ -58,6 +63,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "allocator/driver_calls.h"
 #include "allocator/types.h"
 
 namespace devmem {
@@ -151,6 +157,14 @@ class Backend {
     return absl::UnimplementedError("this backend has no virtual memory management");
   }
   virtual void unmap(void* /*p*/, size_t /*bytes*/) {}
+  // Gives the physical memory of the handle reserve back to the driver (cuMemRelease);
+  // returns its bytes. Backends without a reserve return 0.
+  virtual size_t release_handle_reserve() { return 0; }
+  // The handle reserve's bytes now (cheap: the expandable segments ask on every map).
+  virtual size_t handle_reserve_bytes() const { return 0; }
+
+  // --- what the driver was asked (driver_calls.h) ---------------------------------
+  virtual DriverCallStats driver_calls() const { return {}; }
 };
 
 }  // namespace devmem

@@ -90,6 +90,7 @@ SimOptions SimOptionsFor(const Config& config, int index) {
   options.fail_nth = config.sim_fail_nth;
   options.fail_probability = config.sim_fail_probability;
   options.seed = config.sim_seed;
+  options.driver_costs = config.sim_driver_cost;
   return options;
 }
 }  // namespace

@@ -342,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 27>& Keys() {
-  static const std::array<KeySpec, 27> keys = {{
+const std::array<KeySpec, 28>& Keys() {
+  static const std::array<KeySpec, 28> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -406,6 +406,15 @@ const std::array<KeySpec, 27>& Keys() {
          return "";
        },
        [](const Config& c) { return absl::StrCat(c.sim_devices); }},
+      {"sim_driver_cost", "a100, none or call=us/...", "a100",
+       "The simulated device's driver cost model: what each driver call would cost on a "
+       "GPU, summed as estimated driver time (never slept). a100: published A100 "
+       "figures (cuMemCreate 50 us, cuMemSetAccess 28 us, cuMemUnmap 18 us, cuMemMap "
+       "1 us, cudaMalloc/cudaFree 50 us, ...); none: free; or overrides of those, e.g. "
+       "create=193/unmap=26 (calls: malloc, free, address_reserve, address_free, create, "
+       "release, map, unmap, set_access).",
+       [](std::string_view v, Config* c) { return ParseSimDriverCosts(v, &c->sim_driver_cost); },
+       [](const Config& c) { return FormatSimDriverCosts(c.sim_driver_cost); }},
       {"max_split_size_mb", "integer (MiB) or none", "none",
        "Blocks of at least this many MiB (>= 20) are never split and serve only requests "
        "nearly as large; limits fragmentation by large blocks. none (or inf) = no limit.",

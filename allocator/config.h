@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "allocator/driver_calls.h"
 
 namespace devmem {
 
@@ -50,6 +51,9 @@ struct Config {
   double sim_fail_probability = 0;  // key sim_fail_probability (0 .. 1)
   uint64_t sim_seed = 0;            // key sim_seed: seeds the failure injection
   int sim_devices = 64;             // key sim_devices: sim:0 .. sim:N-1 exist (1 .. 1024)
+  // The sim driver cost model (allocator/driver_calls.h): estimated, never slept.
+  // key sim_driver_cost (a100, none, or call=us/... overrides).
+  SimDriverCosts sim_driver_cost = A100Costs();
 
   // --- caching policy ---------------------------------------------------------------
   // Blocks at least this large are "oversize": never split, and not used for requests

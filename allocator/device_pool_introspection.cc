@@ -17,6 +17,7 @@ DeviceStats DevicePool::stats() const {
   DeviceStats stats = acct_.stats();
   free_.summarize(&stats);
   private_stats_locked(&stats);
+  stats.driver = backend_->driver_calls();  // a leaf lock of the backend's, if any
   return stats;
 }
 
@@ -67,6 +68,7 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   snap.stats = acct_.stats();
   free_.summarize(&snap.stats);
   private_stats_locked(&snap.stats);
+  snap.stats.driver = backend_->driver_calls();
   snap.time_ns = CoarseNowNs();
   snap.segments.reserve(segments_.size());
   for (const auto& [addr, s] : segments_) {

@@ -16,6 +16,7 @@ namespace devmem::internal {
 
 ExpandableSegments::~ExpandableSegments() {
   for (const Deferred& d : deferred_) backend_.release_event(d.event);
+  backend_.release_handle_reserve();  // what destroy() unmapped
   for (auto& [key, r] : reservations_) {
     backend_.release_address(reinterpret_cast<void*>(r->addr), r->va_size);
     delete r;
@@ -113,11 +114,16 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
   // the footprint within the threshold (never more than is about to be mapped).
   // The limit may take idle granules from any reservation; the threshold only from
   // this one: another stream's cache is likely to be wanted back by that stream.
-  // Regular segment allocations in flight count as reserved.
-  auto committed_now = [&] { return reserved() + req.reserved_in_flight; };
-  if (committed_now() > limit - p.bytes) {
-    recycle_except(committed_now() + p.bytes - limit, Scope{p.left, p.right});
-    if (committed_now() > limit - p.bytes) return nullptr;
+  // Regular segment allocations in flight count as reserved, and so does the
+  // backend's physical-handle reserve (device memory still held); a map takes its
+  // granules from the reserve first, so only the rest (`fresh`) is new memory, and
+  // each granule recycled (unmapped into the reserve) is one fewer to create.
+  auto held = [&] { return backend_.handle_reserve_bytes(); };
+  auto fresh = [&] { return p.bytes > held() ? p.bytes - held() : 0; };
+  auto committed_now = [&] { return reserved() + held() + req.reserved_in_flight; };
+  if (committed_now() > limit - fresh()) {
+    recycle_except(committed_now() + fresh() - limit, Scope{p.left, p.right});
+    if (committed_now() > limit - fresh()) return nullptr;
   }
   // The recycle trigger is measured against the stream's high-water mark of bytes in
   // use, not the current value: a program between two peaks will need the memory

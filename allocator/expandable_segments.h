@@ -31,6 +31,12 @@
 // (Block::free_seq). Until then the footprint may overshoot the cap by what was
 // decided. Unmaps and maps are counted in num_device_free and num_device_alloc.
 //
+// The handle reserve (allocator/driver_calls.h): an unmap leaves its granules'
+// physical memory with the backend, and a map takes it first. The limit check and the
+// proactive trigger count those bytes as held (a map adds only what the reserve
+// lacks), so a recycle for a map moves handles rather than creating new ones; the
+// reclaimer releases the reserve (release_handle_reserve) after every reclaim.
+//
 // The high-water marks are policy-private (StreamUse, block.h): reset_peak_stats()
 // resets allocated_bytes.peak for the user and not them, so resetting peaks each epoch
 // does not change how much is recycled.
@@ -87,6 +93,9 @@ class ExpandableSegments final : public SegmentSource {
   Grown grow(const GrowRequest& req) override;
   // Unmaps whole free granules of any reservation, largest blocks first.
   size_t recycle(size_t bytes) override { return recycle_except(bytes, Scope{}); }
+  // Gives the backend's physical-handle reserve back to the driver (the reclaimer's
+  // last step: memory unmapped for reuse is released when memory is given back).
+  size_t release_handle_reserve() override { return backend_.release_handle_reserve(); }
   // Releases the address ranges of reservations that map nothing, and forgets the
   // refusals (address space was given back: worth asking again).
   void release_address_space() override;

@@ -37,6 +37,10 @@ size_t Reclaimer::reclaim(size_t bytes, Urgency urgency) {
     regular_.release_address_space();
     if (expandable_ != nullptr) expandable_->release_address_space();
   }
+  // What was unmapped (now or by earlier deferred recycling) is still device memory
+  // in the backend's handle reserve until released: giving memory back means that
+  // too. Not added to `released`: those bytes left reserved_bytes when unmapped.
+  if (expandable_ != nullptr) expandable_->release_handle_reserve();
   return released;
 }
 

@@ -71,6 +71,9 @@ class SegmentSource {
   virtual size_t recycle(size_t bytes) = 0;
   // empty_cache's last step: gives back what the source holds besides segments.
   virtual void release_address_space() = 0;
+  // Every reclaim's last step: gives back physical memory the backend kept for reuse
+  // after an unmap (the handle reserve, allocator/driver_calls.h); returns its bytes.
+  virtual size_t release_handle_reserve() { return 0; }
   // Finishes what the source decided to give back once its streams pass an event
   // (ExpandableSegments' deferred recycling) for the events that completed; with
   // `wait`, waits for all of them (memory pressure). Returns the bytes given back.

@@ -367,6 +367,17 @@ class SimBackendImpl final : public SimBackend {
   void release_address(void* p, size_t bytes) override;
   absl::Status map(void* p, size_t bytes) override;
   void unmap(void* p, size_t bytes) override;
+  size_t release_handle_reserve() override;
+  size_t handle_reserve_bytes() const override {
+    MutexLock lock(&mu_);
+    return reserve_;
+  }
+  DriverCallStats driver_calls() const override {
+    DriverCallStats s = calls_.read();
+    MutexLock lock(&mu_);
+    s.handle_reserve_bytes = static_cast<int64_t>(reserve_);
+    return s;
+  }
 
   void set_failure_injection(uint64_t fail_nth, double probability,
                              uint64_t seed) override;
@@ -409,6 +420,11 @@ class SimBackendImpl final : public SimBackend {
                                                                     size_t bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Name() const { return device_.ToString(); }
+  // Counts `n` calls of `call` at the model's cost.
+  void Count(DriverCall call, int64_t n) {
+    calls_.add(call, n,
+               n * static_cast<int64_t>(options_.driver_costs.ns[static_cast<int>(call)]));
+  }
 
   const SimOptions options_;
   const DeviceId device_;
@@ -431,7 +447,9 @@ class SimBackendImpl final : public SimBackend {
   absl::btree_map<uintptr_t, size_t> reservations_ ABSL_GUARDED_BY(mu_);
   // Mapped parts of virtual reservations.
   RangeSet mapped_ ABSL_GUARDED_BY(mu_);
-  size_t used_ ABSL_GUARDED_BY(mu_) = 0;  // segment bytes + mapped bytes
+  size_t used_ ABSL_GUARDED_BY(mu_) = 0;  // segment + mapped + handle-reserve bytes
+  size_t reserve_ ABSL_GUARDED_BY(mu_) = 0;  // the physical-handle reserve's bytes
+  DriverCallCounter calls_;  // thread-safe on its own
   uint64_t attempts_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t injected_ ABSL_GUARDED_BY(mu_) = 0;
   // Failure injection; attempts_since_set_ counts from creation or the last
@@ -595,6 +613,7 @@ absl::StatusOr<void*> SimBackendImpl::allocate_segment(size_t bytes) {
   }
   // Like cudaMalloc, an attempt costs its latency whether or not it succeeds.
   SleepNs(options_.alloc_latency_ns);
+  Count(DriverCall::kMalloc, 1);
   uintptr_t start;
   {
     MutexLock lock(&mu_);
@@ -649,6 +668,7 @@ void SimBackendImpl::free_segment(void* p, size_t bytes) {
   const size_t len = RoundUp(bytes, kSegmentAlign);
   Decommit(start, len);
   SleepNs(options_.free_latency_ns);
+  Count(DriverCall::kFree, 1);
   MutexLock lock(&mu_);
   used_ -= bytes;
   free_ranges_.Insert(start, len);
@@ -777,6 +797,7 @@ absl::StatusOr<void*> SimBackendImpl::reserve_address(size_t bytes) {
                      "): size must be a positive multiple of the ", options_.granularity,
                      "-byte granularity"));
   }
+  Count(DriverCall::kAddressReserve, 1);
   MutexLock lock(&mu_);
   absl::StatusOr<uintptr_t> start =
       CarveLocked(bytes, std::max(options_.granularity, kSegmentAlign));
@@ -803,6 +824,7 @@ void SimBackendImpl::release_address(void* p, size_t bytes) {
   }
   reservations_.erase(it);
   free_ranges_.Insert(start, RoundUp(bytes, kSegmentAlign));
+  Count(DriverCall::kAddressFree, 1);
 }
 
 absl::Status SimBackendImpl::map(void* p, size_t bytes) {
@@ -827,7 +849,13 @@ absl::Status SimBackendImpl::map(void* p, size_t bytes) {
   // Maps are memory requests like segment allocations: injection applies to both, so
   // it fires with expandable segments (the default) too.
   if (std::optional<absl::Status> injected = InjectLocked("map", bytes)) return *injected;
-  if (bytes > options_.capacity - used_) return OverCapacityLocked("cannot map", bytes);
+  // Granules from the reserve are charged already; only the rest is new memory.
+  const size_t reused = std::min(bytes, reserve_);
+  const size_t fresh = bytes - reused;
+  if (fresh > options_.capacity - used_) {
+    Count(DriverCall::kCreate, 1);  // the cuMemCreate that failed
+    return OverCapacityLocked("cannot map", fresh);
+  }
   // Under the lock, so a concurrent unmap/map of the same range cannot interleave
   // its mprotect with this one.
   if (mprotect(p, bytes, PROT_READ | PROT_WRITE) != 0) {
@@ -836,7 +864,11 @@ absl::Status SimBackendImpl::map(void* p, size_t bytes) {
                         p, bytes, ErrnoText(errno)));
   }
   mapped_.Insert(start, bytes);
-  used_ += bytes;
+  reserve_ -= reused;
+  used_ += fresh;
+  Count(DriverCall::kCreate, static_cast<int64_t>(fresh / g));
+  Count(DriverCall::kMap, static_cast<int64_t>(bytes / g));
+  Count(DriverCall::kSetAccess, 1);
   return absl::OkStatus();
 }
 
@@ -852,7 +884,17 @@ void SimBackendImpl::unmap(void* p, size_t bytes) {
   }
   Decommit(start, bytes);
   mapped_.Erase(start, bytes);
+  reserve_ += bytes;  // still charged: the handles are kept for the next map
+  Count(DriverCall::kUnmap, 1);
+}
+
+size_t SimBackendImpl::release_handle_reserve() {
+  MutexLock lock(&mu_);
+  const size_t bytes = reserve_;
+  Count(DriverCall::kRelease, static_cast<int64_t>(bytes / options_.granularity));
   used_ -= bytes;
+  reserve_ = 0;
+  return bytes;
 }
 
 void SimBackendImpl::set_event_failure_injection(uint64_t fail_nth) {

@@ -13,7 +13,15 @@
 // allocation or map) fails, and/or each fails with probability p.
 //
 // Virtual memory is emulated: reserve_address carves an address range without
-// charging capacity; map charges and makes the range accessible; unmap releases.
+// charging capacity; map charges and makes the range accessible; unmap makes it
+// inaccessible and keeps its granules in the physical-handle reserve (still charged)
+// until release_handle_reserve(); map takes granules from the reserve first.
+//
+// Driver calls are counted as the CUDA backend makes them (cuda/cuda_backend.cc): a
+// map of n granules is n cuMemMap, one cuMemSetAccess, and one cuMemCreate per
+// granule the reserve did not have; an unmap is one cuMemUnmap; each granule released
+// from the reserve one cuMemRelease; segments one cudaMalloc / cudaFree. Each call
+// costs what SimOptions::driver_costs says (estimated, not slept).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/backend.h"
+#include "allocator/driver_calls.h"
 
 namespace devmem {
 
@@ -33,6 +42,9 @@ struct SimOptions {
   double fail_probability = 0;
   uint64_t seed = 0;
   size_t granularity = size_t{2} << 20;  // for the virtual-memory emulation
+  // The driver cost model (driver_calls.h): what each emulated driver call would cost
+  // on a GPU, accumulated in driver_calls().ns, never slept.
+  SimDriverCosts driver_costs = A100Costs();
 };
 
 // Extra controls that tests and tools use on a sim backend.
@@ -46,7 +58,8 @@ class SimBackend : public Backend {
   // std::runtime_error, as a real one may when the event or its queue entry cannot be
   // allocated; for testing that callers stay consistent when it does.
   virtual void set_event_failure_injection(uint64_t fail_nth) = 0;
-  // Bytes charged against the capacity right now (segments + mapped ranges).
+  // Bytes charged against the capacity right now (segments, mapped ranges and the
+  // physical-handle reserve).
   virtual size_t used_bytes() const = 0;
   // Number of memory requests (segment allocations and maps) attempted, and of
   // failures injected (those and record_event's) so far.

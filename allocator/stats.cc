@@ -97,6 +97,20 @@ std::string DeviceStats::ToString() const {
   absl::StrAppendFormat(&out, "| %-*s|\n", kTableWidth - 3,
                         absl::StrCat("cached (reserved - active): ",
                                      Bytes(cached_bytes())));
+  // Driver calls: only the kinds this device made, and their time.
+  std::string calls;
+  for (int i = 0; i < kNumDriverCalls; ++i) {
+    if (driver.calls[i] == 0) continue;
+    absl::StrAppend(&calls, calls.empty() ? "" : ", ",
+                    std::string(DriverCallName(static_cast<DriverCall>(i))), " ",
+                    driver.calls[i]);
+  }
+  if (!calls.empty()) {
+    absl::StrAppendFormat(&out, "| %-*s|\n", kTableWidth - 3,
+                          absl::StrFormat("driver calls (%.1f ms): %s",
+                                          static_cast<double>(driver.total_ns()) / 1e6,
+                                          calls));
+  }
   out += Rule('=');
   return out;
 }

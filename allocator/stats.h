@@ -29,6 +29,8 @@
 #include <cstdint>
 #include <string>
 
+#include "allocator/driver_calls.h"
+
 namespace devmem {
 
 struct Stat {
@@ -112,6 +114,10 @@ struct DeviceStats {
   int64_t private_pools = 0;
   int64_t private_reserved_bytes = 0;
   int64_t private_allocated_bytes = 0;
+  // The backend's driver calls by kind, the time in them, and its physical-handle
+  // reserve (allocator/driver_calls.h). Since the backend was made: neither
+  // reset_peak_stats() nor reset_accumulated_stats() changes them.
+  DriverCallStats driver;
 
   // reserved - active, for the aggregate or one pool.
   int64_t cached_bytes(StatPool pool = kAggregatePool) const {

@@ -10,14 +10,23 @@
 // handles, so that unmap may take any granule-aligned part of earlier maps, as the
 // allocator asks (PyTorch's ExpandableSegment does the same).
 //
+// Driver cost (allocator/driver_calls.h): an unmapped granule keeps its handle in a
+// physical-handle reserve, and map takes handles from it before calling cuMemCreate,
+// so a warm device remaps without creating; release_handle_reserve() gives the
+// reserve back (cuMemRelease). cuMemMap is one call per handle (about 1 us: each
+// granule is its own allocation, so that any granule can be unmapped alone), while
+// cuMemSetAccess and cuMemUnmap take each contiguous range in one call, as NVIDIA's
+// vectorAddMMAP sample does over several mappings. Every driver call is counted by
+// kind with the time it took (steady clock around the call).
+//
 // Error policy:
 //   * allocate_segment: cudaErrorMemoryAllocation is ResourceExhausted (the sticky
 //     last-error is cleared so later calls do not see it); other failures name the
 //     call and the CUDA error.
 //   * map: CUDA_ERROR_OUT_OF_MEMORY from cuMemCreate is ResourceExhausted; any other
 //     driver failure names the call and the driver's error. Either way the granules
-//     this call created and mapped are unmapped and released first, so a failed map
-//     leaves nothing behind. Bad arguments (misaligned, outside every reservation,
+//     this call mapped are unmapped first, the handles it created released and those it
+//     took from the reserve put back, so a failed map leaves the device as it was. Bad arguments (misaligned, outside every reservation,
 //     overlapping a mapping) are InvalidArgument naming the pointer and size.
 //     reserve_address fails the same way (ResourceExhausted when the driver has no
 //     address space left).
@@ -48,6 +57,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -389,13 +399,17 @@ class CudaBackend final : public Backend {
   // Gives back what the allocator left mapped or reserved (nothing, normally).
   ~CudaBackend() override {
     MutexLock lock(&vm_mu_);
-    if (granules_.empty() && reservations_.empty()) return;
+    if (granules_.empty() && reservations_.empty() && spare_.empty()) return;
     DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
     const DriverApi& d = Driver();
     for (const auto& [at, handle] : granules_) {
       ReportCu(name_, "cuMemUnmap", d.mem_unmap(at, vm_.granularity));
       ReportCu(name_, "cuMemRelease", d.mem_release(handle));
     }
+    for (CUmemGenericAllocationHandle handle : spare_) {
+      ReportCu(name_, "cuMemRelease", d.mem_release(handle));
+    }
+    spare_.clear();
     for (const auto& [base, bytes] : reservations_) {
       ReportCu(name_, "cuMemAddressFree", d.mem_address_free(base, bytes));
     }
@@ -413,7 +427,7 @@ class CudaBackend final : public Backend {
   absl::StatusOr<void*> allocate_segment(size_t bytes) override {
     DeviceGuard guard(device_.index);
     void* p = nullptr;
-    cudaError_t err = cudaMalloc(&p, bytes);
+    cudaError_t err = Timed(DriverCall::kMalloc, [&] { return cudaMalloc(&p, bytes); });
     if (err == cudaSuccess) return p;
     // cudaMalloc's failure is also left as the thread's last error; clear it so that
     // the next unrelated cudaGetLastError() does not report this handled OOM.
@@ -426,7 +440,8 @@ class CudaBackend final : public Backend {
 
   void free_segment(void* p, size_t bytes) override {
     DeviceGuard guard(device_.index);
-    if (cudaError_t err = cudaFree(p); err != cudaSuccess) {
+    if (cudaError_t err = Timed(DriverCall::kFree, [&] { return cudaFree(p); });
+        err != cudaSuccess) {
       if (err == cudaErrorCudartUnloading) {  // process exit: the memory goes with it
         cudaGetLastError();
         return;
@@ -580,7 +595,11 @@ class CudaBackend final : public Backend {
     }
     DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
     CUdeviceptr base = 0;
-    if (CUresult r = Driver().mem_address_reserve(&base, bytes, vm_.granularity, 0, 0);
+    if (CUresult r = Timed(DriverCall::kAddressReserve,
+                           [&] {
+                             return Driver().mem_address_reserve(&base, bytes,
+                                                                 vm_.granularity, 0, 0);
+                           });
         r != CUDA_SUCCESS) {
       return CuStatus(name_,
                       absl::StrCat("cuMemAddressReserve(", bytes, " bytes = ",
@@ -611,10 +630,12 @@ class CudaBackend final : public Backend {
     reservations_.erase(it);
     DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
     ReportCu(name_, absl::StrCat("cuMemAddressFree (", call, ")"),
-             Driver().mem_address_free(base, bytes));
+             Timed(DriverCall::kAddressFree,
+                   [&] { return Driver().mem_address_free(base, bytes); }));
   }
 
-  // One cuMemCreate + cuMemMap per granule, then one cuMemSetAccess over the range.
+  // One cuMemMap per granule, of a handle from the reserve or else a new one
+  // (cuMemCreate), then one cuMemSetAccess over the range.
   absl::Status map(void* p, size_t bytes) override {
     if (!vm_.supported) return NoVirtualMemory();
     const auto start = reinterpret_cast<CUdeviceptr>(p);
@@ -649,39 +670,54 @@ class CudaBackend final : public Backend {
     made.reserve(bytes / g);
     for (CUdeviceptr at = start; at < end; at += g) {
       CUmemGenericAllocationHandle handle = 0;
-      if (CUresult r = d.mem_create(&handle, g, &prop, 0); r != CUDA_SUCCESS) {
-        Undo(made);
+      const bool reused = !spare_.empty();
+      if (reused) {
+        handle = spare_.back();
+        spare_.pop_back();
+      } else if (CUresult r = Timed(DriverCall::kCreate,
+                                    [&] { return d.mem_create(&handle, g, &prop, 0); });
+                 r != CUDA_SUCCESS) {
+        Undo(start, made);
         const std::string what =
             absl::StrFormat("cuMemCreate(%u bytes = %s) for granule %u of %u of %s", g,
                             FormatBytes(g), (at - start) / g + 1, bytes / g, call);
         if (IsStickyCu(r)) ThrowCu(name_, what, r);
         return CuStatus(name_, what, r);
       }
-      if (CUresult r = d.mem_map(at, g, 0, handle, 0); r != CUDA_SUCCESS) {
-        ReportCu(name_, "cuMemRelease", d.mem_release(handle));
-        Undo(made);
+      if (CUresult r = Timed(DriverCall::kMap, [&] { return d.mem_map(at, g, 0, handle, 0); });
+          r != CUDA_SUCCESS) {
+        if (reused) {
+          spare_.push_back(handle);
+        } else {
+          ReportCu(name_, "cuMemRelease (undoing a failed map)",
+                   Timed(DriverCall::kRelease, [&] { return d.mem_release(handle); }));
+        }
+        Undo(start, made);
         return CuStatus(name_,
                         absl::StrFormat("cuMemMap(%p, %u bytes) of %s",
                                         reinterpret_cast<void*>(at), g, call),
                         r);
       }
-      made.emplace_back(at, handle);
+      made.push_back(MadeGranule{at, handle, reused});
     }
     CUmemAccessDesc access{};
     access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     access.location.id = vm_.device;
     access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    if (CUresult r = d.mem_set_access(start, bytes, &access, 1); r != CUDA_SUCCESS) {
-      Undo(made);
+    if (CUresult r = Timed(DriverCall::kSetAccess,
+                           [&] { return d.mem_set_access(start, bytes, &access, 1); });
+        r != CUDA_SUCCESS) {
+      Undo(start, made);
       return CuStatus(name_, absl::StrCat("cuMemSetAccess(read/write) of ", call), r);
     }
-    granules_.insert(made.begin(), made.end());
+    for (const MadeGranule& m : made) granules_.emplace(m.at, m.handle);
     return absl::OkStatus();
   }
 
   // The caller synchronizes the stream that owns the range before calling this
   // (the segment sources' release calls synchronize_stream first): cuMemUnmap does not
   // wait for kernels that may still use the memory, as cudaFree implicitly does.
+  // One cuMemUnmap for the range; its handles go to the reserve.
   void unmap(void* p, size_t bytes) override {
     const auto start = reinterpret_cast<CUdeviceptr>(p);
     const std::string call = absl::StrFormat("unmap(%p, %u bytes)", p, bytes);
@@ -704,25 +740,42 @@ class CudaBackend final : public Backend {
     }
     DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
     const DriverApi& d = Driver();
-    auto it = granules_.lower_bound(start);
-    // A driver failure throws at the first granule it hits: the granules before it
-    // are unmapped and gone from the table, the rest stay mapped (as the driver has
-    // them). On a sticky error that is the first one: nothing changes.
-    while (it != granules_.end() && it->first < start + bytes) {
-      if (CUresult r = d.mem_unmap(it->first, g);
-          r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
-        ThrowCu(name_,
-                absl::StrFormat("cuMemUnmap(%p, %u bytes) of %s",
-                                reinterpret_cast<void*>(it->first), g, call),
-                r);
-      }
-      const CUmemGenericAllocationHandle handle = it->second;
-      it = granules_.erase(it);  // unmapped: not ours to unmap again, whatever follows
-      if (CUresult r = d.mem_release(handle);
-          r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
-        ThrowCu(name_, absl::StrCat("cuMemRelease of ", call), r);
-      }
+    // One call for the range. A driver failure throws before the table changes (on a
+    // sticky error the driver has changed nothing either); the handles stay mapped.
+    if (CUresult r = Timed(DriverCall::kUnmap, [&] { return d.mem_unmap(start, bytes); });
+        r != CUDA_SUCCESS && r != CUDA_ERROR_DEINITIALIZED) {
+      ThrowCu(name_, absl::StrCat("cuMemUnmap of ", call), r);
     }
+    auto it = granules_.lower_bound(start);
+    while (it != granules_.end() && it->first < start + bytes) {
+      spare_.push_back(it->second);
+      it = granules_.erase(it);
+    }
+  }
+
+  size_t release_handle_reserve() override {
+    MutexLock lock(&vm_mu_);
+    if (spare_.empty()) return 0;
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    const DriverApi& d = Driver();
+    const size_t bytes = spare_.size() * vm_.granularity;
+    for (CUmemGenericAllocationHandle handle : spare_) {
+      ReportCu(name_, "cuMemRelease (the handle reserve)",
+               Timed(DriverCall::kRelease, [&] { return d.mem_release(handle); }));
+    }
+    spare_.clear();
+    return bytes;
+  }
+
+  size_t handle_reserve_bytes() const override {
+    MutexLock lock(&vm_mu_);
+    return spare_.size() * vm_.granularity;
+  }
+
+  DriverCallStats driver_calls() const override {
+    DriverCallStats s = calls_.read();
+    s.handle_reserve_bytes = static_cast<int64_t>(handle_reserve_bytes());
+    return s;
   }
 
  private:
@@ -747,17 +800,45 @@ class CudaBackend final : public Backend {
                                              granules_.lower_bound(start + bytes)));
   }
 
-  // Granules a map call made: (address, handle), in address order.
-  using Granules = std::vector<std::pair<CUdeviceptr, CUmemGenericAllocationHandle>>;
+  // Granules a map call mapped, in address order, and whether each handle came from
+  // the reserve.
+  struct MadeGranule {
+    CUdeviceptr at;
+    CUmemGenericAllocationHandle handle;
+    bool reused;
+  };
+  using Granules = std::vector<MadeGranule>;
 
-  // Takes back a failed map's granules, newest first.
-  void Undo(const Granules& made) {
+  // Takes back a failed map's granules (mapped from `start` on, contiguous): one
+  // cuMemUnmap; the handles taken from the reserve go back to it, those this map
+  // created are released.
+  void Undo(CUdeviceptr start, const Granules& made) ABSL_EXCLUSIVE_LOCKS_REQUIRED(vm_mu_) {
+    if (made.empty()) return;
     const DriverApi& d = Driver();
-    for (auto it = made.rbegin(); it != made.rend(); ++it) {
-      ReportCu(name_, "cuMemUnmap (undoing a failed map)",
-               d.mem_unmap(it->first, vm_.granularity));
-      ReportCu(name_, "cuMemRelease (undoing a failed map)", d.mem_release(it->second));
+    ReportCu(name_, "cuMemUnmap (undoing a failed map)",
+             Timed(DriverCall::kUnmap, [&] {
+               return d.mem_unmap(start, made.size() * vm_.granularity);
+             }));
+    for (const MadeGranule& m : made) {
+      if (m.reused) {
+        spare_.push_back(m.handle);
+      } else {
+        ReportCu(name_, "cuMemRelease (undoing a failed map)",
+                 Timed(DriverCall::kRelease, [&] { return d.mem_release(m.handle); }));
+      }
     }
+  }
+
+  // Runs the driver call `fn`, counting it as `call` with the time it took.
+  template <typename Fn>
+  auto Timed(DriverCall call, Fn&& fn) const -> decltype(fn()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto result = fn();
+    calls_.add(call, 1,
+               std::chrono::duration_cast<std::chrono::nanoseconds>(
+                   std::chrono::steady_clock::now() - t0)
+                   .count());
+    return result;
   }
 
   const DeviceId device_;
@@ -768,9 +849,12 @@ class CudaBackend final : public Backend {
   // Virtual memory: every range reserve_address returned (base -> bytes), and the
   // physical allocation behind each mapped granule (granule address -> handle). Held
   // across the driver calls of map/unmap so a range is never half-mapped to others.
-  Mutex vm_mu_;
+  mutable Mutex vm_mu_;
   std::map<CUdeviceptr, size_t> reservations_ ABSL_GUARDED_BY(vm_mu_);
   std::map<CUdeviceptr, CUmemGenericAllocationHandle> granules_ ABSL_GUARDED_BY(vm_mu_);
+  // The physical-handle reserve: granule handles unmapped and not released.
+  std::vector<CUmemGenericAllocationHandle> spare_ ABSL_GUARDED_BY(vm_mu_);
+  mutable DriverCallCounter calls_;  // thread-safe on its own
 };
 
 // The cpu_pinned device's backend (cuda_backend.h, NewCudaPinnedHostBackend).

@@ -104,6 +104,18 @@ ojson StatsToJson(const DeviceStats& stats) {
   for (const StatField& f : kStats) j[f.name] = StatToJson(stats.*f.member);
   for (const CounterField& f : kCounters) j[f.name] = stats.*f.member;
   for (const CounterField& f : kOptionalCounters) j[f.name] = stats.*f.member;
+  // The backend's driver calls (allocator/driver_calls.h): counts and nanoseconds by
+  // kind, every kind present.
+  ojson calls = ojson::object();
+  ojson ns = ojson::object();
+  for (int i = 0; i < kNumDriverCalls; ++i) {
+    const std::string name(DriverCallName(static_cast<DriverCall>(i)));
+    calls[name] = stats.driver.calls[i];
+    ns[name] = stats.driver.ns[i];
+  }
+  j["driver_calls"] = std::move(calls);
+  j["driver_ns"] = std::move(ns);
+  j["handle_reserve_bytes"] = stats.driver.handle_reserve_bytes;
   return j;
 }
 
@@ -441,6 +453,19 @@ DeviceStats StatsFrom(const json& v, const std::string& path) {
   for (const CounterField& f : kCounters) stats.*f.member = I64F(v, f.name, path);
   for (const CounterField& f : kOptionalCounters) {
     if (v.contains(f.name)) stats.*f.member = I64F(v, f.name, path);
+  }
+  // Optional: files written before driver calls were counted have none.
+  if (v.contains("driver_calls")) {
+    const std::string pc = Sub(path, "driver_calls");
+    const std::string pn = Sub(path, "driver_ns");
+    const json& calls = Object(Field(v, "driver_calls", path), pc);
+    const json& ns = Object(Field(v, "driver_ns", path), pn);
+    for (int i = 0; i < kNumDriverCalls; ++i) {
+      const std::string name(DriverCallName(static_cast<DriverCall>(i)));
+      stats.driver.calls[i] = I64F(calls, name, pc);
+      stats.driver.ns[i] = I64F(ns, name, pn);
+    }
+    stats.driver.handle_reserve_bytes = I64F(v, "handle_reserve_bytes", path);
   }
   return stats;
 }

@@ -355,6 +355,31 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
     out.push_back(pools.Take());
   }
 
+  {  // Driver calls by kind (allocator/driver_calls.h): `call` is a fixed, small set.
+    Family calls("devmem_driver_calls_total", MetricType::Counter,
+                 "Driver calls the backend made, by kind (call: malloc, free, "
+                 "address_reserve, address_free, create, release, map, unmap, "
+                 "set_access).");
+    Family seconds("devmem_driver_seconds_total", MetricType::Counter,
+                   "Time in those driver calls: measured on cuda, the driver cost "
+                   "model's estimate on sim (never slept).");
+    Family reserve("devmem_handle_reserve_bytes", MetricType::Gauge,
+                   "Unmapped physical memory the backend keeps for the next map "
+                   "(device memory still held; released by trim and empty_cache).");
+    for (const DeviceReading& r : readings) {
+      for (int i = 0; i < kNumDriverCalls; ++i) {
+        Labels labels = {{"device", r.device},
+                         {"call", std::string(DriverCallName(static_cast<DriverCall>(i)))}};
+        calls.Add(labels, D(r.stats.driver.calls[i]));
+        seconds.Add(std::move(labels), D(r.stats.driver.ns[i]) / 1e9);
+      }
+      reserve.Add({{"device", r.device}}, D(r.stats.driver.handle_reserve_bytes));
+    }
+    out.push_back(calls.Take());
+    out.push_back(seconds.Take());
+    out.push_back(reserve.Take());
+  }
+
   {
     Family f("devmem_device_info", MetricType::Gauge,
              "Always 1; labels describe the device (join with dcgm-exporter on uuid).");

@@ -580,8 +580,10 @@ TEST_P(BackendConformanceTest, VirtualMemoryMapsAdjacentRangesAndUnmapsAcrossThe
     EXPECT_EQ(CheckDevice(*backend_, base + i * g, g, value), "") << "granule " << i;
   }
 
-  // Half of each mapping goes; the other halves keep their data.
+  // Half of each mapping goes; the other halves keep their data. Unmapped memory stays
+  // charged in the handle reserve until it is released.
   backend_->unmap(base + g, 2 * g);
+  backend_->release_handle_reserve();
   if (GetParam() == "sim") {
     EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes - 2 * g);
   }
@@ -603,6 +605,7 @@ TEST_P(BackendConformanceTest, VirtualMemoryMapsAdjacentRangesAndUnmapsAcrossThe
   EXPECT_EQ(CheckDevice(*backend_, base + 4 * g, 4 * g, 0x44), "");
 
   backend_->unmap(base, 8 * g);  // spans all four earlier maps
+  backend_->release_handle_reserve();
   if (GetParam() == "sim") {
     EXPECT_EQ(backend_->mem_info().free_bytes, before.free_bytes);
   }
@@ -673,6 +676,7 @@ TEST_P(BackendConformanceTest, VirtualMemoryExhaustionIsResourceExhaustedAndUndo
 
   absl::Status over = backend_->map(*r, va);
   EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted) << over;
+  backend_->release_handle_reserve();  // what the failed map made is kept for reuse
   const MemInfo after = backend_->mem_info();
   if (GetParam() == "sim") {
     EXPECT_EQ(after.free_bytes, before.free_bytes);
@@ -723,9 +727,42 @@ TEST_P(BackendConformanceTest, ConcurrentVirtualMemoryIsSafe) {
   }
   for (std::thread& thread : threads) thread.join();
   EXPECT_EQ(failures.load(), 0);
+  backend_->release_handle_reserve();
   if (GetParam() == "sim") {
     EXPECT_EQ(static_cast<SimBackend&>(*backend_).used_bytes(), 0u);
   }
+}
+
+// The physical-handle reserve (allocator/driver_calls.h): unmapped granules keep their
+// memory, the next map anywhere takes them instead of creating new ones, and
+// release_handle_reserve gives them back. Counted as the driver calls they are.
+TEST_P(BackendConformanceTest, UnmappedGranulesAreMappedAgainWithoutCreating) {
+  SKIP_WITHOUT_VIRTUAL_MEMORY();
+  const size_t g = backend_->granularity();
+  absl::StatusOr<void*> r = backend_->reserve_address(8 * g);
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto* base = static_cast<char*>(*r);
+  const DriverCallStats before = backend_->driver_calls();
+  auto delta = [&](DriverCall c) { return backend_->driver_calls().count(c) - before.count(c); };
+  ASSERT_STATUS_OK(backend_->map(base, 4 * g));
+  EXPECT_EQ(delta(DriverCall::kCreate), 4);
+  EXPECT_EQ(delta(DriverCall::kMap), 4);
+  EXPECT_EQ(delta(DriverCall::kSetAccess), 1);
+  backend_->unmap(base, 4 * g);
+  EXPECT_EQ(delta(DriverCall::kUnmap), 1);
+  EXPECT_EQ(backend_->handle_reserve_bytes(), 4 * g);
+  EXPECT_EQ(backend_->driver_calls().handle_reserve_bytes, static_cast<int64_t>(4 * g));
+  // Elsewhere in the range, from the reserve: no cuMemCreate.
+  ASSERT_STATUS_OK(backend_->map(base + 4 * g, 4 * g));
+  EXPECT_EQ(delta(DriverCall::kCreate), 4);
+  EXPECT_EQ(backend_->handle_reserve_bytes(), 0u);
+  ASSERT_STATUS_OK(FillDevice(*backend_, base + 4 * g, 0x3c, 4 * g));
+  EXPECT_EQ(CheckDevice(*backend_, base + 4 * g, 4 * g, 0x3c), "");
+  backend_->unmap(base + 4 * g, 4 * g);
+  EXPECT_EQ(backend_->release_handle_reserve(), 4 * g);
+  EXPECT_EQ(delta(DriverCall::kRelease), 4);
+  EXPECT_EQ(backend_->handle_reserve_bytes(), 0u);
+  backend_->release_address(base, 8 * g);
 }
 
 // The allocator's expandable segments on this backend, end to end: reserve, map as
@@ -1105,13 +1142,17 @@ TEST(SimBackendTest, VirtualMemoryMapChargesAndUnmapReleases) {
   std::memset(base + 2 * g, 0x5a, g);
   EXPECT_EQ(sim->used_bytes(), 3 * g);
 
-  // Unmap part of it: the charge drops and the pages come back as zeros.
+  // Unmap part of it: the charge drops once the handle reserve is released, and the
+  // pages come back as zeros.
   sim->unmap(base + g, 2 * g);
+  EXPECT_EQ(sim->used_bytes(), 3 * g);
+  EXPECT_EQ(sim->release_handle_reserve(), 2 * g);
   EXPECT_EQ(sim->used_bytes(), g);
   EXPECT_EQ(static_cast<unsigned char>(base[0]), 0x5a);
   ASSERT_TRUE(sim->map(base + g, g).ok());
   EXPECT_EQ(base[g], 0);
   sim->unmap(base, 2 * g);
+  sim->release_handle_reserve();
   EXPECT_EQ(sim->used_bytes(), 0u);
 
   sim->release_address(base, 8 * g);
@@ -1138,6 +1179,7 @@ TEST(SimBackendTest, VirtualMemoryRefusalsChargeNothing) {
   EXPECT_EQ(sim->map(base + 4096, g).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(sim->used_bytes(), 2 * g);  // errors charged nothing
   sim->unmap(base, 2 * g);
+  sim->release_handle_reserve();
   EXPECT_EQ(sim->used_bytes(), 0u);
   sim->release_address(base, 4 * g);
 }

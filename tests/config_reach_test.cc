@@ -129,6 +129,16 @@ const std::vector<ReachCase>& Cases() {
          EXPECT_FALSE(MakeBackend(Parse("backend:sim,sim_devices:2"), 2).ok());
          EXPECT_TRUE(MakeBackend(Parse("backend:sim,sim_devices:3"), 2).ok());
        }},
+      {"sim_driver_cost",
+       [] {
+         // Through the factory to the backend: one segment costs what the key says.
+         auto b = BackendFor("backend:sim,sim_driver_cost:malloc=7/free=3");
+         b->free_segment(*b->allocate_segment(2 * kMiB), 2 * kMiB);
+         EXPECT_EQ(b->driver_calls().total_ns(), 10'000);
+         auto d = BackendFor("backend:sim");
+         d->free_segment(*d->allocate_segment(2 * kMiB), 2 * kMiB);
+         EXPECT_EQ(d->driver_calls().total_ns(), 100'000);
+       }},
       {"max_split_size_mb",
        [] {
          // A 24 MiB block is oversize at 20 MiB: a 12 MiB request takes a new segment.

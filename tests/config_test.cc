@@ -523,7 +523,8 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
   EXPECT_EQ(ToString(Config{}),
             "backend:auto,sim_capacity:16GiB,sim_alloc_latency_us:0,"
             "sim_free_latency_us:0,sim_fail_nth:0,sim_fail_probability:0,sim_seed:0,"
-            "sim_devices:64,max_split_size_mb:none,garbage_collection_threshold:0,"
+            "sim_devices:64,sim_driver_cost:a100,max_split_size_mb:none,"
+            "garbage_collection_threshold:0,"
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
             "per_process_memory_fraction:1,thread_cache:true,"
             "thread_cache_max_size:256KiB,thread_cache_max_bytes:4MiB,"
@@ -818,6 +819,7 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.sim_fail_probability = 0.5;
   base.sim_seed = 1;
   base.sim_devices = 2;
+  base.sim_driver_cost = SimDriverCosts{};
   base.max_split_size = 64 * kMiB;
   base.garbage_collection_threshold = 0.5;
   base.expandable_segments = ExpandableMode::kOn;

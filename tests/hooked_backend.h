@@ -101,6 +101,9 @@ class HookedBackend : public Backend {
     if (allocate_segment_instead) return allocate_segment_instead(bytes);
     return inner_->allocate_segment_during_capture(bytes);
   }
+  size_t release_handle_reserve() override { return inner_->release_handle_reserve(); }
+  size_t handle_reserve_bytes() const override { return inner_->handle_reserve_bytes(); }
+  DriverCallStats driver_calls() const override { return inner_->driver_calls(); }
 
  private:
   std::unique_ptr<Backend> inner_;

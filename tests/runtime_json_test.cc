@@ -115,6 +115,11 @@ DeviceStats DistinctStats() {
     *c = v++;
   }
   s.max_split_size = INT64_MAX;
+  for (int i = 0; i < kNumDriverCalls; ++i) {
+    s.driver.calls[i] = v++;
+    s.driver.ns[i] = v++ * 1000;
+  }
+  s.driver.handle_reserve_bytes = v++;
   return s;
 }
 
@@ -182,6 +187,7 @@ TEST_F(SnapshotJsonTest, RoundTripIsExactIncludingSites) {
   absl::StatusOr<RuntimeSnapshot> back = SnapshotFromJson(text, &sites, &trace);
   ASSERT_TRUE(back.ok()) << back.status();
   ExpectSnapshotsEq(snap, *back);
+  EXPECT_EQ(back->devices[0].stats.driver, snap.devices[0].stats.driver);
   EXPECT_TRUE(trace.empty());  // written without a trace
   // The site table holds every site the blocks name, as GetSite describes it.
   ASSERT_EQ(sites.size(), 2u);
@@ -206,8 +212,10 @@ TEST_F(SnapshotJsonTest, DocumentShape) {
   EXPECT_EQ(d["device"], "cuda:2");
   EXPECT_EQ(d["info"]["uuid"], "GPU-1234");
   EXPECT_EQ(d["mem_info"]["total_bytes"], 141 * kGiB);
-  // Every DeviceStats field: 10 stat arrays, 2 stats, 9 counters, 3 private-pool counters.
-  EXPECT_EQ(d["stats"].size(), 24u);
+  // Every DeviceStats field: 10 stat arrays, 2 stats, 9 counters, 3 private-pool
+  // counters, and the driver's calls, their time and the handle reserve.
+  EXPECT_EQ(d["stats"].size(), 27u);
+  EXPECT_EQ(d["stats"]["driver_calls"].size(), static_cast<size_t>(kNumDriverCalls));
   EXPECT_EQ(d["stats"]["reserved_bytes"]["large"]["peak"],
             snap.devices[0].stats.reserved_bytes[kLargePool].peak);
   EXPECT_EQ(d["stats"]["max_split_size"], INT64_MAX);

@@ -108,6 +108,9 @@ const std::vector<FamilySpec>& Families() {
       {"devmem_ooms_total", "counter", {"device"}},
       {"devmem_private_pool_bytes", "gauge", {"device", "kind"}},
       {"devmem_private_pools", "gauge", {"device"}},
+      {"devmem_driver_calls_total", "counter", {"device", "call"}},
+      {"devmem_driver_seconds_total", "counter", {"device", "call"}},
+      {"devmem_handle_reserve_bytes", "gauge", {"device"}},
       {"devmem_device_info", "gauge", {"device", "uuid", "name", "backend"}},
       {"devmem_site_live_bytes", "gauge", {"device", "site"}},
       {"devmem_site_live_buffers", "gauge", {"device", "site"}},
@@ -419,6 +422,17 @@ TEST(MetricsTest, EveryValueMatchesTheAllocatorsOwnFigures) {
   check("devmem_private_pool_bytes", {{"device", "sim:0"}, {"kind", "allocated"}},
         st.private_allocated_bytes);
   check("devmem_private_pools", dev, 1);
+  check("devmem_handle_reserve_bytes", dev, st.driver.handle_reserve_bytes);
+  // Driver calls: one series per kind, each its own count and time.
+  for (int i = 0; i < kNumDriverCalls; ++i) {
+    const std::string call(DriverCallName(static_cast<DriverCall>(i)));
+    check("devmem_driver_calls_total", {{"device", "sim:0"}, {"call", call}},
+          st.driver.calls[i]);
+    check("devmem_driver_seconds_total", {{"device", "sim:0"}, {"call", call}},
+          static_cast<double>(st.driver.ns[i]) / 1e9);
+  }
+  ASSERT_GT(st.driver.count(DriverCall::kMap) + st.driver.count(DriverCall::kMalloc), 0)
+      << "so that a series stuck at 0 fails";
   // Each label of device_info holds its own field.
   check("devmem_device_info",
         {{"device", "sim:0"}, {"uuid", snap.info.uuid}, {"name", snap.info.name},

@@ -155,6 +155,29 @@ TEST(TraceReplayTest, FiguresFollowThePolicyAndAreDeterministic) {
   EXPECT_EQ(b.device_allocs, a.device_allocs);
 }
 
+// The driver time each configuration would cost: the sim's calls at the cost model's
+// prices, so regular segments pay cudaMalloc and expandable ones cuMemCreate/Map/...
+TEST(TraceReplayTest, ReportsTheEstimatedDriverTimeOfEachConfiguration) {
+  std::string text = Alloc(1, 8 * kMiB) + Free(1) + Alloc(2, 8 * kMiB) + Free(2);
+  absl::StatusOr<Trace> t = ParseTrace(text, "t");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const SimDriverCosts c = A100Costs();
+  auto cost = [&](DriverCall k) { return static_cast<int64_t>(c.ns[static_cast<int>(k)]); };
+  Config regular;
+  regular.expandable_segments = ExpandableMode::kOff;
+  const ReplayResult r = Replay(*t, regular, kUnboundedCapacity);
+  EXPECT_EQ(r.driver.count(DriverCall::kMalloc), 1) << "the segment is cached";
+  EXPECT_EQ(r.driver.total_ns(), cost(DriverCall::kMalloc));
+  const ReplayResult e = Replay(*t, Config{}, kUnboundedCapacity);  // expandable
+  EXPECT_EQ(e.driver.count(DriverCall::kCreate), 4);
+  EXPECT_EQ(e.driver.total_ns(), cost(DriverCall::kAddressReserve) +
+                                     4 * cost(DriverCall::kCreate) +
+                                     4 * cost(DriverCall::kMap) + cost(DriverCall::kSetAccess));
+  Config free_calls;
+  free_calls.sim_driver_cost = SimDriverCosts{};
+  EXPECT_EQ(Replay(*t, free_calls, kUnboundedCapacity).driver.total_ns(), 0);
+}
+
 TEST(TraceReplayTest, TooSmallADeviceCountsOomsAndSkipsTheirFrees) {
   std::string text = Alloc(1, 8 * kMiB) + Alloc(2, 8 * kMiB) + Alloc(3, 8 * kMiB) + Free(1) +
                      Free(2) + Free(3);

@@ -195,6 +195,7 @@ TEST(FakeCudaTest, BackendKeepsTheCallersCurrentDevice) {
     ASSERT_TRUE(r.ok()) << r.status();
     ASSERT_TRUE(backend->map(*r, 2 * kG).ok());
     backend->unmap(*r, 2 * kG);
+    backend->release_handle_reserve();
     backend->release_address(*r, 4 * kG);
   });
   fresh.join();
@@ -295,13 +296,29 @@ TEST(FakeCudaTest, MapFailuresUndoEverything) {
     EXPECT_EQ(Live("handles"), 1u);
     EXPECT_EQ(Live("mappings"), 1u);
     EXPECT_EQ(Live("used_bytes"), used);
+    EXPECT_EQ(backend->handle_reserve_bytes(), 0u);
   }
+  // With two handles in the reserve, a failed map puts those back and releases the
+  // ones it created.
+  ASSERT_TRUE(backend->map(base, 2 * kG).ok());
+  backend->unmap(base, 2 * kG);
+  for (const char* spec : {"cuMemCreate:1", "cuMemMap:2", "cuMemMap:4", "cuMemSetAccess:1"}) {
+    SCOPED_TRACE(spec);
+    ScopedEnv fail("DEVMEM_FAKE_CUDA_FAIL", spec);
+    EXPECT_FALSE(backend->map(base, 4 * kG).ok());
+    EXPECT_EQ(Live("handles"), 3u);
+    EXPECT_EQ(Live("mappings"), 1u);
+    EXPECT_EQ(backend->handle_reserve_bytes(), 2 * kG);
+  }
+  backend->release_handle_reserve();
+  EXPECT_EQ(Live("used_bytes"), used);
   // The range is free again: it maps whole.
   ASSERT_TRUE(backend->map(base, 4 * kG).ok());
   ASSERT_EQ(CudaMemsetSync(0, base, 0x11, 4 * kG), absl::OkStatus());
   backend->unmap(base, 4 * kG);
   backend->unmap(base + 6 * kG, kG);
   backend->release_address(base, 8 * kG);
+  backend->release_handle_reserve();
   ExpectNothingLive();
 }
 
@@ -779,6 +796,59 @@ TEST(PinnedHostWithoutADevice, IsPlainHostMemoryWithAMessage) {
   std::memset(*p, 1, 4096);
   b->free_segment(*p, 4096);
   EXPECT_EQ(Live("pinned"), 0u);
+}
+
+}  // namespace
+}  // namespace devmem
+
+namespace devmem {
+namespace {
+
+// The physical-handle reserve on the CUDA backend (allocator/driver_calls.h). On a
+// GPU the stream is rarely idle, so a proactive recycle is deferred until its event
+// completes (expandable_segments.h): the map that triggered it creates, and the
+// unmapped granules then wait in the reserve, where the next map takes them instead
+// of calling cuMemCreate. Each range is one cuMemUnmap and one cuMemSetAccess, and
+// empty_cache releases everything.
+TEST(FakeCudaVmmCostTest, ARecycledGranuleKeepsItsHandleForTheNextMap) {
+  {
+    Config base;
+    base.backend = BackendKind::kCuda;
+    absl::StatusOr<Config> config =
+        ParseConfig("expandable_segments:true,expandable_recycle_threshold:0", base);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto backend = Cuda();
+    ASSERT_TRUE(backend);
+    CachingAllocator alloc(std::move(backend), *config);
+    std::vector<void*> all;
+    for (int i = 0; i < 8; ++i) all.push_back(alloc.allocate(16 * kMiB));
+    for (int i = 0; i < 8; i += 2) alloc.free(all[i]);  // four 16 MiB holes
+    ASSERT_EQ(alloc.stats().driver.count(DriverCall::kCreate), 64);
+    void* big = alloc.allocate(32 * kMiB);  // fits no hole: two holes are to move
+    alloc.backend().synchronize_stream(Stream{});
+    alloc.process_events();  // the deferred recycle: two holes unmapped
+    const DriverCallStats warm = alloc.stats().driver;
+    EXPECT_EQ(warm.handle_reserve_bytes, static_cast<int64_t>(32 * kMiB));
+    EXPECT_EQ(Live("handles"), 80u) << "unmapped, not released";
+    void* more = alloc.allocate(32 * kMiB);  // maps 32 MiB: from the reserve
+    ASSERT_EQ(CudaMemsetSync(0, more, 0x21, 32 * kMiB), absl::OkStatus());
+    const DriverCallStats after = alloc.stats().driver;
+    EXPECT_EQ(after.count(DriverCall::kCreate), warm.count(DriverCall::kCreate))
+        << "no cuMemCreate once warm";
+    EXPECT_EQ(after.count(DriverCall::kRelease), 0);
+    EXPECT_EQ(after.count(DriverCall::kMap) - warm.count(DriverCall::kMap), 16);
+    EXPECT_EQ(after.count(DriverCall::kSetAccess) - warm.count(DriverCall::kSetAccess), 1);
+    EXPECT_EQ(after.handle_reserve_bytes, 0);
+    EXPECT_EQ(Live("handles"), 80u) << "the same physical memory, mapped elsewhere";
+    EXPECT_GT(after.ns[static_cast<int>(DriverCall::kMap)], 0) << "time is measured";
+    EXPECT_TRUE(alloc.validate().ok()) << alloc.validate();
+    for (void* p : {big, more}) alloc.free(p);
+    for (int i = 1; i < 8; i += 2) alloc.free(all[i]);
+    alloc.empty_cache();
+    EXPECT_EQ(alloc.stats().driver.count(DriverCall::kRelease), 80);
+    EXPECT_EQ(alloc.stats().driver.handle_reserve_bytes, 0);
+  }
+  ExpectNothingLive();
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // tools/memtrace/memtrace_replay.cc: `memtrace replay`: runs a trace (JSON Lines:
 // docs/formats.md) through a fresh allocator on a simulated device with the given
 // configuration and prints peak requested bytes, peak reserved bytes, their ratio,
-// device (segment) allocations, OOMs and ns per operation; --min-capacity adds the
+// device (segment) allocations, OOMs, ns per operation and the estimated driver time
+// (the sim's driver cost model, sim_driver_cost); --min-capacity adds the
 // smallest device the trace fits on (FindMinCapacity in tools/replay/trace_replay.h says how,
 // and why the answer is verified).
 //
@@ -14,6 +15,7 @@
 #include <string>
 
 #include "allocator/config.h"
+#include "allocator/driver_calls.h"
 #include "nlohmann/json.hpp"
 #include "tools/memtrace/memtrace_commands.h"
 #include "tools/replay/trace_replay.h"
@@ -92,6 +94,13 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
                   m.monotonic ? "true" : "false", static_cast<unsigned long long>(m.step),
                   m.runs);
     }
+    // The driver cost model's estimate (sim_driver_cost) and the calls behind it.
+    nlohmann::json calls = nlohmann::json::object();
+    for (int i = 0; i < kNumDriverCalls; ++i) {
+      calls[std::string(DriverCallName(static_cast<DriverCall>(i)))] = r.driver.calls[i];
+    }
+    std::printf(", \"driver_ns\": %lld, \"driver_calls\": %s",
+                static_cast<long long>(r.driver.total_ns()), calls.dump().c_str());
     std::printf(", \"fits\": %s, \"devices\": %s, \"devices_merged\": %s, "
                 "\"unknown_actions\": %llu",
                 r.ooms == 0 ? "true" : "false", nlohmann::json(trace->devices).dump().c_str(),
@@ -117,6 +126,17 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
               static_cast<long long>(r.alloc_retries),
               r.ooms == 0 ? "" : ": does not fit at this capacity (exit status 1)");
   std::printf("ns per op          %.1f\n", r.ns_per_op);
+  // Only the kinds this configuration called.
+  std::string calls;
+  for (int i = 0; i < kNumDriverCalls; ++i) {
+    if (r.driver.calls[i] == 0) continue;
+    calls += (calls.empty() ? "" : ", ") +
+             std::string(DriverCallName(static_cast<DriverCall>(i))) + " " +
+             std::to_string(r.driver.calls[i]);
+  }
+  std::printf("driver time (est.) %.3f ms (sim_driver_cost; calls: %s)\n",
+              static_cast<double>(r.driver.total_ns()) / 1e6,
+              calls.empty() ? "none" : calls.c_str());
   if (min_capacity) {
     std::printf("min capacity       %s (%.3fx peak requested): fits at every capacity "
                 "from here up (step %s, %d replays)\n",

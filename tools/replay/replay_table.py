@@ -15,6 +15,14 @@ of the whole device; an optimistic model), so the fit figures compare with both
 PyTorch's policies (`expandable_segments:false`, `expandable_recycle_threshold:none`)
 and RMM's. Replays are deterministic, so the table
 is too (only ns/op, which it leaves out, varies).
+
+    tools/replay_table.py --recycle [--threshold T ...]
+
+prints instead the memory/time trade-off of `expandable_recycle_threshold`: for each
+trace and threshold (default 0, 0.125, 0.25, 0.5, none) the peak reserved bytes, the
+smallest safe capacity, the maps/unmaps, and the driver time the sim's driver cost
+model estimates for them on a GPU (`sim_driver_cost`, A100 figures by default; the
+`driver_ns` of `memtrace replay --json`), with the cuMemCreate calls behind it.
 """
 import argparse
 import json
@@ -64,6 +72,27 @@ def replay(memtrace, trace, conf):
     return json.loads(out)
 
 
+RECYCLE_THRESHOLDS = ["0", "0.125", "0.25", "0.5", "none"]
+
+
+def recycle_table(memtrace, thresholds):
+    """The memory/time trade-off of expandable_recycle_threshold, one row per setting."""
+    print("| trace | `expandable_recycle_threshold` | peak reserved (/ requested) "
+          "| fits from (/ peak requested) | maps / unmaps | cuMemCreate "
+          "| est. driver time |")
+    print("|---|---|---|---|---|---|---|")
+    for name, path in TRACES:
+        if not os.path.exists(path):
+            sys.exit("%s: %s is missing" % (name, path))
+        for t in thresholds:
+            d = replay(memtrace, path, "expandable_recycle_threshold:%s" % t)
+            print("| %s | %s | %.1f MiB (%.3f) | %.1f MiB (%.3f) | %d / %d | %d | %.2f ms |" % (
+                name, t, d["peak_reserved_bytes"] / MIB, d["reserved_over_requested"],
+                d["min_capacity_bytes"] / MIB, d["min_capacity_over_peak_requested"],
+                d["device_allocs"], d["device_frees"], d["driver_calls"]["create"],
+                d["driver_ns"] / 1e6))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--memtrace", default=os.path.join(ROOT, "build/bin/memtrace"))
@@ -71,7 +100,16 @@ def main():
                         help="configurations to compare (default: the three of the README)")
     parser.add_argument("--no-rmm", action="store_true",
                         help="leave out the RMM-like pool rows (tools/replay/rmm_pool_model.py)")
+    parser.add_argument("--recycle", action="store_true",
+                        help="print the memory/driver-time trade-off of "
+                             "expandable_recycle_threshold instead")
+    parser.add_argument("--threshold", action="append",
+                        help="with --recycle: the thresholds (default: %s)"
+                             % ", ".join(RECYCLE_THRESHOLDS))
     args = parser.parse_args()
+    if args.recycle:
+        recycle_table(args.memtrace, args.threshold or RECYCLE_THRESHOLDS)
+        return
     confs = [(c, "default" if not c else "`%s`" % c) for c in args.conf] if args.conf else CONFS
     print("| trace (peak requested) | configuration | peak reserved (/ requested) "
           "| maps / unmaps | fits from (/ peak requested) | targets met (reserved / fits) |")

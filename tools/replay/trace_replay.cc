@@ -287,6 +287,7 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
   r.device_frees = s.num_device_free;
   r.ooms = ooms;
   r.alloc_retries = s.num_alloc_retries;
+  r.driver = s.driver;
   r.ops = trace.ops.size();
   r.ns_per_op = trace.ops.empty()
                     ? 0.0

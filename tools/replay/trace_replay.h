@@ -40,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/config.h"
+#include "allocator/driver_calls.h"
 
 namespace devmem {
 
@@ -93,6 +94,10 @@ struct ReplayResult {
   int64_t alloc_retries = 0;
   uint64_t ops = 0;
   double ns_per_op = 0;              // wall clock (the one figure that varies)
+  // The sim's driver calls by kind and the driver cost model's estimate of their time
+  // (allocator/driver_calls.h, sim_driver_cost): what this configuration would spend
+  // in the driver on a GPU. Deterministic, like the memory figures.
+  DriverCallStats driver;
 };
 
 class CachingAllocator;
