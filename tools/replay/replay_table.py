@@ -16,7 +16,7 @@ PyTorch's policies (`expandable_segments:false`, `expandable_recycle_threshold:n
 and RMM's. Replays are deterministic, so the table
 is too (only ns/op, which it leaves out, varies).
 
-    tools/replay_table.py --recycle [--threshold T ...]
+    tools/replay/replay_table.py --recycle [--threshold T ...]
 
 prints instead the memory/time trade-off of `expandable_recycle_threshold`: for each
 trace and threshold (default 0, 0.125, 0.25, 0.5, none) the peak reserved bytes, the
