@@ -249,8 +249,11 @@ bool TraceRing::Claim(Lane* lane) {
 void TraceRing::on_event(const AllocEvent& event) { Record(event); }
 
 void TraceRing::Record(const AllocEvent& event) {
-  const int64_t tick = clock_.Now();
+  // The lane first, then the tick: a lane passes to a new thread when its thread exits,
+  // and a tick read before taking over the lane could be older than the last tick the
+  // exited thread wrote there (the merge needs each lane's ticks in order).
   Lane* lane = ThisThreadLane();
+  const int64_t tick = clock_.Now();
   if (lane->chunk == nullptr || lane->used == chunk_events_) [[unlikely]] {
     // Cold: once per K events. After a failed claim, drop K events before trying again,
     // so that a starved thread does not pay a shared increment per event.

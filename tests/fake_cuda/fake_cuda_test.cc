@@ -838,7 +838,12 @@ TEST(FakeCudaVmmCostTest, ARecycledGranuleKeepsItsHandleForTheNextMap) {
     EXPECT_EQ(after.count(DriverCall::kRelease), 0);
     EXPECT_EQ(after.count(DriverCall::kMap) - warm.count(DriverCall::kMap), 16);
     EXPECT_EQ(after.count(DriverCall::kSetAccess) - warm.count(DriverCall::kSetAccess), 1);
-    EXPECT_EQ(after.handle_reserve_bytes, 0);
+    // With threshold 0 this map also recycles the last two holes proactively: at once
+    // when the stream is idle by then (their handles go to the reserve), else deferred
+    // (the reserve is empty until the poll). Both are right; no handle is created.
+    EXPECT_TRUE(after.handle_reserve_bytes == 0 ||
+                after.handle_reserve_bytes == static_cast<int64_t>(32 * kMiB))
+        << after.handle_reserve_bytes;
     EXPECT_EQ(Live("handles"), 80u) << "the same physical memory, mapped elsewhere";
     EXPECT_GT(after.ns[static_cast<int>(DriverCall::kMap)], 0) << "time is measured";
     EXPECT_TRUE(alloc.validate().ok()) << alloc.validate();
