@@ -135,7 +135,8 @@ TEST(Arena, ChunksGrowFromTheSmallestUpToChunkSize) {
     ArenaScope arena(*t, "small");
     std::vector<void*> ps;
     for (int i = 0; i < 8; ++i) ps.push_back(t->allocate(1000));
-    const ArenaStats* s = Find(t->arena_report(), "small");
+    const ArenaReport report = t->arena_report();  // outlives s, which points into it
+    const ArenaStats* s = Find(report, "small");
     ASSERT_NE(s, nullptr);
     EXPECT_EQ(s->chunks_held, 1);
     EXPECT_EQ(s->chunk_bytes, static_cast<int64_t>(kMinArenaChunkSize));

@@ -203,7 +203,9 @@ TEST(TraceRingTest, PerThreadLanesMergeByTimeWhenQuiescent) {
   std::vector<uint64_t> last(kThreads, 0);
   for (size_t i = 0; i < events.size(); ++i) {
     ASSERT_EQ(events[i].seq, i + 1);
-    if (i > 0) ASSERT_GE(events[i].time_ns, events[i - 1].time_ns) << "seq " << events[i].seq;
+    if (i > 0) {
+      ASSERT_GE(events[i].time_ns, events[i - 1].time_ns) << "seq " << events[i].seq;
+    }
     const uint64_t t = events[i].addr / 1'000'000, n = events[i].addr % 1'000'000;
     ASSERT_LT(t, uint64_t{kThreads});
     ASSERT_EQ(n, last[t] + 1) << "thread " << t << "'s events out of their order";
