@@ -132,6 +132,13 @@ class StackTable {
     // The ELF symbolizer reads the running binary; /proc/self/exe names it without
     // needing argv[0].
     std::call_once(once, [] { absl::InitializeSymbolizer("/proc/self/exe"); });
+    // One symbolization at a time, on a lock of ours: absl's symbolizer guards its
+    // caches with its own spin lock, which TSan cannot see in Debian's uninstrumented
+    // libabsl_symbolize (two OOM reports at once read as a race), and symbolizing is
+    // off the hot path, so running two at once gains nothing. A leaf lock: nothing
+    // else is taken while it is held.
+    static Mutex symbolize_mu;
+    MutexLock lock(&symbolize_mu);
     std::vector<std::string> out;
     out.reserve(static_cast<size_t>(f.depth));
     char buf[1024];
