@@ -31,25 +31,6 @@
 #include "tools/bench/bench_util.h"
 
 namespace devmem::devbench {
-namespace {
-
-template <typename Alloc>
-double Pass(const std::vector<size_t>& sizes, CachingAllocator& a, Alloc alloc) {
-  void* live[kLive] = {};
-  const int64_t start = ThreadCpuNs();
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    void*& slot = live[i % kLive];
-    if (slot != nullptr) a.free(slot);
-    slot = alloc(sizes[i]);
-  }
-  for (void* p : live) {
-    if (p != nullptr) a.free(p);
-  }
-  return static_cast<double>(ThreadCpuNs() - start) / static_cast<double>(sizes.size());
-}
-
-}  // namespace
-
 absl::StatusOr<FlightFigures> MeasureFlightRecorder(const std::vector<size_t>& sizes,
                                                     const Config& base, int repetitions) {
   Config config = base;
@@ -63,19 +44,22 @@ absl::StatusOr<FlightFigures> MeasureFlightRecorder(const std::vector<size_t>& s
   if (!recorder.ok()) return recorder.status();
   unlink(path.c_str());
   FlightDevice* device = (*recorder)->AddAllocator(alloc.device());
-  auto with_site = [&](size_t n) {
+  auto with_site = [&](size_t n, size_t) {
     return alloc.allocate(n, {}, InternSite(std::source_location::current(), SiteKind::kAlloc));
   };
-  Pass(sizes, alloc, with_site);  // warm-up: the cache, and the file's pages
+  auto free_fn = [&](void* p, size_t) { alloc.free(p); };
+  // CPU-time passes (bench_util's CpuTimePairs): a preempted pass does not count the wait.
+  auto pass = [&] { return CpuTimePairs(sizes, with_site, free_fn); };
+  pass();  // warm-up: the cache, and the file's pages
   alloc.set_observer(device);
-  Pass(sizes, alloc, with_site);
+  pass();
   const int64_t before = alloc.stats().num_device_alloc;
   std::vector<double> plain, recorded;
   for (int r = 0; r < repetitions; ++r) {
     alloc.set_observer(nullptr);
-    plain.push_back(Pass(sizes, alloc, with_site));
+    plain.push_back(pass());
     alloc.set_observer(device);
-    recorded.push_back(Pass(sizes, alloc, with_site));
+    recorded.push_back(pass());
   }
   alloc.set_observer(nullptr);
   FlightFigures f;
