@@ -824,7 +824,14 @@ TEST(FakeCudaVmmCostTest, ARecycledGranuleKeepsItsHandleForTheNextMap) {
     for (int i = 0; i < 8; ++i) all.push_back(alloc.allocate(16 * kMiB));
     for (int i = 0; i < 8; i += 2) alloc.free(all[i]);  // four 16 MiB holes
     ASSERT_EQ(alloc.stats().driver.count(DriverCall::kCreate), 64);
+    // The stream is kept busy (a host function waits on `gate`) while `big` is placed,
+    // so that its recycle is deferred, as on a GPU that is working; without the gate
+    // the fake's stream may or may not be idle by then, and the figures below with it.
+    std::promise<void> gate;
+    std::shared_future<void> opened = gate.get_future().share();
+    ASSERT_TRUE(alloc.backend().launch_host_fn(Stream{}, [opened] { opened.wait(); }).ok());
     void* big = alloc.allocate(32 * kMiB);  // fits no hole: two holes are to move
+    gate.set_value();
     alloc.backend().synchronize_stream(Stream{});
     alloc.process_events();  // the deferred recycle: two holes unmapped
     const DriverCallStats warm = alloc.stats().driver;
