@@ -1,12 +1,10 @@
-// runtime/json.cc: devmem's JSON formats, written and read with nlohmann::json (the
-// formats are documented field by field in docs/formats.md).
+// runtime/json.cc: the writers of devmem's JSON formats, with nlohmann::json (the
+// formats are documented field by field in docs/formats.md; their readers are in
+// runtime/json_reader.cc).
 //
 // Writers build nlohmann::ordered_json so that files list fields in a readable order
-// ("schema" first). Readers parse into nlohmann::json and walk it with the helpers
-// below, which throw ReadError naming the path of the offending field and what was
-// expected; the public functions turn that into absl::InvalidArgumentError. The stats
-// tables (kStatArrays, kStats, kCounters) drive both directions, so a field written is
-// a field read.
+// ("schema" first). The stats tables (runtime/json_fields.h) drive both the writer and
+// the reader, so a field written is a field read.
 #include "runtime/json.h"
 
 #include <algorithm>
@@ -14,7 +12,6 @@
 #include <cstring>
 #include <fstream>
 #include <set>
-#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -25,61 +22,22 @@
 #include "allocator/stats.h"
 #include "allocator/string_view_bridge.h"
 #include "nlohmann/json.hpp"
+#include "runtime/json_fields.h"
 
 namespace devmem {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-using json = nlohmann::json;
 
-// --- the stats tables -----------------------------------------------------------------
-
-struct StatArrayField {
-  const char* name;
-  StatArray DeviceStats::*member;
-};
-constexpr StatArrayField kStatArrays[] = {
-    {"allocation", &DeviceStats::allocation},
-    {"segment", &DeviceStats::segment},
-    {"active", &DeviceStats::active},
-    {"inactive_split", &DeviceStats::inactive_split},
-    {"allocated_bytes", &DeviceStats::allocated_bytes},
-    {"reserved_bytes", &DeviceStats::reserved_bytes},
-    {"active_bytes", &DeviceStats::active_bytes},
-    {"inactive_split_bytes", &DeviceStats::inactive_split_bytes},
-    {"requested_bytes", &DeviceStats::requested_bytes},
-    {"pending_bytes", &DeviceStats::pending_bytes},
-};
-struct StatField {
-  const char* name;
-  Stat DeviceStats::*member;
-};
-constexpr StatField kStats[] = {
-    {"oversize_allocations", &DeviceStats::oversize_allocations},
-    {"oversize_segments", &DeviceStats::oversize_segments},
-};
-struct CounterField {
-  const char* name;
-  int64_t DeviceStats::*member;
-};
-constexpr CounterField kCounters[] = {
-    {"num_alloc_retries", &DeviceStats::num_alloc_retries},
-    {"num_ooms", &DeviceStats::num_ooms},
-    {"num_device_alloc", &DeviceStats::num_device_alloc},
-    {"num_device_free", &DeviceStats::num_device_free},
-    {"num_sync_all_streams", &DeviceStats::num_sync_all_streams},
-    {"cache_hits", &DeviceStats::cache_hits},
-    {"cache_misses", &DeviceStats::cache_misses},
-    {"num_frees", &DeviceStats::num_frees},
-    {"max_split_size", &DeviceStats::max_split_size},
-};
-// Written always, read when present (files from before private pools have none).
-constexpr CounterField kOptionalCounters[] = {
-    {"private_pools", &DeviceStats::private_pools},
-    {"private_reserved_bytes", &DeviceStats::private_reserved_bytes},
-    {"private_allocated_bytes", &DeviceStats::private_allocated_bytes},
-};
-constexpr const char* kPoolNames[kNumStatPools] = {"all", "small", "large"};
+// The stats tables (runtime/json_fields.h), shared with the reader.
+using json_fields::CounterField;
+using json_fields::kCounters;
+using json_fields::kOptionalCounters;
+using json_fields::kPoolNames;
+using json_fields::kStatArrays;
+using json_fields::kStats;
+using json_fields::StatArrayField;
+using json_fields::StatField;
 
 // --- writing --------------------------------------------------------------------------
 
@@ -295,338 +253,6 @@ ojson SnapshotObject(const RuntimeSnapshot& snap, const std::vector<TraceEvent>*
   return j;
 }
 
-// --- reading --------------------------------------------------------------------------
-
-// Thrown by the helpers below; caught at the entry points.
-struct ReadError {
-  std::string message;
-};
-
-std::string Sub(const std::string& path, std::string_view key) {
-  return path.empty() ? std::string(key) : absl::StrCat(path, ".", Av(key));
-}
-std::string Idx(const std::string& path, size_t i) { return absl::StrCat(path, "[", i, "]"); }
-
-[[noreturn]] void Expected(const std::string& path, std::string_view what, const json& got) {
-  throw ReadError{absl::StrCat(path, ": expected ", Av(what), ", got ", got.type_name())};
-}
-
-const json& Field(const json& obj, std::string_view key, const std::string& path) {
-  auto it = obj.find(std::string(key));
-  if (it == obj.end()) {
-    throw ReadError{absl::StrCat(Sub(path, key), ": missing (expected a field \"",
-                                 Av(key), "\")")};
-  }
-  return *it;
-}
-
-const json& Object(const json& v, const std::string& path) {
-  if (!v.is_object()) Expected(path, "an object", v);
-  return v;
-}
-const json& Array(const json& v, const std::string& path) {
-  if (!v.is_array()) Expected(path, "an array", v);
-  return v;
-}
-uint64_t U64(const json& v, const std::string& path) {
-  if (v.is_number_unsigned()) return v.get<uint64_t>();
-  if (v.is_number_integer() && v.get<int64_t>() >= 0) return v.get<uint64_t>();
-  Expected(path, "a non-negative integer", v);
-}
-int64_t I64(const json& v, const std::string& path) {
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > static_cast<uint64_t>(INT64_MAX)) {
-      throw ReadError{absl::StrCat(path, ": expected a 64-bit signed integer, got ", u)};
-    }
-    return static_cast<int64_t>(u);
-  }
-  if (v.is_number_integer()) return v.get<int64_t>();
-  Expected(path, "an integer", v);
-}
-uint32_t U32(const json& v, const std::string& path) {
-  const uint64_t u = U64(v, path);
-  if (u > UINT32_MAX) {
-    throw ReadError{absl::StrCat(path, ": expected a 32-bit unsigned integer, got ", u)};
-  }
-  return static_cast<uint32_t>(u);
-}
-std::string Str(const json& v, const std::string& path) {
-  if (!v.is_string()) Expected(path, "a string", v);
-  return v.get<std::string>();
-}
-bool Bool(const json& v, const std::string& path) {
-  if (!v.is_boolean()) Expected(path, "true or false", v);
-  return v.get<bool>();
-}
-
-uint64_t U64F(const json& obj, std::string_view key, const std::string& path) {
-  return U64(Field(obj, key, path), Sub(path, key));
-}
-int64_t I64F(const json& obj, std::string_view key, const std::string& path) {
-  return I64(Field(obj, key, path), Sub(path, key));
-}
-std::string StrF(const json& obj, std::string_view key, const std::string& path) {
-  return Str(Field(obj, key, path), Sub(path, key));
-}
-
-DeviceId DeviceF(const json& obj, const std::string& path) {
-  const std::string text = StrF(obj, "device", path);
-  absl::StatusOr<DeviceId> d = ParseDeviceId(text);
-  if (!d.ok()) {
-    throw ReadError{absl::StrCat(Sub(path, "device"),
-                                 ": expected a device (\"cpu\", \"sim:N\", \"cuda:N\"), got \"",
-                                 text, "\"")};
-  }
-  return *d;
-}
-
-// Names to enums: the inverse of the *Name functions.
-template <typename Enum, typename NameFn>
-Enum EnumF(const json& obj, std::string_view key, const std::string& path, int count,
-           NameFn name, std::string_view what) {
-  const std::string text = StrF(obj, key, path);
-  std::string choices;
-  for (int i = 0; i < count; ++i) {
-    const std::string_view n = name(static_cast<Enum>(i));
-    if (n == text) return static_cast<Enum>(i);
-    absl::StrAppend(&choices, i == 0 ? "" : ", ", Av(n));
-  }
-  throw ReadError{absl::StrCat(Sub(path, key), ": expected ", Av(what), " (one of ", choices,
-                               "), got \"", text, "\"")};
-}
-
-// Checks "schema": same family, same major version (any minor).
-void CheckSchema(const json& root, std::string_view expected, std::string_view what) {
-  if (!root.is_object()) Expected(std::string(what), "a JSON object", root);
-  auto it = root.find("schema");
-  if (it == root.end() || !it->is_string()) {
-    throw ReadError{absl::StrCat(Av(what), ": missing \"schema\" (expected \"", Av(expected),
-                                 "\")")};
-  }
-  const std::string found = it->get<std::string>();
-  // "devmem.snapshot/1" accepts "devmem.snapshot/1" and "devmem.snapshot/1.N".
-  const bool same = found == expected ||
-                    (found.size() > expected.size() + 1 &&
-                     std::string_view(found).substr(0, expected.size()) == expected &&
-                     found[expected.size()] == '.');
-  if (!same) {
-    throw ReadError{absl::StrCat(Av(what), ": schema \"", found,
-                                 "\" is not supported (this reader reads \"", Av(expected),
-                                 "\"; other major versions are refused)")};
-  }
-}
-
-json Parse(std::string_view text, std::string_view what) {
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    // parse_error, and out_of_range for a number too large for any type ("1e999"
-    // escaped as an uncaught exception: found by the fuzzer).
-    throw ReadError{absl::StrCat(Av(what), ": not valid JSON (", e.what(), ")")};
-  }
-}
-
-Stat StatFrom(const json& v, const std::string& path) {
-  Object(v, path);
-  Stat s;
-  s.current = I64F(v, "current", path);
-  s.peak = I64F(v, "peak", path);
-  s.allocated = I64F(v, "allocated", path);
-  s.freed = I64F(v, "freed", path);
-  return s;
-}
-
-DeviceStats StatsFrom(const json& v, const std::string& path) {
-  Object(v, path);
-  DeviceStats stats;
-  for (const StatArrayField& f : kStatArrays) {
-    const std::string p = Sub(path, f.name);
-    const json& pools = Object(Field(v, f.name, path), p);
-    for (int i = 0; i < kNumStatPools; ++i) {
-      (stats.*f.member)[i] = StatFrom(Field(pools, kPoolNames[i], p), Sub(p, kPoolNames[i]));
-    }
-  }
-  for (const StatField& f : kStats) {
-    stats.*f.member = StatFrom(Field(v, f.name, path), Sub(path, f.name));
-  }
-  for (const CounterField& f : kCounters) stats.*f.member = I64F(v, f.name, path);
-  for (const CounterField& f : kOptionalCounters) {
-    if (v.contains(f.name)) stats.*f.member = I64F(v, f.name, path);
-  }
-  // Optional: files written before driver calls were counted have none.
-  if (v.contains("driver_calls")) {
-    const std::string pc = Sub(path, "driver_calls");
-    const std::string pn = Sub(path, "driver_ns");
-    const json& calls = Object(Field(v, "driver_calls", path), pc);
-    const json& ns = Object(Field(v, "driver_ns", path), pn);
-    for (int i = 0; i < kNumDriverCalls; ++i) {
-      const std::string name(DriverCallName(static_cast<DriverCall>(i)));
-      stats.driver.calls[i] = I64F(calls, name, pc);
-      stats.driver.ns[i] = I64F(ns, name, pn);
-    }
-    stats.driver.handle_reserve_bytes = I64F(v, "handle_reserve_bytes", path);
-  }
-  return stats;
-}
-
-BlockInfo BlockFrom(const json& v, const std::string& path, int64_t now_ns) {
-  Object(v, path);
-  BlockInfo b;
-  b.addr = static_cast<uintptr_t>(U64F(v, "addr", path));
-  b.size = static_cast<size_t>(U64F(v, "size", path));
-  b.requested = static_cast<size_t>(U64F(v, "requested", path));
-  b.state = EnumF<BlockState>(v, "state", path, 3, BlockStateName, "a block state");
-  b.stream.handle = static_cast<uintptr_t>(U64F(v, "stream", path));
-  b.site = U32(Field(v, "site", path), Sub(path, "site"));
-  if (auto it = v.find("age_ns"); it != v.end() && !it->is_null()) {
-    b.alloc_time_ns = now_ns - I64(*it, Sub(path, "age_ns"));
-  }
-  if (auto it = v.find("stack"); it != v.end()) b.stack = U32(*it, Sub(path, "stack"));
-  return b;
-}
-
-SampledStack SampledStackFrom(const json& v, const std::string& path) {
-  Object(v, path);
-  SampledStack s;
-  s.stack = U32(Field(v, "stack", path), Sub(path, "stack"));
-  s.site = U32(Field(v, "site", path), Sub(path, "site"));
-  s.samples = U64F(v, "samples", path);
-  s.sampled_bytes = U64F(v, "sampled_bytes", path);
-  const json& estimated = Field(v, "estimated_bytes", path);
-  if (!estimated.is_number() || estimated.get<double>() < 0) {
-    Expected(Sub(path, "estimated_bytes"), "a non-negative number", estimated);
-  }
-  s.estimated_bytes = estimated.get<double>();
-  const std::string fp = Sub(path, "frames");
-  const json& frames = Array(Field(v, "frames", path), fp);
-  for (size_t i = 0; i < frames.size(); ++i) s.frames.push_back(Str(frames[i], Idx(fp, i)));
-  return s;
-}
-
-AllocatorSnapshot DeviceFrom(const json& v, const std::string& path) {
-  Object(v, path);
-  AllocatorSnapshot d;
-  d.device = DeviceF(v, path);
-  d.time_ns = I64F(v, "time_ns", path);
-  const std::string ip = Sub(path, "info");
-  const json& info = Object(Field(v, "info", path), ip);
-  d.info.name = StrF(info, "name", ip);
-  d.info.uuid = StrF(info, "uuid", ip);
-  d.info.backend = StrF(info, "backend", ip);
-  const std::string mp = Sub(path, "mem_info");
-  const json& mem = Object(Field(v, "mem_info", path), mp);
-  d.mem_info.free_bytes = static_cast<size_t>(U64F(mem, "free_bytes", mp));
-  d.mem_info.total_bytes = static_cast<size_t>(U64F(mem, "total_bytes", mp));
-  d.stats = StatsFrom(Field(v, "stats", path), Sub(path, "stats"));
-  const std::string sp = Sub(path, "segments");
-  const json& segments = Array(Field(v, "segments", path), sp);
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const std::string p = Idx(sp, i);
-    const json& s = Object(segments[i], p);
-    SegmentInfo seg;
-    seg.addr = static_cast<uintptr_t>(U64F(s, "addr", p));
-    seg.size = static_cast<size_t>(U64F(s, "size", p));
-    seg.stream.handle = static_cast<uintptr_t>(U64F(s, "stream", p));
-    const std::string pool = StrF(s, "pool", p);
-    if (pool != "small" && pool != "large") {
-      throw ReadError{absl::StrCat(Sub(p, "pool"), ": expected \"small\" or \"large\", got \"",
-                                   pool, "\"")};
-    }
-    seg.small_pool = pool == "small";
-    seg.expandable = Bool(Field(s, "expandable", p), Sub(p, "expandable"));
-    if (auto pp = s.find("private_pool"); pp != s.end()) {  // optional
-      const std::string ppp = Sub(p, "private_pool");
-      const json& ids = Array(*pp, ppp);
-      if (ids.size() != 2) {
-        throw ReadError{absl::StrCat(ppp, ": expected [first, second], got ", ids.size(),
-                                     " numbers")};
-      }
-      seg.private_pool.first = U64(ids[0], Idx(ppp, 0));
-      seg.private_pool.second = U64(ids[1], Idx(ppp, 1));
-    }
-    const std::string bp = Sub(p, "blocks");
-    const json& blocks = Array(Field(s, "blocks", p), bp);
-    for (size_t k = 0; k < blocks.size(); ++k) {
-      seg.blocks.push_back(BlockFrom(blocks[k], Idx(bp, k), d.time_ns));
-    }
-    d.segments.push_back(std::move(seg));
-  }
-  // Optional (files written before scoped arenas have none).
-  if (auto ab = v.find("arena_buffers"); ab != v.end()) {
-    const std::string ap = Sub(path, "arena_buffers");
-    Array(*ab, ap);
-    for (size_t i = 0; i < ab->size(); ++i) {
-      const std::string p = Idx(ap, i);
-      const json& a = Object((*ab)[i], p);
-      ArenaBufferInfo b;
-      b.addr = static_cast<uintptr_t>(U64F(a, "addr", p));
-      b.size = static_cast<size_t>(U64F(a, "size", p));
-      b.site = static_cast<SiteId>(U64F(a, "site", p));
-      b.arena = StrF(a, "arena", p);
-      b.chunk = static_cast<uintptr_t>(U64F(a, "chunk", p));
-      b.escaped = Bool(Field(a, "escaped", p), Sub(p, "escaped"));
-      if (b.addr < b.chunk) {
-        throw ReadError{absl::StrCat(Sub(p, "addr"), ": ", b.addr,
-                                     " lies below its chunk at ", b.chunk)};
-      }
-      d.arena_buffers.push_back(std::move(b));
-    }
-  }
-  // Optional (files written before sampled stacks have none).
-  if (auto it = v.find("stack_sample_bytes"); it != v.end()) {
-    d.stack_sample_bytes = U64(*it, Sub(path, "stack_sample_bytes"));
-  }
-  if (auto ss = v.find("sampled_stacks"); ss != v.end()) {
-    const std::string p = Sub(path, "sampled_stacks");
-    Array(*ss, p);
-    for (size_t i = 0; i < ss->size(); ++i) {
-      d.sampled_stacks.push_back(SampledStackFrom((*ss)[i], Idx(p, i)));
-    }
-  }
-  return d;
-}
-
-void SitesFrom(const json& v, const std::string& path, SiteMap* out) {
-  Array(v, path);
-  for (size_t i = 0; i < v.size(); ++i) {
-    const std::string p = Idx(path, i);
-    const json& s = Object(v[i], p);
-    const SiteId id = U32(Field(s, "id", p), Sub(p, "id"));
-    SiteInfo info;
-    info.file = StrF(s, "file", p);
-    info.line = U32(Field(s, "line", p), Sub(p, "line"));
-    info.function = StrF(s, "function", p);
-    info.tag = StrF(s, "tag", p);
-    info.kind = EnumF<SiteKind>(s, "kind", p, kNumSiteKinds, SiteKindName, "a site kind");
-    if (s.contains("outer")) {  // optional: only sites with a ScopedSite frame
-      const std::string op = Sub(p, "outer");
-      const json& o = Object(s["outer"], op);
-      info.outer_file = StrF(o, "file", op);
-      info.outer_line = U32(Field(o, "line", op), Sub(op, "line"));
-      info.outer_function = StrF(o, "function", op);
-    }
-    (*out)[id] = std::move(info);
-  }
-}
-
-TraceEvent EventFrom(const json& v, const std::string& path) {
-  Object(v, path);
-  TraceEvent e;
-  e.seq = U64F(v, "seq", path);
-  e.time_ns = I64F(v, "time_ns", path);
-  e.action = EnumF<AllocAction>(v, "action", path, kNumAllocActions, AllocActionName,
-                                "an action");
-  e.device = DeviceF(v, path);
-  e.stream.handle = static_cast<uintptr_t>(U64F(v, "stream", path));
-  e.addr = static_cast<uintptr_t>(U64F(v, "addr", path));
-  e.size = static_cast<size_t>(U64F(v, "size", path));
-  e.requested = static_cast<size_t>(U64F(v, "requested", path));
-  e.site = U32(Field(v, "site", path), Sub(path, "site"));
-  e.thread = U32(Field(v, "thread", path), Sub(path, "thread"));
-  return e;
-}
-
 ojson OomToJson(const OomReport& r) {
   ojson j;
   j["device"] = r.device.ToString();
@@ -705,76 +331,7 @@ std::string OomDumpToJson(const RuntimeSnapshot& snap, const OomReport& report,
   return j.dump(1);
 }
 
-absl::StatusOr<RuntimeSnapshot> SnapshotFromJson(std::string_view text, SiteMap* sites,
-                                                 std::vector<TraceEvent>* trace) {
-  try {
-    const json root = Parse(text, "snapshot");
-    CheckSchema(root, kSnapshotSchema, "snapshot");
-    RuntimeSnapshot snap;
-    snap.time_ns = I64F(root, "time_ns", "");
-    snap.unix_time_ns = I64F(root, "unix_time_ns", "");
-    const json& devices = Array(Field(root, "devices", ""), "devices");
-    for (size_t i = 0; i < devices.size(); ++i) {
-      const std::string dp = Idx("devices", i);
-      snap.devices.push_back(DeviceFrom(devices[i], dp));
-      // "tensor" on live buffers (optional): what the tensor layer knew.
-      BufferAnnotations annotations;
-      if (auto lb = devices[i].find("live_buffers"); lb != devices[i].end()) {
-        const std::string lp = Sub(dp, "live_buffers");
-        Array(*lb, lp);
-        for (size_t k = 0; k < lb->size(); ++k) {
-          const std::string bp = Idx(lp, k);
-          const json& buffer = Object((*lb)[k], bp);
-          auto t = buffer.find("tensor");
-          if (t == buffer.end()) continue;
-          const std::string tp = Sub(bp, "tensor");
-          const json& tensor = Object(*t, tp);
-          BufferAnnotation a;
-          a.refcount = U64F(tensor, "refcount", tp);
-          a.dtype = StrF(tensor, "dtype", tp);
-          const std::string sp = Sub(tp, "shape");
-          const json& shape = Array(Field(tensor, "shape", tp), sp);
-          for (size_t d = 0; d < shape.size(); ++d) a.shape.push_back(I64(shape[d], Idx(sp, d)));
-          annotations[static_cast<uintptr_t>(U64F(buffer, "addr", bp))] = std::move(a);
-        }
-      }
-      if (!annotations.empty()) {
-        snap.annotations.resize(snap.devices.size());
-        snap.annotations.back() = std::move(annotations);
-      }
-    }
-    if (!snap.annotations.empty()) snap.annotations.resize(snap.devices.size());
-    SiteMap table;
-    SitesFrom(Field(root, "sites", ""), "sites", &table);
-    std::vector<TraceEvent> events;
-    if (auto it = root.find("trace"); it != root.end()) {
-      Array(*it, "trace");
-      for (size_t i = 0; i < it->size(); ++i) {
-        events.push_back(EventFrom((*it)[i], Idx("trace", i)));
-      }
-    }
-    if (sites != nullptr) *sites = std::move(table);
-    if (trace != nullptr) *trace = std::move(events);
-    return snap;
-  } catch (const ReadError& e) {
-    return absl::InvalidArgumentError(
-        e.message.rfind("snapshot", 0) == 0 ? e.message : absl::StrCat("snapshot: ", e.message));
-  } catch (const json::exception& e) {  // a conversion the checks above missed
-    return absl::InvalidArgumentError(absl::StrCat("snapshot: malformed (", e.what(), ")"));
-  }
-}
-
 std::string TraceEventToJson(const TraceEvent& event) { return TraceEventToObject(event).dump(); }
-
-absl::StatusOr<TraceEvent> TraceEventFromJson(std::string_view line) {
-  try {
-    return EventFrom(Parse(line, "trace event"), "trace event");
-  } catch (const ReadError& e) {
-    return absl::InvalidArgumentError(e.message);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("trace event: malformed (", e.what(), ")"));
-  }
-}
 
 std::string TraceHeaderToJson(const std::vector<TraceEvent>& events) {
   std::set<SiteId> sites;
@@ -809,38 +366,6 @@ absl::Status WriteTraceFile(const std::string& path, const std::vector<TraceEven
     return absl::UnavailableError(absl::StrCat("error writing trace file ", path));
   }
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::vector<TraceEvent>> TraceFromJsonl(std::string_view text, SiteMap* sites) {
-  std::vector<TraceEvent> events;
-  SiteMap table;
-  size_t line_no = 0;
-  size_t pos = 0;
-  try {
-    while (pos < text.size()) {
-      size_t nl = text.find('\n', pos);
-      if (nl == std::string_view::npos) nl = text.size();
-      const std::string_view line = text.substr(pos, nl - pos);
-      pos = nl + 1;
-      ++line_no;
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
-      const std::string where = absl::StrCat("trace line ", line_no);
-      const json v = Parse(line, where);
-      if (v.is_object() && v.contains("schema")) {  // the header line
-        CheckSchema(v, kTraceSchema, where);
-        if (auto it = v.find("sites"); it != v.end()) SitesFrom(*it, Sub(where, "sites"), &table);
-        continue;
-      }
-      events.push_back(EventFrom(v, where));
-    }
-  } catch (const ReadError& e) {
-    return absl::InvalidArgumentError(e.message);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trace line ", line_no, ": malformed (", e.what(), ")"));
-  }
-  if (sites != nullptr) *sites = std::move(table);
-  return events;
 }
 
 std::string DeviceStatsToJson(DeviceId device, const DeviceStats& stats,

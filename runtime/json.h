@@ -12,10 +12,14 @@
 //   OOM dump   a snapshot of the failing device plus {"oom": <OomReport>}.
 //   stats      {"schema": "devmem.stats/1", "device", "stats", "sites"}: one device's
 //              statistics and per-site counters (libdevmem.so's devmem_stats_json).
-// Snapshots and traces describe buffers, never their contents. Written and read with
-// nlohmann::json. Readers accept any minor version of their major version
-// ("devmem.snapshot/1" and "devmem.snapshot/1.3") and refuse other majors, naming the
-// schema they found and the one they read; unknown fields are ignored.
+// Snapshots and traces describe buffers, never their contents. Written with
+// nlohmann::json (runtime/json.cc), read with simdjson (runtime/json_reader.cc; the
+// snapshot reader is also memtrace's, fast enough for a snapshot of 10^6 buffers).
+// Readers accept any minor version of their major version ("devmem.snapshot/1" and
+// "devmem.snapshot/1.3") and refuse other majors, naming the schema they found and the
+// one they read; unknown fields are ignored. Their errors start with the input's name
+// (a file, a URL, or "snapshot" / "trace line N"), then the path of the offending field
+// and what was expected there, or the byte offset of a JSON syntax error.
 //
 // Thread-safety: every function is a pure function of its arguments, except that the
 // writers read the process's site table (allocator/site.h), which is thread-safe.
@@ -52,10 +56,53 @@ using SiteMap = std::map<SiteId, SiteInfo>;
 std::string SnapshotToJson(const RuntimeSnapshot& snap,
                            const std::vector<TraceEvent>* trace = nullptr);
 
-// Reads a snapshot back. `sites` (if given) receives the site table, `trace` (if given)
-// the events ("trace" absent: empty). InvalidArgument on malformed input, naming the
-// field (as a path, "devices[0].segments[2].size") and what was expected there, or
-// the schema found and the one expected.
+// One top site of an OOM dump's "oom" object, as the file carries it.
+struct OomRecordSite {
+  uint32_t site = 0;
+  std::string where, kind;
+  bool copy = false;
+  uint64_t live_bytes = 0, live_count = 0;
+};
+
+// The "oom" object of an OOM dump (docs/formats.md "OOM dump") as the file carries it:
+// the writer's words and figures (its `message` and `remedy`, its site texts), which
+// a reader shows as they are rather than recomputes.
+struct OomRecord {
+  std::string device;
+  uint64_t stream = 0;
+  uint32_t site = 0;
+  uint64_t requested_bytes = 0, rounded_bytes = 0, segment_bytes = 0;
+  uint64_t device_total = 0, driver_free = 0, memory_limit = 0;
+  uint64_t allocated = 0, reserved = 0, pending = 0, reserved_unallocated = 0;
+  uint64_t largest_free_block = 0, free_blocks = 0, segment_count = 0;
+  double fragmentation = 0;
+  std::vector<OomRecordSite> top_sites;
+  uint64_t copy_bytes = 0;
+  double copy_share = 0;
+  std::string cause, remedy, message;
+};
+
+// Everything a snapshot file or OOM dump holds.
+struct SnapshotFile {
+  std::string schema;        // as found ("devmem.snapshot/1" or a minor of it)
+  RuntimeSnapshot snap;
+  SiteMap sites;             // the writer's site table
+  std::vector<TraceEvent> trace;  // "trace" (optional; absent: empty)
+  std::optional<OomRecord> oom;   // "oom": the file is an OOM dump
+};
+
+// Reads a snapshot or OOM dump. `name` (the file or URL) starts every error message.
+// Besides the types of the fields, it checks what the views of a snapshot rely on:
+// every block lies inside its segment and the blocks tile it in address order, every
+// "tensor" annotation names an allocated block, an arena buffer lies above its chunk.
+// InvalidArgument on malformed input (nothing is returned then).
+absl::StatusOr<SnapshotFile> ParseSnapshotJson(std::string_view text, const std::string& name);
+// The same for a file, read straight into the parser's buffer (one copy of a large
+// file); NotFound when it cannot be read, naming the file and why.
+absl::StatusOr<SnapshotFile> ReadSnapshotJsonFile(const std::string& path);
+
+// ParseSnapshotJson(json, "snapshot"), for callers that want the runtime's types only.
+// `sites` (if given) receives the site table, `trace` (if given) the events.
 absl::StatusOr<RuntimeSnapshot> SnapshotFromJson(std::string_view json,
                                                  SiteMap* sites = nullptr,
                                                  std::vector<TraceEvent>* trace = nullptr);

@@ -16,6 +16,7 @@ pytorch-snapshot` (docs/formats.md, "PyTorch snapshot export").
              scripts/setup.sh). Prints "SKIP: ..." and exits 0 where none has it.
 """
 import collections
+import json
 import os
 import pickle
 import re
@@ -276,8 +277,17 @@ def structure(memtrace, demo, traces):
               "-o - differs from the file")
         with open(f"{tmp}/bad.json", "w") as f:
             f.write('{"schema": "devmem.snapshot/1", "devices": "x"}')
+        # An OOM dump's "oom" object is read by the snapshot reader too: a field it lacks
+        # is named with its path (it was a second parse's bare exception text).
+        with open(dump) as f:
+            broken = json.load(f)
+        del broken["oom"]["requested_bytes"]
+        with open(f"{tmp}/bad_oom.json", "w") as f:
+            json.dump(broken, f)
         for args, needle in (([s_json, "--to", "chrome"], "--to chrome: unknown format"),
                              ([f"{tmp}/bad.json"], "bad.json"),
+                             ([f"{tmp}/bad_oom.json"],
+                              "bad_oom.json: oom.requested_bytes: missing (expected a field"),
                              ([f"{tmp}/missing.json"], "missing.json: cannot open"),
                              ([s_json, "--device", "cuda:3"], "device cuda:3 is not in the input (it has sim:0, sim:1)")):
             cmd = [memtrace, "export", "--to", "pytorch-snapshot", *args, "-o", f"{tmp}/x.pickle"]

@@ -172,7 +172,7 @@ TEST(SnapshotReaderTest, MalformedInputNamesPathOrOffset) {
   EXPECT_EQ(message(json.substr(0, 40)).rfind("f.json: not valid JSON, at byte 40", 0), 0u)
       << message(json.substr(0, 40));
   EXPECT_EQ(message("  \n"), "f.json: empty (expected a JSON snapshot object)");
-  EXPECT_EQ(message("[1, 2]"), "f.json: (top level): expected an object, got array");
+  EXPECT_EQ(message("[1, 2]"), "f.json: (top level): expected a JSON object, got array");
   EXPECT_EQ(message("{}"), "f.json: missing \"schema\" (expected \"devmem.snapshot/1\")");
   std::string bad = json;
   bad.replace(bad.find("\"state\":\"free\""), 14, "\"state\":\"gone\"");

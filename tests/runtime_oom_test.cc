@@ -123,6 +123,23 @@ TEST(OomDumpTest, DumpIsWrittenReadableAndRateLimited) {
   EXPECT_EQ(oom["top_sites"][0]["live_bytes"], 30 * kMiB);
   EXPECT_GT(oom.at("copy_share").get<double>(), 0.99);
   EXPECT_FALSE(oom.at("remedy").get<std::string>().empty());
+
+  // The reader gives the "oom" object back as written (memtrace oom shows it).
+  absl::StatusOr<SnapshotFile> file = ParseSnapshotJson(text, name);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE(file->oom.has_value());
+  EXPECT_EQ(file->oom->device, "sim:41");
+  EXPECT_EQ(file->oom->requested_bytes, 100 * kMiB);
+  EXPECT_EQ(file->oom->site, asker);
+  EXPECT_EQ(file->oom->cause, oom.at("cause"));
+  ASSERT_EQ(file->oom->top_sites.size(), oom.at("top_sites").size());
+  EXPECT_EQ(file->oom->top_sites[0].site, holder);
+  EXPECT_EQ(file->oom->top_sites[0].where, oom["top_sites"][0]["where"]);
+  EXPECT_TRUE(file->oom->top_sites[0].copy);
+  EXPECT_EQ(file->oom->message, oom.at("message"));
+  EXPECT_EQ(file->oom->remedy, oom.at("remedy"));
+  EXPECT_EQ(file->sites.size(), sites.size());
+  EXPECT_FALSE(ParseSnapshotJson(text.substr(0, text.size() / 2), name).ok());
   fs::remove_all(dir);
 }
 

@@ -1,5 +1,5 @@
 // tools/fuzz/fuzz_runtime_json.cc: libFuzzer target for the runtime's JSON readers
-// (runtime/json.h): SnapshotFromJson (snapshots and OOM dumps, with their site table
+// (runtime/json.h, runtime/json_reader.cc): SnapshotFromJson (snapshots and OOM dumps, with their site table
 // and trace), TraceFromJsonl (trace files) and TraceEventFromJson (one event line).
 // Errors, never crashes; and an event line that is read writes back to a line that
 // reads back to the same line (the writer and the reader agree on everything they

@@ -1,6 +1,7 @@
-// tools/fuzz/fuzz_snapshot.cc: libFuzzer target for memtrace's snapshot reader
-// (ParseSnapshot, tools/snapshot/snapshot_reader.h) and for what `oom`, `buffers` and `diff`
-// compute from what it accepts: errors, never crashes, and the invariants those views
+// tools/fuzz/fuzz_snapshot.cc: libFuzzer target for the snapshot reader as memtrace uses it
+// (ParseSnapshot, tools/snapshot/snapshot_reader.h: the runtime's ParseSnapshotJson, then
+// memtrace's flat view) and for what `oom`, `buffers` and `diff` compute from what it
+// accepts: errors, never crashes, and the invariants those views
 // rely on hold (a violation traps, so the fuzzer reports it):
 //   - oom: a device's cell size keeps every segment map within columns x 4 cells, and
 //     a segment's allocated + free + pending bytes fit in the segment (blocks do not

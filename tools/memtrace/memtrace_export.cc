@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -52,27 +53,32 @@ bool LooksLikeTrace(const std::string& text) {
   return schema != first.end() && schema->is_string() && *schema == kTraceSchema;
 }
 
-// The OOM dump's report, where the snapshot has one ("oom", docs/formats.md).
-absl::Status ReadOom(const std::string& text, const std::string& name,
-                     std::optional<PyTorchExportInput::Oom>* out) {
-  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (!j.is_object() || !j.contains("oom")) return absl::OkStatus();
-  const nlohmann::json& o = j["oom"];
-  try {
-    absl::StatusOr<DeviceId> device = ParseDeviceId(o.at("device").get<std::string>());
+// What the export takes from a snapshot or OOM dump, as the one reader read it
+// (runtime/json.h's ParseSnapshotJson): the state, the sites, the trace, and an OOM
+// dump's failed request (its "oom" object), which becomes an "oom" entry. Errors start
+// with `name`, as the reader's do.
+absl::Status TakeSnapshot(absl::StatusOr<SnapshotFile> read, const std::string& name,
+                          PyTorchExportInput* in) {
+  if (!read.ok()) return read.status();
+  std::optional<PyTorchExportInput::Oom> oom;
+  if (read->oom.has_value()) {
+    const OomRecord& o = *read->oom;
+    absl::StatusOr<DeviceId> device = ParseDeviceId(o.device);
     if (!device.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": oom.device: ", device.status().message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": oom.device: ", device.status().message()));
     }
-    PyTorchExportInput::Oom oom;
-    oom.device = *device;
-    oom.stream = Stream{o.value("stream", uint64_t{0})};
-    oom.site = o.value("site", uint32_t{0});
-    oom.requested_bytes = o.at("requested_bytes").get<uint64_t>();
-    oom.driver_free = o.value("driver_free", uint64_t{0});
-    *out = oom;
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(name, ": oom: ", e.what()));
+    oom.emplace();
+    oom->device = *device;
+    oom->stream = Stream{static_cast<uintptr_t>(o.stream)};
+    oom->site = o.site;
+    oom->requested_bytes = o.requested_bytes;
+    oom->driver_free = o.driver_free;
   }
+  in->state = std::move(read->snap);
+  in->sites = std::move(read->sites);
+  in->trace = std::move(read->trace);
+  in->oom = oom;
   return absl::OkStatus();
 }
 
@@ -95,11 +101,8 @@ int ReadFileSource(const std::string& path, PyTorchExportInput* in) {
     in->trace = std::move(*trace);
     return kExitOk;
   }
-  absl::StatusOr<RuntimeSnapshot> snap = SnapshotFromJson(text, &in->sites, &in->trace);
-  if (!snap.ok()) return Fail(absl::StrCat(path, ": ", snap.status().message()), kExitBadInput);
-  in->state = std::move(*snap);
-  absl::Status oom = ReadOom(text, path, &in->oom);
-  if (!oom.ok()) return Fail(std::string(oom.message()), kExitBadInput);
+  absl::Status read = TakeSnapshot(ParseSnapshotJson(text, path), path, in);
+  if (!read.ok()) return Fail(std::string(read.message()), kExitBadInput);
   return kExitOk;
 }
 
@@ -116,11 +119,9 @@ int ReadUrlSource(const ExportArgs& a, PyTorchExportInput* in) {
   while (!base.empty() && base.back() == '/') base.pop_back();
   absl::StatusOr<std::string> body = HttpGetOk(base + "/debug/snapshot", token);
   if (!body.ok()) return Fail(std::string(body.status().message()), kExitUnreachable);
-  absl::StatusOr<RuntimeSnapshot> snap = SnapshotFromJson(*body, &in->sites, &in->trace);
-  if (!snap.ok()) {
-    return Fail(absl::StrCat(base, "/debug/snapshot: ", snap.status().message()), kExitBadInput);
-  }
-  in->state = std::move(*snap);
+  const std::string url = base + "/debug/snapshot";
+  absl::Status read = TakeSnapshot(ParseSnapshotJson(*body, url), url, in);
+  if (!read.ok()) return Fail(std::string(read.message()), kExitBadInput);
   if (in->trace.empty()) {
     // The whole ring, page after page, with the names of the sites its events name
     // (sites of buffers freed before the snapshot are not in the snapshot's table).

@@ -1,19 +1,18 @@
-// tools/snapshot/snapshot_reader.h: memtrace's reader of snapshot files and OOM dumps
+// tools/snapshot/snapshot_reader.h: memtrace's view of snapshot files and OOM dumps
 // (devmem.snapshot/1, docs/formats.md), built for inspection at scale.
 //
-// runtime/json.h's SnapshotFromJson rebuilds a full RuntimeSnapshot through
-// nlohmann::json, which is right for round trips but too slow and too large for a
-// snapshot with 10^6 live buffers (the issue asks for <= 2 s). This reader parses with
-// simdjson's DOM and keeps only what memtrace shows: per device its totals and a flat
-// array of blocks (segments index into it), the site table, and the "oom" report when
-// the file is a dump. Blocks come from the segments; "live_buffers" (redundant with
-// them) is read only for its optional "tensor" annotations (refcount, dtype, shape:
-// what the tensor layer knew), which are kept beside the blocks they name.
+// The file is read by the runtime's reader (runtime/json.h's ParseSnapshotJson, the one
+// reader of the format: simdjson, fast enough for a snapshot with 10^6 live buffers),
+// which also checks what the views here rely on (blocks inside their segments, tiling
+// them in address order; annotations naming allocated blocks). This flattens what it
+// read into what memtrace shows: per device its totals and one array of blocks
+// (segments index into it), the site table with each site's text, the "tensor"
+// annotations beside the blocks they name, and the "oom" report when the file is a
+// dump, in the writer's words.
 //
-// Errors name the file and either the byte offset of a JSON syntax error (found by
-// re-parsing with nlohmann, which reports positions; only on failure) or the path of
-// the offending field and what was expected there, and refuse other schema majors with
-// the message docs/formats.md gives.
+// Errors are the reader's: they name the file and either the byte offset of a JSON
+// syntax error or the path of the offending field and what was expected there, and
+// refuse other schema majors with the message docs/formats.md gives.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/json.h"
 
 namespace devmem::memtrace {
 
@@ -92,28 +92,9 @@ struct SnapSite {
   std::string where;  // "optimizer @ train.cc:40 (clone)", as SiteInfo::ToString
 };
 
-struct OomTopSite {
-  uint32_t site = 0;
-  std::string where, kind;
-  bool copy = false;
-  uint64_t live_bytes = 0, live_count = 0;
-};
-
-// The "oom" object of an OOM dump (docs/formats.md "OOM dump").
-struct OomInfo {
-  std::string device;
-  uint64_t stream = 0;
-  uint32_t site = 0;
-  uint64_t requested_bytes = 0, rounded_bytes = 0, segment_bytes = 0;
-  uint64_t device_total = 0, driver_free = 0, memory_limit = 0;
-  uint64_t allocated = 0, reserved = 0, pending = 0, reserved_unallocated = 0;
-  uint64_t largest_free_block = 0, free_blocks = 0, segment_count = 0;
-  double fragmentation = 0;
-  std::vector<OomTopSite> top_sites;
-  uint64_t copy_bytes = 0;
-  double copy_share = 0;
-  std::string cause, remedy, message;
-};
+// The "oom" object of an OOM dump, as the file carries it (runtime/json.h).
+using OomTopSite = OomRecordSite;
+using OomInfo = OomRecord;
 
 struct Snapshot {
   std::string schema;
@@ -126,10 +107,11 @@ struct Snapshot {
   const SnapSite& Site(uint32_t id) const;
 };
 
-inline constexpr const char* kReaderSchema = "devmem.snapshot/1";
-
 // Parses snapshot text. `name` (the file or URL) starts every error message.
 absl::StatusOr<Snapshot> ParseSnapshot(std::string_view text, const std::string& name);
+
+// memtrace's view of what the runtime's reader read (consumed: its blocks move).
+Snapshot FlattenSnapshot(SnapshotFile&& file);
 
 // Reads and parses a file; the error names the file (unreadable, malformed, schema).
 // Shows progress on stderr when the file is large and stderr is a terminal.

@@ -136,7 +136,10 @@ def fixture_a():
 def fixture_b():
     # Later: the clone site leaked two more 4 MiB copies, the activations shrank to
     # 4 MiB, the embedding site is unchanged, a new contiguous site appeared, and the
-    # cpu optimizer state is gone.
+    # cpu optimizer state is gone. The device's clock is past its oldest block's age,
+    # as in any file devmem writes (an age is the device's time_ns minus a positive
+    # allocation time; the reader keeps it so, and reads an allocation time of 0 as
+    # none).
     return snapshot([
         device("sim:0", 1 << 30, (1 << 30) - 26 * MIB, [
             (BASE, "large", [(4 * MIB, "allocated", 1, 500_000_000),
@@ -148,7 +151,7 @@ def fixture_b():
                                         (512, "allocated", 3, 10_000_000_000),
                                         (1024, "allocated", 3, 2_300_000_000),
                                         (2 * MIB - 2048, "free", 0, None)]),
-        ]),
+        ], time_ns=12_000_000_000),
         device("cpu", 0, 0, []),
     ])
 
