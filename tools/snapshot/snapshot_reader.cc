@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "allocator/site.h"
+#include "allocator/stack_sampler.h"
 
 namespace devmem::memtrace {
 namespace {
@@ -75,6 +76,7 @@ SnapDevice FlattenDevice(AllocatorSnapshot&& d, const BufferAnnotations* annotat
       sb.stream = b.stream.handle;
       sb.site = b.site;
       sb.state = KindOf(b.state);
+      sb.stack = b.stack;
       // The reader keeps an age as an allocation time (0: the file gave none).
       sb.has_age = b.alloc_time_ns != 0;
       if (sb.has_age) sb.age_ns = d.time_ns - b.alloc_time_ns;
@@ -86,6 +88,12 @@ SnapDevice FlattenDevice(AllocatorSnapshot&& d, const BufferAnnotations* annotat
         }
       }
     }
+  }
+  out.stack_sample_bytes = d.stack_sample_bytes;
+  out.stacks.reserve(d.sampled_stacks.size());
+  for (SampledStack& g : d.sampled_stacks) {
+    out.stacks.push_back(SnapStack{g.stack, g.site, g.samples, g.sampled_bytes,
+                                   g.estimated_bytes, std::move(g.frames)});
   }
   out.arena_buffers.reserve(d.arena_buffers.size());
   for (ArenaBufferInfo& b : d.arena_buffers) {
