@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Times memtrace's snapshot readers at the size the issue sets (a snapshot with 10^6
-# live buffers read by `buffers` and `diff` in <= 2 s each): generates two snapshots
+# Times memtrace's snapshot reading at its target size (a snapshot with 10^6 live
+# buffers read by `buffers` and `diff` in <= 2 s each): generates two snapshots
 # (tests/data/snapshots/generate.py --big; the second with a few sites grown), then
 # prints the wall time of `memtrace buffers`, `buffers --list`, and `diff`.
 #   scripts/bench_snapshot.sh [MEMTRACE] [N]     defaults: build/bin/memtrace, 1000000
@@ -27,4 +27,4 @@ time_it "buffers (by site)" "$memtrace" buffers "$tmp/a.json"
 time_it "buffers --list --top 20" "$memtrace" buffers "$tmp/a.json" --list
 time_it "buffers --json" "$memtrace" buffers "$tmp/a.json" --json
 time_it "diff a b" "$memtrace" diff "$tmp/a.json" "$tmp/b.json"
-echo "target: <= 2 s each for buffers and diff (issue 5)"
+echo "target: <= 2 s each for buffers and diff"

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """tests/paths_test.py SOURCE_DIR: every repository path the docs, build files, scripts
-and code comments name exists (ctest docs.paths).
+and code comments name exists, and none of them points outside the repository: no path
+into a sibling checkout ("../shared/"), no reference to a tracker's items (a number
+after the word for one, or "the" before it) that a reader of the repository cannot
+follow (ctest docs.paths).
 
 Files move (tools/ became one folder per target); a path left behind in a comment or a
 doc sends the reader nowhere. Read: the files git tracks (untracked ones too, as the
@@ -21,6 +24,8 @@ EXTS = ("h", "cc", "c", "cu", "py", "sh", "md", "cmake", "txt", "in", "toml")
 MENTION = re.compile(r"(?<![\w./-])((?:%s)/[A-Za-z0-9_./-]*[A-Za-z0-9_]\.(?:%s))(?![\w])"
                      % ("|".join(TOPS), "|".join(EXTS)))
 PLACEHOLDERS = {"allocator/x.h", "allocator/x.cc"}
+# What points outside the repository (this file, which spells the patterns, is not read).
+OUTSIDE = re.compile(r"\.\./shared\b|\bissues?\s+#?\d+|\bthe\s+issue\b", re.IGNORECASE)
 C_LIKE = (".h", ".cc", ".c", ".cu")
 
 
@@ -47,7 +52,7 @@ def mentions(path, text):
 
 def main():
     src = sys.argv[1]
-    missing = []
+    missing, outside = [], []
     for f in files(src):
         p = os.path.join(src, f)
         if not os.path.isfile(p):
@@ -60,11 +65,20 @@ def main():
         for no, name in mentions(f, text):
             if name not in PLACEHOLDERS and not os.path.exists(os.path.join(src, name)):
                 missing.append("%s:%d: %s" % (f, no, name))
+        if f != "tests/paths_test.py":
+            for no, line in enumerate(text.split("\n"), 1):
+                m = OUTSIDE.search(line)
+                if m:
+                    outside.append("%s:%d: %r" % (f, no, m.group(0)))
     if missing:
         print("paths named that do not exist (moved or renamed? fix the mention):")
         print("\n".join(missing))
+    if outside:
+        print("references outside the repository (say what they stand for instead):")
+        print("\n".join(outside))
+    if missing or outside:
         return 1
-    print("ok: every path named exists")
+    print("ok: every path named exists, none outside the repository")
     return 0
 
 

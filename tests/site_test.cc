@@ -194,7 +194,7 @@ TEST(SiteTest, InvalidUtf8IsReplacedWhenInterned) {
   EXPECT_EQ(GetSite(InternNamedSite("f.cc", 1, "f", SiteKind::kAlloc, good)).tag, good);
 }
 
-// What the issue saw: one tag of invalid UTF-8 made every JSON view fail. The stats
+// What was seen once: one tag of invalid UTF-8 made every JSON view fail. The stats
 // and snapshot JSON of an allocator holding a block of such a site are valid JSON
 // (nlohmann::json refuses invalid UTF-8) and carry the replaced tag.
 TEST(SiteTest, InvalidUtf8TagsKeepJsonViewsValid) {

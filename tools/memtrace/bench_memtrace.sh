@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tools/memtrace/bench_memtrace.sh: how fast memtrace reads big traces (issue target: a
+# tools/memtrace/bench_memtrace.sh: how fast memtrace reads big traces (the target: a
 # 10^7-event trace in <= 10 s for replay and timeline).
 #
 #   tools/memtrace/bench_memtrace.sh [MEMTRACE] [EVENTS]     (defaults: build/bin/memtrace, 10^7)
