@@ -63,6 +63,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "allocator/driver_calls.h"
 #include "allocator/types.h"
 
@@ -86,6 +87,18 @@ class StreamCallbackScope {
 
 // A stream's graph-capture state (cudaStreamCaptureStatus).
 enum class CaptureState { kNone, kActive, kInvalidated };
+
+// What a backend's memory can be shared with (Backend::sharing()).
+struct SharingSupport {
+  // Other devices or processes may use this memory (peer kernels and copies, NCCL,
+  // IPC): true on CUDA. Then expandable_segments:auto picks expandable segments only
+  // when both of the next two hold (segment_kind_policy.h).
+  bool needed = false;
+  // enable_peer_access covers mapped (virtual-memory) memory too.
+  bool vmm_peer_access = false;
+  // Mapped memory can be exported to another process (IPC).
+  bool vmm_ipc = false;
+};
 
 class Backend {
  public:
@@ -165,6 +178,26 @@ class Backend {
 
   // --- what the driver was asked (driver_calls.h) ---------------------------------
   virtual DriverCallStats driver_calls() const { return {}; }
+
+  // --- sharing memory with other devices (segment_kind_policy.h) -------------------
+  // What other devices and processes can do with this backend's memory; decides what
+  // expandable_segments:auto means here (DecideSegmentKind). The default: memory no
+  // other device or process can reach (sim, cpu), so nothing is needed.
+  virtual SharingSupport sharing() const { return {}; }
+  // Lets device `peer` (an index among this backend's kind of device, not this one)
+  // read and write all of this device's memory, present and future: regular segments
+  // (cudaDeviceEnablePeerAccess from `peer`) and every mapping of the reservations,
+  // re-granted now, one access call per contiguous mapped range, and granted to every
+  // later map with the others. Idempotent. Errors name the device, the peer and the
+  // driver call: InvalidArgument for a peer that is this device or does not exist,
+  // FailedPrecondition when the hardware cannot (cudaDeviceCanAccessPeer is 0),
+  // Unimplemented for backends without peers (the default); on failure the set of
+  // granted peers is as before. Thread-safe with map/unmap (a map made while this
+  // runs is granted the peer either way).
+  virtual absl::Status enable_peer_access(int /*peer*/) {
+    return absl::UnimplementedError(
+        absl::StrCat(device().ToString(), ": this backend has no peer devices"));
+  }
 };
 
 }  // namespace devmem

@@ -141,6 +141,15 @@ void CachingAllocator::process_events() {
   RefuseInStreamCallback(*pool_, "process_events");
   DeviceCall(*pool_, "process_events", [&] { pool_->process_events(); });
 }
+absl::Status CachingAllocator::enable_peer_access(int peer) {
+  if (InStreamCallback()) {
+    return absl::InvalidArgumentError(InCallbackMessage(*pool_, "enable_peer_access"));
+  }
+  // The backend keeps the access list and its own lock (it is held across map calls,
+  // so a map made meanwhile grants the peer either way): no device lock needed.
+  return DeviceCall(*pool_, "enable_peer_access",
+                    [&] { return backend().enable_peer_access(peer); });
+}
 bool CachingAllocator::poisoned() const { return pool_->poisoned(); }
 DeviceStats CachingAllocator::stats() const {
   RefuseInStreamCallback(*pool_, "stats");

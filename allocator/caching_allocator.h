@@ -27,9 +27,10 @@
 //     (2) synchronize every pending event, release every unused segment, retry;
 //     (3) large pool only: try a segment of just the request rounded to 2 MiB;
 //     (4) throw OutOfMemoryError with an OomReport;
-//   * with expandable_segments (auto: wherever the backend has virtual memory) each
-//     (stream, pool) has one address reservation: a miss maps the fewest granules that
-//     can hold the request (next to free blocks, in a gap or at the end); whole free
+//   * with expandable_segments (auto: where mappings can be shared,
+//     segment_kind_policy.h) each (stream, pool) has one address reservation: a miss
+//     maps the fewest granules that can hold the request (next to free blocks, in a
+//     gap or at the end); whole free
 //     granules are unmapped under memory pressure, on trim/empty_cache, and when
 //     fragmentation would take a stream's mapped bytes past (1 +
 //     expandable_recycle_threshold) x the high-water mark of the stream's bytes in
@@ -189,6 +190,17 @@ class CachingAllocator {
   // after use; nullptr removes it. The observer must outlive the allocator or be
   // removed first.
   void set_observer(AllocatorObserver* observer);
+
+  // Lets device `peer` (another device of this backend's kind, by index) read and
+  // write every block of this allocator, those allocated now and later: peer kernels,
+  // peer copies and NCCL buffers then work on expandable segments too (Backend::
+  // enable_peer_access: one access call per mapped range now, and every later map
+  // grants the peer). Idempotent. Errors name this device and the peer:
+  // InvalidArgument (the device itself, no such device), FailedPrecondition (the
+  // hardware has no peer path), Unimplemented (backends without peers: sim, cpu), or
+  // the driver's error; nothing changes then. Throws DriverError as allocate does on
+  // a poisoned allocator or a sticky driver error. Takes no device lock.
+  absl::Status enable_peer_access(int peer);
 
   // True once a driver error poisoned this allocator (allocator/errors.h): allocate,
   // free, record_stream, empty_cache, trim and process_events then throw DriverError

@@ -30,8 +30,10 @@ enum class BackendKind : uint8_t { kAuto, kCuda, kSim, kCpu };
 std::string_view BackendKindName(BackendKind kind);
 
 // expandable_segments: kAuto uses them where the backend has virtual memory management
-// (sim, and cuda on devices that support VMM) and regular segments elsewhere, silently;
-// kOn asks for them and warns once per device when the backend cannot.
+// and nothing else needs to reach its memory (sim) or its mappings support peer access
+// and IPC (allocator/segment_kind_policy.h: cuda with POSIX fd handles), regular
+// segments elsewhere, silently; kOn asks for them and warns once per device when the
+// backend cannot.
 enum class ExpandableMode : uint8_t { kAuto, kOff, kOn };
 std::string_view ExpandableModeName(ExpandableMode mode);  // "auto", "false", "true"
 

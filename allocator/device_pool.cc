@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/arena_internal.h"
 #include "allocator/errors.h"
+#include "allocator/segment_kind_policy.h"
 
 namespace devmem::internal {
 namespace {
@@ -18,10 +19,10 @@ namespace {
 std::unique_ptr<ExpandableSegments> MakeExpandable(Backend& backend, const Config& config,
                                                    size_t device_total, SegmentTable& table,
                                                    FreeIndex& free, PoolAccounting& acct) {
-  if (config.expandable_segments == ExpandableMode::kOff ||
-      !backend.caps().virtual_memory || backend.granularity() == 0) {
-    return nullptr;
-  }
+  const SegmentKindDecision kind = DecideSegmentKind(
+      config.expandable_segments,
+      backend.caps().virtual_memory && backend.granularity() > 0, backend.sharing());
+  if (kind.kind != SegmentKind::kExpandable) return nullptr;
   return std::make_unique<ExpandableSegments>(backend, device_total, backend.granularity(),
                                               config.expandable_recycle_threshold, table,
                                               free, acct);

@@ -24,6 +24,9 @@
 // acquire loads; the tag stack and the last error are thread_local.
 #include "capi/devmem.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdio>
@@ -44,6 +47,7 @@
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
 #include "allocator/errors.h"
+#include "allocator/ipc.h"
 #include "allocator/mutex.h"
 #include "allocator/oom_report.h"
 #include "allocator/site.h"
@@ -490,6 +494,21 @@ int ForExistingAllocators(const char* function, int device, Fn&& fn) {
   });
 }
 
+// The C ABI code of an IPC failure: the caller's mistake or the machine's lack
+// (DEVMEM_ERR_INVALID), or the driver's (DEVMEM_ERR_INTERNAL).
+int IpcErrorCode(const absl::Status& st) {
+  switch (st.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kUnimplemented:
+      return DEVMEM_ERR_INVALID;
+    case absl::StatusCode::kResourceExhausted:
+      return DEVMEM_ERR_OOM;
+    default:
+      return DEVMEM_ERR_INTERNAL;
+  }
+}
+
 }  // namespace
 }  // namespace devmem
 
@@ -620,6 +639,110 @@ char* devmem_memory_summary(int device) {
     return DEVMEM_OK;
   });
   return out;
+}
+
+int devmem_enable_peer_access(int device, int peer) {
+  return Guard([&] {
+    const std::string call = absl::StrCat("devmem_enable_peer_access(device ", device,
+                                          ", peer ", peer, ")");
+    if (device == peer) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat(call, ": a device has access to its own memory"));
+    }
+    if (device < 0) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat(call, ": device ", device, " does not exist"));
+    }
+    const absl::Status st = devmem::AllocatorFor(peer).enable_peer_access(device);
+    if (!st.ok()) {
+      const bool invalid = st.code() == absl::StatusCode::kInvalidArgument ||
+                           st.code() == absl::StatusCode::kFailedPrecondition ||
+                           st.code() == absl::StatusCode::kUnimplemented;
+      throw devmem::CapiError(invalid ? DEVMEM_ERR_INVALID : DEVMEM_ERR_INTERNAL,
+                              absl::StrCat(call, ": ", st.message()));
+    }
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_ipc_export(const void* ptr, devmem_ipc_handle* out) {
+  if (out != nullptr) *out = devmem_ipc_handle{};
+  return Guard([&] {
+    if (out == nullptr) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID, "devmem_ipc_export: `out` is NULL");
+    }
+    devmem::CachingAllocator& a = devmem::OwnerOf("ipc_export", const_cast<void*>(ptr));
+    absl::StatusOr<devmem::IpcHandle> h = devmem::IpcExport(a, ptr);
+    if (!h.ok()) {
+      throw devmem::CapiError(devmem::IpcErrorCode(h.status()),
+                              absl::StrCat("devmem_ipc_export: ", h.status().message()));
+    }
+    auto* fds = static_cast<int*>(std::malloc(sizeof(int) * h->fds.size()));
+    if (fds == nullptr) {
+      devmem::CloseIpcFds(*h);
+      throw std::bad_alloc();
+    }
+    std::copy(h->fds.begin(), h->fds.end(), fds);
+    *out = devmem_ipc_handle{.kind = static_cast<uint32_t>(h->kind),
+                             .device = h->device,
+                             .offset = h->offset,
+                             .size = h->size,
+                             .granule = h->granule,
+                             .num_fds = h->fds.size(),
+                             .fds = fds};
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_ipc_import(int device, const devmem_ipc_handle* handle, void** out) {
+  if (out != nullptr) *out = nullptr;
+  return Guard([&] {
+    if (handle == nullptr || out == nullptr || (handle->num_fds > 0 && handle->fds == nullptr)) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              "devmem_ipc_import: `handle`, `out` or `handle->fds` is NULL");
+    }
+    devmem::CachingAllocator& a = devmem::AllocatorFor(device);
+    absl::StatusOr<devmem::IpcBackend*> ipc = devmem::IpcOf(a);
+    if (!ipc.ok()) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat("devmem_ipc_import: ", ipc.status().message()));
+    }
+    devmem::IpcHandle h;
+    h.kind = static_cast<devmem::IpcHandle::Kind>(handle->kind);
+    h.device = handle->device;
+    h.offset = handle->offset;
+    h.size = handle->size;
+    h.granule = handle->granule;
+    h.fds.assign(handle->fds, handle->fds + handle->num_fds);
+    absl::StatusOr<void*> p = (*ipc)->ipc_import(h);
+    if (!p.ok()) {
+      throw devmem::CapiError(devmem::IpcErrorCode(p.status()),
+                              absl::StrCat("devmem_ipc_import: ", p.status().message()));
+    }
+    *out = *p;
+    return DEVMEM_OK;
+  });
+}
+
+int devmem_ipc_close(int device, void* ptr) {
+  return Guard([&] {
+    absl::StatusOr<devmem::IpcBackend*> ipc = devmem::IpcOf(devmem::AllocatorFor(device));
+    const absl::Status st = ipc.ok() ? (*ipc)->ipc_close(ptr) : ipc.status();
+    if (!st.ok()) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat("devmem_ipc_close: ", st.message()));
+    }
+    return DEVMEM_OK;
+  });
+}
+
+void devmem_ipc_handle_close(devmem_ipc_handle* handle) {
+  if (handle == nullptr) return;
+  for (uint64_t i = 0; i < handle->num_fds && handle->fds != nullptr; ++i) {
+    if (handle->fds[i] >= 0) close(handle->fds[i]);
+  }
+  std::free(handle->fds);
+  *handle = devmem_ipc_handle{};
 }
 
 }  // extern "C"

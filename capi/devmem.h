@@ -292,6 +292,69 @@ int devmem_begin_allocate_to_pool(int device, uint64_t id_first, uint64_t id_sec
 int devmem_end_allocate_to_pool(int device, uint64_t id_first, uint64_t id_second);
 int devmem_release_pool(int device, uint64_t id_first, uint64_t id_second);
 
+/* ---- Peer access ----------------------------------------------------------------------- */
+
+/* Lets `device` read and write every block of `peer`'s allocator, those allocated now
+ * and later: what cudaDeviceEnablePeerAccess(peer) with `device` current does for
+ * cudaMalloc'd memory, extended to expandable segments (virtual-memory mappings, which
+ * cudaDeviceEnablePeerAccess does not reach: without this, peer kernels, peer copies
+ * and NCCL buffers of another GPU fault on them). Call it where the program enables
+ * peer access. Idempotent; one way (call it again with the two swapped for the other
+ * direction). Creates `peer`'s allocator if needed.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID naming both devices for device == peer, a bad
+ * device, a pair the hardware cannot connect (cudaDeviceCanAccessPeer is 0) and on the
+ * sim and cpu devices (no peers); DEVMEM_ERR_INTERNAL for a driver failure (the message
+ * names the call); DEVMEM_ERR_CONFIG. Nothing changes on an error. Thread-safe. */
+int devmem_enable_peer_access(int device, int peer);
+
+/* ---- IPC: sharing a block with another process (allocator/ipc.h) ---------------------- */
+
+/* A block of an expandable segment (virtual-memory mappings, on which
+ * cudaIpcGetMemHandle does not work), exported: one POSIX file descriptor per granule
+ * the block touches, in address order, and where the block lies in them. Send the
+ * numbers as plain bytes and the descriptors with SCM_RIGHTS over a unix socket
+ * (sendmsg; at most 253 descriptors per message) or let the other process take them
+ * with pidfd_getfd(2); there, put its own descriptor numbers in `fds`. A block of a
+ * regular segment (cudaMalloc'd) is not exported here: share its segment with
+ * cudaIpcGetMemHandle. */
+typedef struct devmem_ipc_handle {
+  uint32_t kind;    /* 2: POSIX file descriptors, one per granule */
+  int32_t device;   /* the exporting device */
+  uint64_t offset;  /* the block's start from the start of the first granule */
+  uint64_t size;    /* the block's bytes */
+  uint64_t granule; /* bytes behind each descriptor */
+  uint64_t num_fds;
+  int* fds;         /* malloc'd; devmem_ipc_handle_close closes and frees them */
+} devmem_ipc_handle;
+
+/* Exports the allocated block that starts at `ptr` (what devmem_alloc returned) into
+ * *out. Keep the block allocated until every importer closed it.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID naming the pointer for one that is not the
+ * start of an allocated block, a block of a regular segment, a device whose driver
+ * cannot export mappings (no POSIX file-descriptor handles) and the sim and cpu
+ * devices (no other process can map their memory); DEVMEM_ERR_INTERNAL for a driver
+ * failure; DEVMEM_ERR_CONFIG. *out is zeroed on an error (when out is not NULL).
+ * Thread-safe. */
+int devmem_ipc_export(const void* ptr, devmem_ipc_handle* out);
+
+/* Maps a block another process exported into this one, on `device` (the same GPU,
+ * seen from this process), and stores its address in *out. The descriptors stay the
+ * caller's (close them with devmem_ipc_handle_close once imported). The memory is not
+ * devmem's to cache: give it back with devmem_ipc_close.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID for NULL arguments, a bad device or a handle
+ * this device cannot map (another granularity, no descriptors; the message says
+ * which); DEVMEM_ERR_INTERNAL for a driver failure; DEVMEM_ERR_CONFIG. Nothing stays
+ * mapped on an error. Thread-safe. */
+int devmem_ipc_import(int device, const devmem_ipc_handle* handle, void** out);
+
+/* Unmaps a block devmem_ipc_import returned on `device`.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID naming the pointer for any other pointer (or
+ * one closed already). Thread-safe. */
+int devmem_ipc_close(int device, void* ptr);
+
+/* Closes the handle's descriptors, frees its array and zeroes it. NULL does nothing. */
+void devmem_ipc_handle_close(devmem_ipc_handle* handle);
+
 #ifdef __cplusplus
 } /* extern "C" */
 

@@ -19,6 +19,12 @@
 // vectorAddMMAP sample does over several mappings. Every driver call is counted by
 // kind with the time it took (steady clock around the call).
 //
+// Peer access: cuMemSetAccess is the only way another GPU reaches a mapping
+// (cudaDeviceEnablePeerAccess covers cudaMalloc'd memory only), so enable_peer_access
+// does both: cudaDeviceEnablePeerAccess from the peer, then the peer joins the access
+// list that every map grants (this device first), and every mapped range is granted
+// it again, one cuMemSetAccess per contiguous range inside a reservation.
+//
 // Error policy:
 //   * allocate_segment: cudaErrorMemoryAllocation is ResourceExhausted (the sticky
 //     last-error is cleared so later calls do not see it); other failures name the
@@ -79,6 +85,7 @@
 #include "allocator/backend_factory.h"
 #include "allocator/config.h"
 #include "allocator/errors.h"
+#include "allocator/ipc.h"
 #include "allocator/mutex.h"
 #include "cuda/cuda_device_guard.h"
 
@@ -172,6 +179,10 @@ struct DriverApi {
   // Empty when every entry point resolved; else why one did not.
   std::string error;
   bool ok() const { return error.empty(); }
+  // IPC of mappings (allocator/ipc.h), optional: without them mappings stay private.
+  decltype(&::cuMemExportToShareableHandle) mem_export = nullptr;
+  decltype(&::cuMemImportFromShareableHandle) mem_import = nullptr;
+  std::string ipc_error;  // why IPC is unavailable ("" when both resolved)
 };
 
 // Fetches `symbol` from the driver into `*fn`, in the version of the <cuda.h> this file
@@ -230,6 +241,13 @@ const DriverApi& Driver() {
         ResolveDriverSymbol("cuMemUnmap", &d->mem_unmap, &error) &&
         ResolveDriverSymbol("cuMemRelease", &d->mem_release, &error);
     if (!ok) d->error = error.empty() ? "a driver entry point did not resolve" : error;
+    std::string ipc_error;
+    if (!ResolveDriverSymbol("cuMemExportToShareableHandle", &d->mem_export, &ipc_error) ||
+        !ResolveDriverSymbol("cuMemImportFromShareableHandle", &d->mem_import, &ipc_error)) {
+      d->mem_export = nullptr;
+      d->mem_import = nullptr;
+      d->ipc_error = ipc_error.empty() ? "an IPC entry point did not resolve" : ipc_error;
+    }
     return d;
   }();
   return *api;
@@ -295,12 +313,14 @@ void Report(absl::string_view where, absl::string_view message) {
                std::string(message).c_str());
 }
 
-// Pinned device memory on `device`: what each granule is made of.
-CUmemAllocationProp PinnedOn(CUdevice device) {
+// Pinned device memory on `device`: what each granule is made of; `shareable`: with
+// POSIX file descriptors requested, so that it can be exported (allocator/ipc.h).
+CUmemAllocationProp PinnedOn(CUdevice device, bool shareable = false) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  if (shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   return prop;
 }
 
@@ -310,6 +330,11 @@ struct VirtualMemorySupport {
   CUdevice device = 0;
   size_t granularity = 0;  // the recommended granularity, at least 2 MiB
   std::string unavailable;  // why not, when !supported
+  // Granules are created exportable (POSIX file descriptors): the driver has the IPC
+  // entry points and the device reports
+  // CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED.
+  bool posix_fd = false;
+  std::string no_ipc;  // why not, when !posix_fd
 };
 
 constexpr size_t kMinGranularity = 2 * kMiB;
@@ -363,6 +388,25 @@ VirtualMemorySupport ProbeVirtualMemory(const std::string& name, int index) {
   const size_t at_least = std::max(recommended, kMinGranularity);
   vm.granularity = (at_least + recommended - 1) / recommended * recommended;
   vm.supported = true;
+  int posix_fd = 0;
+  if (!d.ipc_error.empty()) {
+    vm.no_ipc = d.ipc_error;
+  } else if (CUresult r = d.device_get_attribute(
+                 &posix_fd, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                 vm.device);
+             r != CUDA_SUCCESS || posix_fd == 0) {
+    vm.no_ipc = r != CUDA_SUCCESS
+                    ? std::string(CuStatus(name,
+                                           "cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_HANDLE_"
+                                           "TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)",
+                                           r)
+                                      .message())
+                    : "the device cannot export memory to POSIX file descriptors "
+                      "(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED "
+                      "is 0)";
+  } else {
+    vm.posix_fd = true;
+  }
   return vm;
 }
 
@@ -388,7 +432,7 @@ void CUDART_CB RunHostFn(void* arg) {
   (*fn)();
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public IpcBackend {
  public:
   CudaBackend(int index, DeviceInfo info, VirtualMemorySupport vm)
       : device_{DeviceType::kCuda, index},
@@ -399,9 +443,13 @@ class CudaBackend final : public Backend {
   // Gives back what the allocator left mapped or reserved (nothing, normally).
   ~CudaBackend() override {
     MutexLock lock(&vm_mu_);
-    if (granules_.empty() && reservations_.empty() && spare_.empty()) return;
+    if (granules_.empty() && reservations_.empty() && spare_.empty() && imports_.empty()) {
+      return;
+    }
     DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
     const DriverApi& d = Driver();
+    for (const auto& [p, m] : imports_) Forget(m);  // imports never closed
+    imports_.clear();
     for (const auto& [at, handle] : granules_) {
       ReportCu(name_, "cuMemUnmap", d.mem_unmap(at, vm_.granularity));
       ReportCu(name_, "cuMemRelease", d.mem_release(handle));
@@ -665,7 +713,7 @@ class CudaBackend final : public Backend {
                           reinterpret_cast<void*>(it->first)));
     }
     const DriverApi& d = Driver();
-    const CUmemAllocationProp prop = PinnedOn(vm_.device);
+    const CUmemAllocationProp prop = PinnedOn(vm_.device, vm_.posix_fd);
     Granules made;
     made.reserve(bytes / g);
     for (CUdeviceptr at = start; at < end; at += g) {
@@ -700,12 +748,13 @@ class CudaBackend final : public Backend {
       }
       made.push_back(MadeGranule{at, handle, reused});
     }
-    CUmemAccessDesc access{};
-    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    access.location.id = vm_.device;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    // This device and every peer enable_peer_access granted, in one call.
+    const std::vector<CUmemAccessDesc> access = AccessList();
     if (CUresult r = Timed(DriverCall::kSetAccess,
-                           [&] { return d.mem_set_access(start, bytes, &access, 1); });
+                           [&] {
+                             return d.mem_set_access(start, bytes, access.data(),
+                                                     access.size());
+                           });
         r != CUDA_SUCCESS) {
       Undo(start, made);
       return CuStatus(name_, absl::StrCat("cuMemSetAccess(read/write) of ", call), r);
@@ -778,6 +827,202 @@ class CudaBackend final : public Backend {
     return s;
   }
 
+  // --- peer access (backend.h) ---------------------------------------------------------
+
+  // Other GPUs and processes use CUDA memory; mappings get peer access here, and IPC
+  // where granules are made exportable (POSIX file descriptors).
+  SharingSupport sharing() const override {
+    return SharingSupport{
+        .needed = true, .vmm_peer_access = vm_.supported, .vmm_ipc = vm_.posix_fd};
+  }
+
+  // cudaDeviceEnablePeerAccess from `peer` (regular segments), then, under vm_mu_ (so
+  // no map runs meanwhile), one cuMemSetAccess per contiguous mapped range with the
+  // whole access list; later maps take the list too (AccessList).
+  absl::Status enable_peer_access(int peer) override {
+    const std::string call = absl::StrFormat("enable_peer_access(cuda:%d)", peer);
+    absl::StatusOr<int> count = CudaDeviceCount();
+    if (!count.ok()) return count.status();
+    if (peer < 0 || peer >= *count || peer == device_.index) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s: %s", name_, call,
+          peer == device_.index
+              ? std::string("a device has access to its own memory")
+              : absl::StrFormat("cuda:%d does not exist (the CUDA driver reports %d "
+                                "devices)",
+                                peer, *count)));
+    }
+    int can = 0;
+    if (cudaError_t err = cudaDeviceCanAccessPeer(&can, peer, device_.index);
+        err != cudaSuccess) {
+      return CudaStatus(name_, absl::StrCat(call, ": cudaDeviceCanAccessPeer"), err);
+    }
+    if (can == 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s: %s: cuda:%d cannot access this device's memory (cudaDeviceCanAccessPeer "
+          "is 0: no NVLink or PCIe peer path)",
+          name_, call, peer));
+    }
+    bool enabled_now = false;
+    {
+      DeviceGuard guard(peer);
+      const cudaError_t err = cudaDeviceEnablePeerAccess(device_.index, 0);
+      if (err == cudaErrorPeerAccessAlreadyEnabled) {
+        cudaGetLastError();  // enabled before (by the program or an earlier call): fine
+      } else if (err != cudaSuccess) {
+        const std::string what =
+            absl::StrFormat("%s: cudaDeviceEnablePeerAccess(%d) on cuda:%d", call,
+                            device_.index, peer);
+        if (IsSticky(err)) ThrowCuda(name_, what, err);
+        return CudaStatus(name_, what, err);
+      }
+      enabled_now = err == cudaSuccess;
+    }
+    absl::Status mapped = GrantMappings(peer, call);
+    if (!mapped.ok() && enabled_now) {  // as before: the peer had no access
+      DeviceGuard guard(peer);
+      ReportCuda(name_, "cudaDeviceDisablePeerAccess (undoing a failed enable_peer_access)",
+                 cudaDeviceDisablePeerAccess(device_.index));
+    }
+    return mapped;
+  }
+
+  // --- IPC of mappings (allocator/ipc.h) -----------------------------------------------
+
+  // One cuMemExportToShareableHandle per granule the block touches, under vm_mu_ (the
+  // granules cannot be unmapped meanwhile).
+  absl::StatusOr<IpcHandle> ipc_export(const void* p, size_t bytes) override {
+    const std::string call = absl::StrFormat("ipc_export(%p, %u bytes)", p, bytes);
+    if (!vm_.supported) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": ", call, ": not mapped memory (no virtual memory management); a "
+          "regular segment's block is shared with cudaIpcGetMemHandle of its segment"));
+    }
+    const size_t g = vm_.granularity;
+    const auto start = reinterpret_cast<CUdeviceptr>(p);
+    if (bytes == 0 || start + bytes < start) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": ", call, ": an empty or "
+                                                                        "wrapping range"));
+    }
+    const CUdeviceptr first = start / g * g;
+    const CUdeviceptr end = (start + bytes + g - 1) / g * g;
+    MutexLock lock(&vm_mu_);
+    if (MappedGranules(first, end - first) != (end - first) / g) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name_, ": ", call, ": not (entirely) mapped memory of this device; a regular "
+          "segment's block is shared with cudaIpcGetMemHandle of its segment"));
+    }
+    if (!vm_.posix_fd) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(name_, ": ", call, ": mappings are not exportable: ", vm_.no_ipc));
+    }
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    IpcHandle h;
+    h.kind = IpcHandle::Kind::kPosixFd;
+    h.device = device_.index;
+    h.offset = start - first;
+    h.size = bytes;
+    h.granule = g;
+    for (auto it = granules_.lower_bound(first); it != granules_.end() && it->first < end;
+         ++it) {
+      int fd = -1;
+      if (CUresult r = Driver().mem_export(&fd, it->second,
+                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+          r != CUDA_SUCCESS) {
+        CloseIpcFds(h);
+        const std::string what = absl::StrFormat(
+            "%s: cuMemExportToShareableHandle(granule %p, POSIX file descriptor)", call,
+            reinterpret_cast<void*>(it->first));
+        if (IsStickyCu(r)) ThrowCu(name_, what, r);
+        return CuStatus(name_, what, r);
+      }
+      h.fds.push_back(fd);
+    }
+    return h;
+  }
+
+  // One reservation for the granules, then per granule cuMemImportFromShareableHandle
+  // and cuMemMap, and one cuMemSetAccess for this device and its peers.
+  absl::StatusOr<void*> ipc_import(const IpcHandle& h) override {
+    const std::string call = absl::StrFormat(
+        "ipc_import(a block of %u bytes from cuda:%d, %u file descriptors)", h.size,
+        h.device, h.fds.size());
+    if (!vm_.supported || !vm_.posix_fd) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          name_, ": ", call, ": cannot map shared memory: ",
+          !vm_.supported ? vm_.unavailable : vm_.no_ipc));
+    }
+    const size_t g = vm_.granularity;
+    if (h.kind != IpcHandle::Kind::kPosixFd || h.granule != g || h.fds.empty() ||
+        h.size == 0 || h.offset >= g || h.size > h.fds.size() * g - h.offset) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: %s: not a handle ipc_export made for this granularity (%u bytes): "
+          "granule %u, offset %u", name_, call, g, h.granule, h.offset));
+    }
+    const DriverApi& d = Driver();
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    const size_t bytes = h.fds.size() * g;
+    CUdeviceptr base = 0;
+    if (CUresult r = Timed(DriverCall::kAddressReserve,
+                           [&] { return d.mem_address_reserve(&base, bytes, g, 0, 0); });
+        r != CUDA_SUCCESS) {
+      return CuStatus(name_, absl::StrCat(call, ": cuMemAddressReserve"), r);
+    }
+    Import imported{.base = base, .bytes = bytes, .handles = {}};
+    absl::Status failed;
+    for (size_t i = 0; i < h.fds.size() && failed.ok(); ++i) {
+      CUmemGenericAllocationHandle handle = 0;
+      if (CUresult r = d.mem_import(&handle,
+                                    reinterpret_cast<void*>(static_cast<intptr_t>(h.fds[i])),
+                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+          r != CUDA_SUCCESS) {
+        failed = CuStatus(name_, absl::StrFormat("%s: cuMemImportFromShareableHandle(fd %d)",
+                                                 call, h.fds[i]), r);
+        break;
+      }
+      if (CUresult r = Timed(DriverCall::kMap,
+                             [&] { return d.mem_map(base + i * g, g, 0, handle, 0); });
+          r != CUDA_SUCCESS) {
+        ReportCu(name_, "cuMemRelease (undoing a failed ipc_import)",
+                 d.mem_release(handle));
+        failed = CuStatus(name_, absl::StrFormat("%s: cuMemMap of granule %u", call, i), r);
+        break;
+      }
+      imported.handles.push_back(handle);
+    }
+    MutexLock lock(&vm_mu_);
+    if (failed.ok()) {
+      const std::vector<CUmemAccessDesc> access = AccessList();
+      if (CUresult r = Timed(DriverCall::kSetAccess, [&] {
+            return d.mem_set_access(base, bytes, access.data(), access.size());
+          });
+          r != CUDA_SUCCESS) {
+        failed = CuStatus(name_, absl::StrCat(call, ": cuMemSetAccess"), r);
+      }
+    }
+    if (!failed.ok()) {
+      Forget(imported);
+      return failed;
+    }
+    void* block = reinterpret_cast<void*>(base + h.offset);
+    imports_.emplace(block, std::move(imported));
+    return block;
+  }
+
+  absl::Status ipc_close(void* p) override {
+    MutexLock lock(&vm_mu_);
+    auto it = imports_.find(p);
+    if (it == imports_.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "%s: ipc_close(%p): not a block ipc_import returned (or closed already)", name_,
+          p));
+    }
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    Forget(it->second);
+    imports_.erase(it);
+    return absl::OkStatus();
+  }
+
  private:
   absl::Status NoVirtualMemory() const {
     return absl::UnimplementedError(
@@ -829,6 +1074,106 @@ class CudaBackend final : public Backend {
     }
   }
 
+  // A block another process exported, mapped here by ipc_import: its own reservation,
+  // the imported handles mapped in order from its start.
+  struct Import {
+    CUdeviceptr base;
+    size_t bytes;
+    std::vector<CUmemGenericAllocationHandle> handles;
+  };
+  // Unmaps and releases what an import mapped, and frees its address range (failures
+  // reported on stderr: nothing of the allocator's depends on it).
+  void Forget(const Import& m) const {
+    const DriverApi& d = Driver();
+    if (!m.handles.empty()) {
+      ReportCu(name_, "cuMemUnmap (an imported block)",
+               Timed(DriverCall::kUnmap, [&] {
+                 return d.mem_unmap(m.base, m.handles.size() * vm_.granularity);
+               }));
+    }
+    for (CUmemGenericAllocationHandle handle : m.handles) {
+      ReportCu(name_, "cuMemRelease (an imported block)", d.mem_release(handle));
+    }
+    ReportCu(name_, "cuMemAddressFree (an imported block)",
+             Timed(DriverCall::kAddressFree, [&] { return d.mem_address_free(m.base, m.bytes); }));
+  }
+
+  // This device and the granted peers, read/write: every mapping's access list.
+  std::vector<CUmemAccessDesc> AccessList() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(vm_mu_) {
+    std::vector<CUmemAccessDesc> list;
+    list.reserve(1 + peers_.size());
+    list.push_back(ReadWrite(vm_.device));
+    for (CUdevice d : peers_) list.push_back(ReadWrite(d));
+    return list;
+  }
+  static CUmemAccessDesc ReadWrite(CUdevice device) {
+    CUmemAccessDesc access{};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return access;
+  }
+
+  // The mapped ranges, each contiguous and inside one reservation, in address order.
+  std::vector<std::pair<CUdeviceptr, size_t>> MappedRanges() const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(vm_mu_) {
+    std::vector<std::pair<CUdeviceptr, size_t>> ranges;
+    for (const auto& [base, bytes] : reservations_) {
+      for (auto it = granules_.lower_bound(base);
+           it != granules_.end() && it->first < base + bytes; ++it) {
+        if (!ranges.empty() && ranges.back().first + ranges.back().second == it->first &&
+            ranges.back().first >= base) {
+          ranges.back().second += vm_.granularity;
+        } else {
+          ranges.emplace_back(it->first, vm_.granularity);
+        }
+      }
+    }
+    return ranges;
+  }
+
+  // enable_peer_access's virtual-memory half: adds `peer` to the access list and grants
+  // it every mapped range. On a failure the ranges granted so far are revoked and the
+  // list is as before.
+  absl::Status GrantMappings(int peer, const std::string& call) ABSL_LOCKS_EXCLUDED(vm_mu_) {
+    if (!vm_.supported) return absl::OkStatus();
+    const DriverApi& d = Driver();
+    DeviceGuard guard(device_.index, DeviceGuard::kBindContext);
+    CUdevice peer_device = 0;
+    if (CUresult r = d.device_get(&peer_device, peer); r != CUDA_SUCCESS) {
+      return CuStatus(name_, absl::StrFormat("%s: cuDeviceGet(%d)", call, peer), r);
+    }
+    MutexLock lock(&vm_mu_);
+    if (std::find(peers_.begin(), peers_.end(), peer_device) != peers_.end()) {
+      return absl::OkStatus();
+    }
+    peers_.push_back(peer_device);
+    const std::vector<CUmemAccessDesc> access = AccessList();
+    const std::vector<std::pair<CUdeviceptr, size_t>> ranges = MappedRanges();
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      const auto [start, bytes] = ranges[i];
+      const CUresult r = Timed(DriverCall::kSetAccess, [&] {
+        return d.mem_set_access(start, bytes, access.data(), access.size());
+      });
+      if (r == CUDA_SUCCESS) continue;
+      peers_.pop_back();
+      CUmemAccessDesc none = ReadWrite(peer_device);
+      none.flags = CU_MEM_ACCESS_FLAGS_PROT_NONE;
+      for (size_t j = 0; j < i; ++j) {
+        ReportCu(name_, "cuMemSetAccess (revoking a failed enable_peer_access)",
+                 Timed(DriverCall::kSetAccess, [&] {
+                   return d.mem_set_access(ranges[j].first, ranges[j].second, &none, 1);
+                 }));
+      }
+      const std::string what =
+          absl::StrFormat("%s: cuMemSetAccess(%p, %u bytes, %u devices)", call,
+                          reinterpret_cast<void*>(start), bytes, access.size());
+      if (IsStickyCu(r)) ThrowCu(name_, what, r);
+      return CuStatus(name_, what, r);
+    }
+    return absl::OkStatus();
+  }
+
   // Runs the driver call `fn`, counting it as `call` with the time it took.
   template <typename Fn>
   auto Timed(DriverCall call, Fn&& fn) const -> decltype(fn()) {
@@ -854,6 +1199,10 @@ class CudaBackend final : public Backend {
   std::map<CUdeviceptr, CUmemGenericAllocationHandle> granules_ ABSL_GUARDED_BY(vm_mu_);
   // The physical-handle reserve: granule handles unmapped and not released.
   std::vector<CUmemGenericAllocationHandle> spare_ ABSL_GUARDED_BY(vm_mu_);
+  // The devices enable_peer_access granted: every mapping gives them read/write.
+  std::vector<CUdevice> peers_ ABSL_GUARDED_BY(vm_mu_);
+  // Blocks of other processes mapped by ipc_import, by the address it returned.
+  std::map<void*, Import> imports_ ABSL_GUARDED_BY(vm_mu_);
   mutable DriverCallCounter calls_;  // thread-safe on its own
 };
 

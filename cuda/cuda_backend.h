@@ -11,8 +11,15 @@
 // is the driver's recommended granularity for pinned device memory, at least 2 MiB.
 // reserve_address/release_address are cuMemAddressReserve/cuMemAddressFree; map backs
 // each granule with its own cuMemCreate allocation (so unmap may take any granule-
-// aligned part of earlier maps) and grants this device read/write access; unmap
-// unmaps and releases the granules. When either condition fails, granularity() is 0,
+// aligned part of earlier maps) and grants this device, and every peer that
+// enable_peer_access granted, read/write access; unmap unmaps the granules (their
+// handles go to the reserve). enable_peer_access(peer) enables peer access from the
+// peer for regular segments and re-grants every mapped range with the peer added, one
+// cuMemSetAccess per contiguous range. IPC (allocator/ipc.h): where the driver has
+// POSIX file-descriptor handles, granules are created exportable and the backend is an
+// IpcBackend (ipc_export: a descriptor per granule; ipc_import maps another process's
+// export); sharing() reports it, and expandable_segments:auto means expandable segments
+// only then (allocator/segment_kind_policy.h). When either condition fails, granularity() is 0,
 // reserve_address and map return Unimplemented with the reason, and the allocator
 // uses regular segments.
 //

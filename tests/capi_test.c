@@ -209,6 +209,36 @@ static void test_two_devices(void) {
   CHECK(contains(devmem_last_error(), text));
   CHECK(contains(devmem_last_error(), "(sim:0, sim:1)"));
   CHECK(devmem_record_stream(a, NULL) == DEVMEM_ERR_INVALID);
+  /* Peer access: the sim has no peers; each error names both devices. */
+  CHECK(devmem_enable_peer_access(1, 0) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "devmem_enable_peer_access(device 1, peer 0)"));
+  CHECK(contains(devmem_last_error(), "sim:0: this backend has no peer devices"));
+  CHECK(devmem_enable_peer_access(1, 1) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "a device has access to its own memory"));
+  CHECK(devmem_enable_peer_access(-2, 0) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "device -2 does not exist"));
+}
+
+/* IPC: the sim's memory cannot be mapped by another process; each error says so and
+ * leaves the outputs zeroed. */
+static void test_ipc(void) {
+  void* p = NULL;
+  void* mapped = &p;
+  devmem_ipc_handle h;
+  memset(&h, 0x7f, sizeof h);
+  CHECK(devmem_alloc(&p, 4096, 0, NULL) == DEVMEM_OK);
+  CHECK(devmem_ipc_export(p, &h) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "sim:0: this backend (sim) has no IPC"));
+  CHECK(h.fds == NULL && h.num_fds == 0 && h.size == 0);
+  CHECK(devmem_ipc_export(p, NULL) == DEVMEM_ERR_INVALID);
+  CHECK(devmem_ipc_import(0, &h, &mapped) == DEVMEM_ERR_INVALID);
+  CHECK(mapped == NULL);
+  CHECK(contains(devmem_last_error(), "has no IPC"));
+  CHECK(devmem_ipc_import(0, NULL, &mapped) == DEVMEM_ERR_INVALID);
+  CHECK(devmem_ipc_close(0, p) == DEVMEM_ERR_INVALID);
+  devmem_ipc_handle_close(&h);
+  devmem_ipc_handle_close(NULL);
+  CHECK(devmem_free(p) == DEVMEM_OK);
 }
 
 /* Hostile input: device indices past sim_devices (64 by default) are invalid and make
@@ -335,6 +365,7 @@ int main(int argc, char** argv) {
     test_arena_scopes();
     test_private_pools();
     test_hostile_input();
+    test_ipc();
     test_two_devices(); /* last: from here on devmem has used two devices */
   }
   printf("%d passed, %d failed\n", g_passed, g_failed);

@@ -104,6 +104,10 @@ class HookedBackend : public Backend {
   size_t release_handle_reserve() override { return inner_->release_handle_reserve(); }
   size_t handle_reserve_bytes() const override { return inner_->handle_reserve_bytes(); }
   DriverCallStats driver_calls() const override { return inner_->driver_calls(); }
+  SharingSupport sharing() const override { return inner_->sharing(); }
+  absl::Status enable_peer_access(int peer) override {
+    return inner_->enable_peer_access(peer);
+  }
 
  private:
   std::unique_ptr<Backend> inner_;

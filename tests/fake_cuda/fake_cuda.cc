@@ -102,14 +102,22 @@
 // those symbols (both read at every query). DEVMEM_FAKE_CUDA_DEVICES=0 makes
 // cudaGetDeviceCount fail with cudaErrorNoDevice.
 //
-// What it cannot do: it is host memory and host threads. There are no kernels, no
-// copies between devices or peer access, no mapped or write-combined host memory, no IPC,
+// What it cannot do: it is host memory and host threads. There are no kernels (but
+// memsets and copies, which are device work of their stream's device), no mapped or
+// write-combined host memory, no cudaIpc* (but shareable VMM handles, below),
 // no stream priorities, no timing events; a stream's work is only host
 // functions, memsets and copies. It cannot tell how long real work takes, whether a
 // real driver would be slower or run out of memory earlier (fragmentation, context
 // overhead), or what a real driver does on the calls it treats as misuse. Streams and
 // host functions do run on threads of their own, so the backend's and the allocator's
 // locking is exercised for real, but with a CPU's timing, not a GPU's.
+//
+// Shareable handles (cuMemExportToShareableHandle / cuMemImportFromShareableHandle with
+// POSIX file descriptors, so two processes really share memory): "shareable handles
+// (IPC)" below.
+//
+// Peer access (cudaDeviceCanAccessPeer, cudaDeviceEnablePeerAccess, cudaMemcpyPeer*,
+// and which device may reach which memory): fake_cuda_peer.h.
 //
 // Stream capture and graphs: fake_cuda_graphs.cc (its opening comment says what is
 // modeled: capture modes, prohibited calls that invalidate a capture, captured events).
@@ -119,10 +127,13 @@
 #include "tests/fake_cuda/fake_cuda.h"
 
 #include "tests/fake_cuda/fake_cuda_capture.h"
+#include "tests/fake_cuda/fake_cuda_peer.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -138,6 +149,7 @@
 #include <functional>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -313,10 +325,14 @@ struct Allocation {  // cudaMalloc
   char* data = nullptr;
 };
 
-struct Handle {  // cuMemCreate
+struct Handle {  // cuMemCreate, or cuMemImportFromShareableHandle
   int device = 0;
   size_t bytes = 0;
   char* data = nullptr;
+  // Shareable (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested): the memfd behind
+  // `data`, which cuMemExportToShareableHandle dups; -1 otherwise.
+  int fd = -1;
+  bool imported = false;  // from another process's export
   bool released = false;
   int maps = 0;
 };
@@ -400,6 +416,26 @@ void VaFree(State& st, uintptr_t start, size_t bytes) {
     }
   }
   st.va_free.emplace(start, bytes);
+}
+
+// Memory another process can map too: a memfd named after its device (the importer
+// reads the device from the name), mapped shared. *fd receives the memfd.
+char* SharedBytes(size_t bytes, int device, int* fd) {
+  char name[48];
+  std::snprintf(name, sizeof name, "fake-cuda-device-%d", device);
+  const int f = memfd_create(name, MFD_CLOEXEC);
+  if (f < 0) return nullptr;
+  if (ftruncate(f, static_cast<off_t>(bytes)) != 0) {
+    close(f);
+    return nullptr;
+  }
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, f, 0);
+  if (p == MAP_FAILED) {
+    close(f);
+    return nullptr;
+  }
+  *fd = f;
+  return static_cast<char*>(p);
 }
 
 char* HostBytes(size_t bytes) {
@@ -599,9 +635,18 @@ uint64_t Mark(State& st, Stream* s) {
 
 using Pieces = std::vector<std::pair<char*, size_t>>;
 
+// How device work reaches memory (fake_cuda_peer.h, "Peer access"): a kernel (a
+// memset) needs cudaDeviceEnablePeerAccess for another device's cudaMalloc'd memory;
+// a copy does not (the driver stages it). Both need a mapping's access granted to
+// the device that runs them (cuMemSetAccess).
+enum class Reach { kKernel, kCopy };
+
 // The host bytes behind device range [addr, addr + bytes), or why there are none.
-// Holds st.mu.
-bool Resolve(State& st, uintptr_t addr, size_t bytes, Pieces* out, std::string* why) {
+// With `device` >= 0 (the device running the work) and `denied` set, also whether
+// that device may touch all of it: *denied says why not (empty: it may). Holds st.mu.
+bool Resolve(State& st, uintptr_t addr, size_t bytes, Pieces* out, std::string* why,
+             int device = -1, Reach reach = Reach::kKernel, std::string* denied = nullptr) {
+  if (denied != nullptr) denied->clear();
   out->clear();
   if (addr + bytes < addr) {
     *why = "the range wraps around";
@@ -615,6 +660,12 @@ bool Resolve(State& st, uintptr_t addr, size_t bytes, Pieces* out, std::string* 
       if (bytes > m.bytes - (addr - a->first)) {
         *why = "it runs past the end of its cudaMalloc allocation";
         return false;
+      }
+      if (denied != nullptr && device >= 0 && reach == Reach::kKernel &&
+          m.device != device && !fake_cuda::PeerAccessEnabled(device, m.device)) {
+        *denied = "it is cudaMalloc'd memory of device " + std::to_string(m.device) +
+                  ", to which device " + std::to_string(device) +
+                  " has not enabled peer access (cudaDeviceEnablePeerAccess)";
       }
       out->emplace_back(m.data + (addr - a->first), bytes);
       return true;
@@ -638,6 +689,15 @@ bool Resolve(State& st, uintptr_t addr, size_t bytes, Pieces* out, std::string* 
       *why = "it is mapped but cuMemSetAccess did not make it accessible (a GPU faults)";
       return false;
     }
+    if (denied != nullptr && device >= 0 && denied->empty() &&
+        (it->second.access & (1u << device)) == 0) {
+      char line[160];
+      std::snprintf(line, sizeof line,
+                    "the mapping at %p was not made accessible to device %d "
+                    "(cuMemSetAccess)",
+                    reinterpret_cast<void*>(it->first), device);
+      *denied = line;
+    }
     const Handle& h = st.handles.at(it->second.handle);
     const uintptr_t stop = std::min<uintptr_t>(end, it->first + it->second.bytes);
     out->emplace_back(h.data + (at - it->first), stop - at);
@@ -647,21 +707,37 @@ bool Resolve(State& st, uintptr_t addr, size_t bytes, Pieces* out, std::string* 
   return true;
 }
 
-// Device work over [addr, addr + bytes): checked now and again when the stream runs it.
+// Device work over [addr, addr + bytes) run by `device`: checked now and again when
+// the stream runs it. Memory that does not exist is misuse; memory the device may not
+// touch (fake_cuda_peer.h) faults the device when the work runs, as a GPU does: the
+// device's context is broken with cudaErrorIllegalAddress (sticky) and the work is
+// not done.
 std::function<void()> DeviceWork(State& st, const char* call, uintptr_t addr,
-                                 size_t bytes, std::function<void(const Pieces&)> body) {
+                                 size_t bytes, std::function<void(const Pieces&)> body,
+                                 int device = -1, Reach reach = Reach::kKernel) {
   Pieces pieces;
   std::string why;
   if (!Resolve(st, addr, bytes, &pieces, &why)) {
     Misuse("%s over [%p, +%zu bytes): %s", call, reinterpret_cast<void*>(addr), bytes,
            why.c_str());
   }
-  return [call, addr, bytes, body = std::move(body)] {
+  return [call, addr, bytes, device, reach, body = std::move(body)] {
     State& g = Global();
     std::lock_guard<std::mutex> lock(g.mu);
     Pieces now;
     std::string reason;
-    if (!Resolve(g, addr, bytes, &now, &reason)) {
+    std::string denied;
+    const bool found = Resolve(g, addr, bytes, &now, &reason, device, reach, &denied);
+    if (found && !denied.empty()) {
+      std::fprintf(stderr,
+                   "fake-cuda: device %d faulted (cudaErrorIllegalAddress): %s over "
+                   "[%p, +%zu bytes): %s\n",
+                   device, call, reinterpret_cast<void*>(addr), bytes, denied.c_str());
+      int healthy = cudaSuccess;
+      g_sticky[device].compare_exchange_strong(healthy, cudaErrorIllegalAddress);
+      return;
+    }
+    if (!found) {
       Misuse(
           "a stream reached %s over [%p, +%zu bytes), but the memory was released "
           "while that work was still queued (%s): release memory only after its "
@@ -740,12 +816,22 @@ CUresult CUDAAPI FakeDeviceGet(CUdevice* device, int ordinal) {
   return CUDA_SUCCESS;
 }
 
+// Whether devices can export memory to POSIX file descriptors (read at every call).
+bool PosixFdHandles() {
+  const char* e = std::getenv("DEVMEM_FAKE_CUDA_NO_POSIX_FD");
+  return e == nullptr || std::string(e) == "0";
+}
+
 CUresult CUDAAPI FakeDeviceGetAttribute(int* value, CUdevice_attribute attribute,
                                         CUdevice device) {
   Enter("cuDeviceGetAttribute");
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
   if (int e = Injected("cuDeviceGetAttribute")) return static_cast<CUresult>(e);
+  if (attribute == CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) {
+    *value = PosixFdHandles() ? 1 : 0;
+    return CUDA_SUCCESS;
+  }
   if (attribute != CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) {
     Misuse("cuDeviceGetAttribute: attribute %d is not modeled",
            static_cast<int>(attribute));
@@ -851,17 +937,26 @@ CUresult CUDAAPI FakeMemCreate(CUmemGenericAllocationHandle* handle, size_t size
     return CUDA_ERROR_INVALID_VALUE;
   }
   if (CUresult r = CheckProp(prop); r != CUDA_SUCCESS) return r;
+  if (prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_NONE &&
+      prop->requestedHandleTypes != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+    Misuse("cuMemCreate: requested handle types %#x are not modeled (only none and "
+           "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)",
+           static_cast<unsigned>(prop->requestedHandleTypes));
+  }
+  const bool shareable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  if (shareable && !PosixFdHandles()) return CUDA_ERROR_NOT_SUPPORTED;
   if (int e = Injected("cuMemCreate")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   const int d = prop->location.id;
   size_t& used = st.used[static_cast<size_t>(d)];
   if (size > Config().capacity - used) return CUDA_ERROR_OUT_OF_MEMORY;
-  char* data = HostBytes(size);
+  int fd = -1;
+  char* data = shareable ? SharedBytes(size, d, &fd) : HostBytes(size);
   if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   used += size;
   const CUmemGenericAllocationHandle h = st.next_handle++;
-  st.handles.emplace(h, Handle{.device = d, .bytes = size, .data = data});
+  st.handles.emplace(h, Handle{.device = d, .bytes = size, .data = data, .fd = fd});
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -871,7 +966,9 @@ void MaybeFreeHandle(State& st, CUmemGenericAllocationHandle h) {
   auto it = st.handles.find(h);
   if (!it->second.released || it->second.maps > 0) return;
   munmap(it->second.data, it->second.bytes);
-  st.used[static_cast<size_t>(it->second.device)] -= it->second.bytes;
+  if (it->second.fd >= 0) close(it->second.fd);
+  // An imported handle's memory is the exporter's: charged there, not here.
+  if (!it->second.imported) st.used[static_cast<size_t>(it->second.device)] -= it->second.bytes;
   st.handles.erase(it);
 }
 
@@ -1030,6 +1127,77 @@ CUresult CUDAAPI FakeMemUnmap(CUdeviceptr ptr, size_t size) {
   return CUDA_SUCCESS;
 }
 
+// --- shareable handles (IPC) --------------------------------------------------------
+// A handle created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested is backed
+// by a memfd; cuMemExportToShareableHandle gives a new file descriptor of it (the
+// caller closes it), which may cross to another process (SCM_RIGHTS, pidfd_getfd),
+// where cuMemImportFromShareableHandle makes a handle of the same memory (not charged
+// to that process's device again) that cuMemMap maps like any. Exporting a handle
+// created without that type is CUDA_ERROR_INVALID_VALUE (the type must be among
+// CUmemAllocationProp::requestedHandleTypes); other handle types are
+// CUDA_ERROR_NOT_SUPPORTED; a file descriptor that is not a fake device's memory is
+// CUDA_ERROR_INVALID_VALUE. DEVMEM_FAKE_CUDA_NO_POSIX_FD=1 makes devices report
+// CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED = 0 and cuMemCreate
+// refuse the type (CUDA_ERROR_NOT_SUPPORTED).
+
+CUresult CUDAAPI FakeMemExportToShareableHandle(void* shareable,
+                                                CUmemGenericAllocationHandle handle,
+                                                CUmemAllocationHandleType type,
+                                                unsigned long long flags) {
+  Enter("cuMemExportToShareableHandle");
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
+  if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  if (int e = Injected("cuMemExportToShareableHandle")) return static_cast<CUresult>(e);
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.handles.find(handle);
+  if (it == st.handles.end() || it->second.released) {
+    Misuse("cuMemExportToShareableHandle(%#llx): not a live handle", handle);
+  }
+  if (it->second.fd < 0) return CUDA_ERROR_INVALID_VALUE;  // type not requested
+  const int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(shareable) = fd;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI FakeMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
+                                                  void* os_handle,
+                                                  CUmemAllocationHandleType type) {
+  Enter("cuMemImportFromShareableHandle");
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  if (int e = Injected("cuMemImportFromShareableHandle")) return static_cast<CUresult>(e);
+  // For this type the OS handle is the file descriptor itself, cast to a pointer.
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(os_handle));
+  char link[64];
+  char target[128] = {};
+  std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  const ssize_t n = readlink(link, target, sizeof target - 1);
+  int device = -1;
+  struct stat info {};
+  if (n <= 0 || std::sscanf(target, "/memfd:fake-cuda-device-%d", &device) != 1 ||
+      !ValidDevice(device) || fstat(fd, &info) != 0 || info.st_size <= 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const auto bytes = static_cast<size_t>(info.st_size);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  State& st = Global();
+  std::lock_guard<std::mutex> lock(st.mu);
+  const CUmemGenericAllocationHandle h = st.next_handle++;
+  st.handles.emplace(h, Handle{.device = device,
+                               .bytes = bytes,
+                               .data = static_cast<char*>(p),
+                               .imported = true});
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
 struct Symbol {
   const char* name;
   int introduced;  // the CUDA version that introduced it
@@ -1057,6 +1225,9 @@ const Symbol kSymbols[] = {
     FAKE_CUDA_SYMBOL(cuMemMap, 10020, FakeMemMap),
     FAKE_CUDA_SYMBOL(cuMemSetAccess, 10020, FakeMemSetAccess),
     FAKE_CUDA_SYMBOL(cuMemUnmap, 10020, FakeMemUnmap),
+    FAKE_CUDA_SYMBOL(cuMemExportToShareableHandle, 10020, FakeMemExportToShareableHandle),
+    FAKE_CUDA_SYMBOL(cuMemImportFromShareableHandle, 10020,
+                     FakeMemImportFromShareableHandle),
 };
 #undef FAKE_CUDA_SYMBOL
 
@@ -1118,7 +1289,7 @@ cudaError_t Memset(const char* call, void* dev_ptr, int value, size_t count,
       DeviceWork(st, call, reinterpret_cast<uintptr_t>(dev_ptr), count,
                  [value](const Pieces& pieces) {
                    for (const auto& [p, n] : pieces) std::memset(p, value, n);
-                 });
+                 }, s->device);
   bool captured = false;
   if (cudaError_t e = fake_cuda::OnStreamWork(FactsOf(s), &work, &captured); e != cudaSuccess) {
     return Fail(e);
@@ -1146,6 +1317,87 @@ void EnqueueWork(cudaStream_t stream, std::function<void()> work) {
   Enqueue(st, FindStream(st, stream, "cudaGraphLaunch"), std::move(work));
 }
 void Abort(const std::string& what) { Misuse("%s", what.c_str()); }
+
+// --- the seam to the peer-access model (fake_cuda_peer.h) ----------------------------
+
+int CurrentDevice() { return RuntimeDevice(); }
+bool IsDevice(int device) { return ValidDevice(device); }
+cudaError_t DeviceFault(int device) { return Sticky(device); }
+int InjectedFailure(const char* call) { return Injected(call); }
+
+cudaError_t MemcpyPeer(const char* call, void* dst, int dst_device, const void* src,
+                       int src_device, size_t count, cudaStream_t stream, bool wait) {
+  Enter(call);
+  if (!ValidDevice(dst_device) || !ValidDevice(src_device)) {
+    return Fail(cudaErrorInvalidDevice);
+  }
+  if (count == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return Fail(cudaErrorInvalidValue);
+  Stream* s = nullptr;
+  uint64_t seq = 0;
+  {
+    State& st = Global();
+    std::lock_guard<std::mutex> lock(st.mu);
+    s = FindStream(st, stream, call);
+    if (cudaError_t e = Sticky(s->device)) return Fail(e);
+    if (int e = Injected(call)) return Fail(static_cast<cudaError_t>(e));
+    // Each pointer must be memory of the device the call names.
+    auto owner = [&st](uintptr_t addr) {
+      auto a = st.allocations.upper_bound(addr);
+      if (a != st.allocations.begin() && addr - std::prev(a)->first < std::prev(a)->second.bytes) {
+        return std::prev(a)->second.device;
+      }
+      auto m = st.mappings.upper_bound(addr);
+      if (m != st.mappings.begin() && addr - std::prev(m)->first < std::prev(m)->second.bytes) {
+        return st.handles.at(std::prev(m)->second.handle).device;
+      }
+      return -1;
+    };
+    const auto d = reinterpret_cast<uintptr_t>(dst);
+    const auto from = reinterpret_cast<uintptr_t>(src);
+    if (owner(d) != dst_device || owner(from) != src_device) {
+      Misuse("%s(%p on device %d <- %p on device %d, %zu bytes): a pointer is not memory "
+             "of the device named with it (it is on device %d and %d)",
+             call, dst, dst_device, src, src_device, count, owner(d), owner(from));
+    }
+    const int device = s->device;
+    auto buffer = std::make_shared<std::vector<char>>(count);
+    std::function<void()> read = DeviceWork(
+        st, call, from, count,
+        [buffer](const Pieces& pieces) {
+          size_t at = 0;
+          for (const auto& [p, n] : pieces) {
+            std::memcpy(buffer->data() + at, p, n);
+            at += n;
+          }
+        },
+        device, Reach::kCopy);
+    std::function<void()> write = DeviceWork(
+        st, call, d, count,
+        [buffer](const Pieces& pieces) {
+          size_t at = 0;
+          for (const auto& [p, n] : pieces) {
+            std::memcpy(p, buffer->data() + at, n);
+            at += n;
+          }
+        },
+        device, Reach::kCopy);
+    std::function<void()> work = [read, write, device] {
+      read();
+      if (Sticky(device) == cudaSuccess) write();  // a faulted read writes nothing
+    };
+    bool captured = false;
+    if (cudaError_t e = OnStreamWork(FactsOf(s), &work, &captured); e != cudaSuccess) {
+      return Fail(e);
+    }
+    if (captured) return cudaSuccess;
+    seq = Enqueue(st, s, std::move(work));
+  }
+  if (!wait) return cudaSuccess;
+  WaitFor(s, seq);
+  if (cudaError_t e = Sticky(s->device)) return Fail(e);
+  return cudaSuccess;
+}
 
 }  // namespace fake_cuda
 
@@ -1711,7 +1963,7 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count,
                          std::memcpy(to + at, p, n);
                          at += n;
                        }
-                     }));
+                     }, s->device, Reach::kCopy));
     } else {
       const auto* from = static_cast<const char*>(src);
       seq = Enqueue(
@@ -1723,11 +1975,27 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count,
                          std::memcpy(p, from + at, n);
                          at += n;
                        }
-                     }));
+                     }, s->device, Reach::kCopy));
     }
   }
   WaitFor(s, seq);  // synchronous for pageable host memory
   return cudaSuccess;
+}
+
+// cudaMemcpyPeerAsync and cudaMemcpyPeer: run by the device of the stream they are
+// queued on (cudaMemcpyPeer: the current device's legacy default stream, and it waits),
+// which must be able to reach both ranges (fake_cuda_peer.h, "Peer access").
+cudaError_t CUDARTAPI cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src,
+                                          int src_device, size_t count,
+                                          cudaStream_t stream) {
+  return fake_cuda::MemcpyPeer("cudaMemcpyPeerAsync", dst, dst_device, src, src_device,
+                               count, stream, /*wait=*/false);
+}
+
+cudaError_t CUDARTAPI cudaMemcpyPeer(void* dst, int dst_device, const void* src,
+                                     int src_device, size_t count) {
+  return fake_cuda::MemcpyPeer("cudaMemcpyPeer", dst, dst_device, src, src_device, count,
+                               nullptr, /*wait=*/true);
 }
 
 #if CUDART_VERSION >= 12050

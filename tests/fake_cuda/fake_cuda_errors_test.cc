@@ -35,6 +35,7 @@
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_cuda/fake_cuda.h"
+#include "tests/fake_cuda/fake_cuda_test_util.h"
 #include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
@@ -43,16 +44,7 @@ namespace {
 
 constexpr const char* kAssertText = "device-side assert triggered (cudaErrorAssert";
 
-// Runs `body` in a child process; the case passes when it ran without a failure.
-void InChild(const std::function<void()>& body) {
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(
-      {
-        body();
-        std::exit(::testing::Test::HasFailure() ? 1 : 0);
-      },
-      ::testing::ExitedWithCode(0), "");
-}
+using fake_cuda_test::InChild;  // a fresh process per case
 
 std::unique_ptr<Backend> Cuda() {
   absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(0);

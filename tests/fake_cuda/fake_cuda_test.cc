@@ -24,6 +24,7 @@
 //                          by a cache is not unmapped by a recycle decided before the
 //                          user's free (the fake aborts on the memset that uses it).
 #include "tests/fake_cuda/fake_cuda.h"
+#include "tests/fake_cuda/fake_cuda_test_util.h"
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -544,17 +545,7 @@ INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaAllocatorTest,
 // ---------------------------------------------------------------------------------
 // FakeCudaSelfTest: the fake catches what it promises to.
 
-// The driver's entry point `name`, as the backend fetches it.
-template <typename Fn>
-Fn DriverFn(const char* name) {
-  void* p = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  EXPECT_EQ(
-      cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &found),
-      cudaSuccess);
-  EXPECT_EQ(found, cudaDriverEntryPointSuccess) << name;
-  return reinterpret_cast<Fn>(p);
-}
+using fake_cuda_test::DriverFn;  // the driver's entry points, as the backend fetches them
 
 // One reservation of 4 granules with one 2-granule mapping at its start, and the
 // driver calls to take it down.
