@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "allocator/block.h"
+#include "allocator/block_map.h"
+#include "allocator/device_pool.h"
 #include "allocator/thread_cache.h"
 
 namespace devmem::internal {
@@ -43,6 +45,15 @@ TEST(HitPathLinesTest, ThreadCachesOwnTheirLines) {
   // each other when two threads start at once.
   EXPECT_EQ(alignof(ThreadCache) % kLine, 0u);
   EXPECT_EQ(sizeof(ThreadCache) % kLine, 0u);
+}
+
+TEST(HitPathLinesTest, WhatHitsReadIsAwayFromWhatTheLockHolderWrites) {
+  // The block map's count (written on every adopt and flush, under the lock) is on
+  // another line than its root (read by every hit free); the pool's hit-read fields
+  // start a line (so the pool is line-aligned too).
+  EXPECT_GE(alignof(BlockMap), kLine);
+  EXPECT_GE(sizeof(BlockMap), 2 * kLine);
+  EXPECT_GE(alignof(DevicePool), kLine);
 }
 
 }  // namespace
