@@ -15,6 +15,7 @@
 
 #include "allocator/block.h"
 #include "allocator/block_map.h"
+#include "allocator/cache_line.h"
 #include "allocator/device_pool.h"
 #include "allocator/thread_cache.h"
 
@@ -45,6 +46,35 @@ TEST(HitPathLinesTest, ThreadCachesOwnTheirLines) {
   // each other when two threads start at once.
   EXPECT_EQ(alignof(ThreadCache) % kLine, 0u);
   EXPECT_EQ(sizeof(ThreadCache) % kLine, 0u);
+}
+
+TEST(HitPathLinesTest, AThreadCachesArraysOwnTheirLines) {
+  // Its bins and its counter window are written on every hit, and live on the heap
+  // beside whatever the heap put there (another thread's objects, say): they start a
+  // line (allocator/cache_line.h also rounds their size up to whole lines).
+  const ThreadCacheLimits limits{256 * kKiB, 4 * kMiB, 256};
+  for (int i = 0; i < 4; ++i) {
+    ThreadCache tc(/*pool=*/nullptr, /*pool_id=*/1000 + i, limits);
+    for (int s = 0; s < ThreadCache::kSlots; ++s) {
+      const auto& bins = tc.slots()[s].bins;
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(bins.data()) % kLine, 0u)
+          << "bins of slot " << s << " at " << bins.data();
+    }
+    tc.reserve_site(300);  // grows the window, as a slow path does
+    const CacheCounters& c = tc.counters();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(c.sites.data()) % kLine, 0u) << c.sites.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(c.dirty.data()) % kLine, 0u) << c.dirty.data();
+  }
+}
+
+TEST(HitPathLinesTest, LineVectorsStartALineAtAnySize) {
+  // Small arrays too: a heap's 48-byte class puts most of them off a line boundary.
+  std::vector<LineVector<ThreadCache::Bin>> arrays;
+  for (int i = 0; i < 16; ++i) {
+    arrays.emplace_back(3);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(arrays.back().data()) % kLine, 0u)
+        << "array " << i << " at " << arrays.back().data();
+  }
 }
 
 TEST(HitPathLinesTest, WhatHitsReadIsAwayFromWhatTheLockHolderWrites) {
