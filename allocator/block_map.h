@@ -72,8 +72,9 @@ class BlockMap {
     return (addr >> (kGranuleBits + level * kLevelBits)) & (kFanout - 1);
   }
 
-  std::unique_ptr<std::atomic<Mid*>[]> root_;
-  size_t size_ = 0;
+  std::unique_ptr<std::atomic<Mid*>[]> root_;  // read by every find
+  // Written by set/clear (under the device lock): on a line of its own, away from root_.
+  alignas(64) size_t size_ = 0;
 };
 
 }  // namespace devmem::internal

@@ -15,8 +15,8 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
+#include "allocator/cache_line.h"
 #include "allocator/site.h"
 
 namespace devmem::internal {
@@ -55,8 +55,9 @@ struct CacheCounters {
   WindowCounter requested;  // requested bytes
   int64_t hits = 0;         // allocations served (DeviceStats::cache_hits)
   int64_t frees = 0;        // user frees taken (DeviceStats::num_frees)
-  std::vector<SiteWindow> sites;  // by SiteId; grown under the device lock only
-  std::vector<SiteId> dirty;      // sites touched in this window (capacity reserved)
+  // On lines of their own (cache_line.h): the owner writes them on every hit.
+  LineVector<SiteWindow> sites;  // by SiteId; grown under the device lock only
+  LineVector<SiteId> dirty;      // sites touched in this window (capacity reserved)
 
   bool empty() const { return bytes.empty() && count.empty() && hits == 0 && frees == 0; }
 };

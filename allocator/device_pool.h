@@ -303,7 +303,11 @@ class DevicePool {
   Reclaimer reclaimer_ ABSL_GUARDED_BY(mu_);
   PrivatePools privates_ ABSL_GUARDED_BY(mu_);
   // privates_.any_underway(), written under mu_, for allocating_to_pools().
-  std::atomic<bool> pools_underway_{false};
+  // From here on the fields every thread-cache hit reads (pools_underway_, the cache
+  // limits and id, the block map's root, front_observer_, poisoned_): on lines of their
+  // own, away from what the lock holder writes (the parts above, the block map's count),
+  // so that one thread's locked work does not take them from another thread's cache.
+  alignas(64) std::atomic<bool> pools_underway_{false};
 
   // --- thread caches -----------------------------------------------------------------
   const ThreadCacheLimits cache_limits_ = ThreadCacheLimitsFor(config_);

@@ -65,7 +65,7 @@ void ThreadCacheHeavyFence() {
 ThreadCache::ThreadCache(DevicePool* p, uint64_t id, const ThreadCacheLimits& limits)
     : pool(p), pool_id(id), light_fence_(ThreadCacheUsesMembarrier()), limits_(limits) {
   const size_t bins = limits.max_size / kMinBlockSize;
-  for (Slot& s : slots_) s.bins = std::make_unique<Bin[]>(bins);
+  for (Slot& s : slots_) s.bins.resize(bins);
   reserve_site(63);  // the first sites a program interns: their hits need no lock
 }
 

@@ -38,11 +38,11 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <mutex>
 
 #include "allocator/block.h"
 #include "allocator/cache_counters.h"
+#include "allocator/cache_line.h"
 #include "allocator/config.h"
 #include "allocator/types.h"
 
@@ -92,7 +92,9 @@ class ThreadCache {
     Stream stream;
     bool used = false;
     uint64_t last_use = 0;
-    std::unique_ptr<Bin[]> bins;  // one per 512 B size step
+    // One per 512 B size step, on lines of their own (cache_line.h): written on every
+    // hit, and the first bins (the smallest sizes) are the hottest.
+    LineVector<Bin> bins;
   };
 
   ThreadCache(DevicePool* pool, uint64_t pool_id, const ThreadCacheLimits& limits);

@@ -29,10 +29,15 @@
 namespace devmem {
 
 struct SizeHistogram::Shard {
-  struct DeviceCounts {
+  // Cache-line aligned: one thread writes a DeviceCounts on every allocation, and two
+  // threads' counts must not share a line whatever the heap put next to them (a shard
+  // made by one thread is taken over by a later one, so neighbours in the heap are not
+  // the same thread's).
+  struct alignas(64) DeviceCounts {
     std::array<std::atomic<uint64_t>, kNumBuckets> buckets{};
     std::atomic<uint64_t> sum_bytes{0};
   };
+  static_assert(sizeof(DeviceCounts) % 64 == 0, "a DeviceCounts fills whole lines");
   // By device index (keys_); null until the owner first records on that device.
   std::array<std::atomic<DeviceCounts*>, kMaxDevices> devices{};
   // True while a live thread owns the shard. Cleared (release) by the owner's exit; set

@@ -13,7 +13,8 @@
 //
 // Cost on the allocation path: no lock and no atomic read-modify-write. Each thread
 // counts into its own shard (one writer per counter: a relaxed load and a relaxed
-// store), so threads allocating at once never write a shared cache line; counts() adds
+// store) on cache lines of its own (the per-device counts are line-aligned), so threads
+// allocating at once never write a shared cache line; counts() adds
 // the shards up. A shard outlives its thread: when the thread exits its shard is marked
 // free and the next thread that records takes it over, counts and all, so the memory is
 // bounded by the most threads that ever recorded at once (about 300 bytes per device a

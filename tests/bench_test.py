@@ -6,11 +6,13 @@
   - `--json`: exit status 0, one JSON object whose figures are positive numbers and
     timed_segment_allocs 0 (every timed pair a cache hit); the shipped-path figures
     (tcache_pair_ns beside jemalloc, and mimalloc when the bench was built with it: then
-    ratio_tcache_mimalloc is their quotient), threads2_speedup, tensor_create_ns,
+    ratio_tcache_mimalloc is their quotient), threads2_speedup with each thread's CPU ns
+    per pair alone and beside the other, tensor_create_ns,
     intern_256_sites_ns; steady_maps_2streams a count >= 0; instructions_per_pair a
     positive number where perf_event_open is allowed, else absent with a note on
     stderr. No figure is compared with its target: speed is not a test's business;
   - the human table prints every figure beside its target;
+  - `--threads2 --json` and `--threads2`: only the threads2 figures, exit status 0;
   - a policy under which timed pairs reach the device (expandable_recycle_threshold:0
     unmaps and maps idle granules all the time): exit status 1 and a message saying
     segments were allocated while timing;
@@ -28,7 +30,10 @@ FIGURES = ["pair_ns_small", "jemalloc_pair_ns_small", "ratio_small", "pair_ns_mi
            "tcache_pair_ns", "jemalloc_pair_ns_tcache", "threads2_speedup", "tensor_create_ns",
            "intern_256_sites_ns", "arena_pair_ns", "arena_pool_pair_ns", "arena_step_ns",
            "pool_step_ns", "unsampled_pair_ns", "sampled_pair_ns",
-           "sampled_stacks_overhead_ratio"]
+           "sampled_stacks_overhead_ratio", "threads2_cpu_ns_per_pair_1",
+           "threads2_cpu_ns_per_pair_2"]
+THREADS2_FIGURES = ["threads2_speedup", "one_thread_pairs_per_s", "two_threads_pairs_per_s",
+                    "threads2_cpu_ns_per_pair_1", "threads2_cpu_ns_per_pair_2"]
 MIMALLOC_FIGURES = ["mimalloc_pair_ns_tcache", "ratio_tcache_mimalloc", "ratio_arena_mimalloc"]
 
 
@@ -86,6 +91,20 @@ for row, target in rows:
     line = next((l for l in r.stdout.splitlines() if l.startswith(row)), None)
     if line is None or target not in line:
         fail("table: no row %r with its target %r" % (row, target))
+
+r = run(None, args=("--threads2", "--json"))
+if r.returncode != 0:
+    fail("--threads2 --json: exit status %d" % r.returncode)
+t2 = json.loads(r.stdout)
+for k in THREADS2_FIGURES:
+    if not isinstance(t2.get(k), (int, float)) or t2[k] <= 0:
+        fail("--threads2: %s: expected a positive number, got %r" % (k, t2.get(k)))
+if t2.get("timed_segment_allocs") != 0 or "pair_ns_small" in t2:
+    fail("--threads2: expected timed_segment_allocs 0 and no other figure, got %r" % t2)
+r = run(None, args=("--threads2",))
+if r.returncode != 0 or not any(l.startswith("threads2_speedup") and ">= 1.8" in l
+                                for l in r.stdout.splitlines()):
+    fail("--threads2: no threads2_speedup row with its target")
 
 r = run("expandable_recycle_threshold:0")
 if r.returncode != 1:

@@ -17,8 +17,9 @@
 //                     512 B .. 32 KiB: tcache_pair_ns beside mimalloc (mi_malloc/mi_free)
 //                     and jemalloc on the same stream, ratio_tcache_mimalloc (target
 //                     <= 2.0), instructions_per_pair (perf_event_open; absent where not
-//                     allowed), threads2_speedup (2 threads each with its own stream
-//                     over 1; target >= 1.8), tensor_create_ns (empty({64}) on sim:0;
+//                     allowed), threads2_speedup (2 long-lived threads each with its
+//                     own stream over 1 of them; target >= 1.8; --threads2 runs only
+//                     this), tensor_create_ns (empty({64}) on sim:0;
 //                     target <= 100) and intern_256_sites_ns (target <= 15).
 //   sampling.cc       sampled_stacks_overhead_ratio: mixed pairs with sampled stacks at
 //                     the default stack_sample_bytes over sampling off (target <= 1.05).
@@ -78,25 +79,40 @@ class JsonOut {
   std::string text_;
 };
 
+// The threads2 rows of the table.
+void PrintThreads(const ThreadsFigures& t) {
+  std::printf("%-36s %12.3f %12s   (%.2f M pairs/s on 1 thread, %.2f M on 2; %lld "
+              "segments allocated while timing)\n",
+              "threads2_speedup", t.speedup, ">= 1.8", t.one_thread_pairs_per_s / 1e6,
+              t.two_threads_pairs_per_s / 1e6, static_cast<long long>(t.timed_segment_allocs));
+  std::printf("%-36s %12.1f %12s   (CPU ns per pair of each thread: %.1f alone)\n",
+              "threads2: CPU ns/pair, both running", t.two_threads_cpu_ns_per_pair, "",
+              t.one_thread_cpu_ns_per_pair);
+}
+
 int Main(int argc, char** argv) {
   bool json = false;
   bool arena_sweep = false;  // only the arena figures, per chunk size (tools/bench/arena.h)
+  bool threads2_only = false;  // only threads2_speedup (A/B runs of the scaling work)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
     } else if (std::strcmp(argv[i], "--arena-sweep") == 0) {
       arena_sweep = true;
+    } else if (std::strcmp(argv[i], "--threads2") == 0) {
+      threads2_only = true;
     } else if (std::strcmp(argv[i], "--version") == 0) {
       std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
       return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
-          "usage: devmem-bench [--json] [--arena-sweep]\n"
+          "usage: devmem-bench [--json] [--arena-sweep | --threads2]\n"
           "Times cache-hit alloc+free pairs through devmem (sim device: a bare allocator,\n"
           "and the runtime's shipped path) beside jemalloc and mimalloc in the same run,\n"
           "threads, tensors, site interning and steady-state device maps; prints medians\n"
           "of %d passes, each beside its target. --arena-sweep prints only the scoped\n"
-          "arena figures, one row per chunk size (64 KiB .. 64 MiB).\n",
+          "arena figures, one row per chunk size (64 KiB .. 64 MiB); --threads2 only\n"
+          "threads2_speedup (for side-by-side runs of two builds).\n",
           kRepetitions);
       return 0;
     } else {
@@ -128,6 +144,29 @@ int Main(int argc, char** argv) {
   } catch (const std::exception& e) {  // the runtime's keys of DEVMEM_CONF (http, ...)
     std::fprintf(stderr, "devmem-bench: DEVMEM_CONF: %s\n", e.what());
     return 2;
+  }
+
+  if (threads2_only) {
+    // The streams of the full run's threads2_speedup.
+    const ThreadsFigures t = MeasureThreads2(*shipped, LogUniformSizes(512, 32 * kKiB, 3),
+                                             LogUniformSizes(512, 32 * kKiB, 4));
+    if (json) {
+      JsonOut out;
+      out.add("threads2_speedup", t.speedup, "%.3f");
+      out.add("one_thread_pairs_per_s", t.one_thread_pairs_per_s, "%.0f");
+      out.add("two_threads_pairs_per_s", t.two_threads_pairs_per_s, "%.0f");
+      out.add("threads2_cpu_ns_per_pair_1", t.one_thread_cpu_ns_per_pair);
+      out.add("threads2_cpu_ns_per_pair_2", t.two_threads_cpu_ns_per_pair);
+      out.add_int("timed_segment_allocs", t.timed_segment_allocs);
+      std::printf("%s\n", out.str().c_str());
+    } else {
+      PrintThreads(t);
+    }
+    if (t.timed_segment_allocs == 0) return 0;
+    std::fprintf(stderr, "devmem-bench: %lld segments were allocated while timing threads2: "
+                 "not every timed pair was a cache hit\n",
+                 static_cast<long long>(t.timed_segment_allocs));
+    return 1;
   }
 
   const PairFigures small = MeasurePairs(LogUniformSizes(512, kMiB, 1), *env);
@@ -212,6 +251,8 @@ int Main(int argc, char** argv) {
                    tcache.instructions_note.c_str());
     }
     out.add("threads2_speedup", threads.speedup, "%.3f");
+    out.add("threads2_cpu_ns_per_pair_1", threads.one_thread_cpu_ns_per_pair);
+    out.add("threads2_cpu_ns_per_pair_2", threads.two_threads_cpu_ns_per_pair);
     out.add("tensor_create_ns", tensor_create_ns);
     out.add("intern_256_sites_ns", intern_ns, "%.2f");
     out.add_int("steady_maps_2streams", steady_maps);
@@ -258,11 +299,7 @@ int Main(int argc, char** argv) {
     std::printf("%-36s %12s %12s   (%s)\n", "instructions per shipped pair", "n/a", "",
                 tcache.instructions_note.c_str());
   }
-  std::printf("%-36s %12.3f %12s   (%.2f M pairs/s on 1 thread, %.2f M on 2; %lld "
-              "segments allocated while timing)\n",
-              "threads2_speedup", threads.speedup, ">= 1.8",
-              threads.one_thread_pairs_per_s / 1e6, threads.two_threads_pairs_per_s / 1e6,
-              static_cast<long long>(threads.timed_segment_allocs));
+  PrintThreads(threads);
   std::printf("%-36s %12.1f %12s\n", "tensor_create_ns: empty({64}) sim:0", tensor_create_ns,
               "<= 100");
   std::printf("%-36s %12.2f %12s\n", "intern_256_sites_ns", intern_ns, "<= 15");

@@ -36,11 +36,18 @@ struct ThreadsFigures {
   double one_thread_pairs_per_s = 0;
   double two_threads_pairs_per_s = 0;  // aggregate
   double speedup = 0;                  // two over one
+  // Each worker's thread CPU time per pair, alone and beside the other (the mean of
+  // the two): their ratio is what sharing costs a thread while both run at once, a
+  // figure that machine load dilutes (time the threads do not overlap) but does not
+  // inflate the way it does wall-clock throughput.
+  double one_thread_cpu_ns_per_pair = 0;
+  double two_threads_cpu_ns_per_pair = 0;
   int64_t timed_segment_allocs = 0;
 };
 
 // Aggregate throughput of two threads, each with its own size stream (`a`, `b`) on
-// `alloc`'s default stream, over that of one thread running `a`.
+// `alloc`'s default stream, over that of one thread running `a`. The two threads are
+// started once and keep their caches across passes (warm, as a program's threads).
 ThreadsFigures MeasureThreads2(CachingAllocator& alloc, const std::vector<size_t>& a,
                                const std::vector<size_t>& b);
 
