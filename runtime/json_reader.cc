@@ -16,6 +16,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -646,6 +647,10 @@ absl::StatusOr<SnapshotFile> ReadSnapshotJsonFile(const std::string& path) {
   // load error does not carry.
   if (std::ifstream probe(path); !probe) {
     return absl::NotFoundError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  if (std::error_code ec; std::filesystem::is_directory(path, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read ", path, ": a directory, not a snapshot file"));
   }
   simdjson::padded_string padded;
   if (const auto err = simdjson::padded_string::load(path).get(padded);

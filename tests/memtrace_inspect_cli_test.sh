@@ -103,6 +103,9 @@ case $case_name in
     : > "$tmp/empty.json"
     expect_rc 2 "$memtrace" buffers "$tmp/empty.json"
     grep -q "empty" <<<"$out" || fail "empty file"
+    # A directory: said so (simdjson's load error alone said "Error reading the file").
+    expect_rc 2 "$memtrace" buffers "$tmp"
+    grep -qF "cannot read $tmp: a directory, not a snapshot file" <<<"$out" || fail "directory: $out"
     expect_rc 2 "$memtrace" buffers a.json --min-bytes lots
     expect_rc 2 "$memtrace" buffers a.json --device cuda:7
     grep -q "it has: sim:0, cpu" <<<"$out" || fail "--device message" ;;
