@@ -34,6 +34,7 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <typeinfo>
@@ -256,6 +257,10 @@ struct Shared {
   std::vector<Stream> streams;
   uint64_t seed = 0;
   bool arenas = false;  // threads open and close scoped arenas at random
+  // With arenas, validate() runs with the other threads between operations (each
+  // operation holds this shared, validate exclusively): its arena checks are exact
+  // only while no arena buffer is allocated or freed (allocator/arena_internal.h).
+  std::shared_mutex gate;
 
   std::mutex mu;  // guards ranges and failure
   std::map<uintptr_t, std::pair<uintptr_t, uint64_t>> ranges;  // start -> (end, id)
@@ -363,6 +368,8 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
   static constexpr size_t kChunkSizes[] = {64 * kKiB, kMiB, 4 * kMiB};
 
   for (uint64_t op = 0; op < ops && !sh.failed; ++op) {
+    std::shared_lock<std::shared_mutex> op_gate(sh.gate, std::defer_lock);
+    if (sh.arenas) op_gate.lock();
     if (sh.arenas) {
       // Drawn only with arenas on, so the other tests keep their sequences.
       const int scope_dice = static_cast<int>(rng() % 100);
@@ -499,6 +506,11 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
                            e.what()));
     }
     if ((op + 1) % 4096 == 0) {
+      std::unique_lock<std::shared_mutex> quiet(sh.gate, std::defer_lock);
+      if (sh.arenas) {
+        op_gate.unlock();
+        quiet.lock();
+      }
       absl::Status v = a.validate();
       ++r.validates;
       if (!v.ok()) {
@@ -506,6 +518,8 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
       }
     }
   }
+  std::shared_lock<std::shared_mutex> final_gate(sh.gate, std::defer_lock);
+  if (sh.arenas) final_gate.lock();
   while (!live.empty()) {
     try {
       free_at(live.size() - 1);
