@@ -51,7 +51,11 @@ struct ArenaThreadExit {
 };
 
 Arenas::Arenas(DevicePool* pool, DeviceId device)
-    : pool_(pool), device_(device), names_(new Name[kMaxArenaNames + 1]) {}
+    : pool_(pool),
+      device_(device),
+      names_(new Name[kMaxArenaNames + 1]),
+      filter_begin_(new std::atomic<uintptr_t>[kFilterCapacity]),
+      filter_end_(new std::atomic<uintptr_t>[kFilterCapacity]) {}
 
 Arenas::~Arenas() {
   // Open scopes must have closed (the allocator outlives its scopes). Retained chunks
@@ -326,6 +330,7 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
         [](uintptr_t a, const ArenaChunk* x) { return a < x->begin; });
     table_.insert(at, chunk.get());
     chunk_count_.store(table_.size(), std::memory_order_release);
+    publish_filter_locked();
     c = chunk.release();
   } catch (...) {
     pool_->free(p);
@@ -372,10 +377,12 @@ bool Arenas::free_slow(void* ptr) {
       return true;
     }
   }
+  if (!maybe_in_chunk(addr)) return false;
   ArenaChunk* c;
   bool empty;
   {
     ReaderLock lock(&table_mu_);
+    table_lookups_.fetch_add(1, std::memory_order_relaxed);
     c = lookup_locked(addr);
     if (c == nullptr) return false;
     empty = release_buffer(c, addr, ptr);
@@ -409,15 +416,63 @@ void Arenas::unregister_locked(ArenaChunk* c) {
   auto it = std::find(table_.begin(), table_.end(), c);
   if (it != table_.end()) table_.erase(it);
   chunk_count_.store(table_.size(), std::memory_order_release);
+  publish_filter_locked();
+}
+
+void Arenas::publish_filter_locked() {
+  // The seqlock's writer side (one writer: table_mu_ is held exclusively). The release
+  // fence orders the odd sequence before the entries; the release store of the even
+  // one orders the entries before it.
+  const uint64_t seq = filter_seq_.load(std::memory_order_relaxed);
+  filter_seq_.store(seq + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  if (table_.size() > kFilterCapacity) {
+    filter_size_.store(kFilterOverflow, std::memory_order_relaxed);
+  } else {
+    for (size_t i = 0; i < table_.size(); ++i) {
+      filter_begin_[i].store(table_[i]->begin, std::memory_order_relaxed);
+      filter_end_[i].store(table_[i]->begin + table_[i]->size, std::memory_order_relaxed);
+    }
+    filter_size_.store(table_.size(), std::memory_order_relaxed);
+  }
+  filter_seq_.store(seq + 2, std::memory_order_release);
+}
+
+bool Arenas::maybe_in_chunk(uintptr_t addr) const {
+  // A chunk a free could target was published before the buffer was handed out (the
+  // bump follows the chunk's registration on the owning thread, and the freeing
+  // thread got the pointer after that), and is unpublished only once it is empty: a
+  // stable read that finds no range is a certain "no".
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const uint64_t seq = filter_seq_.load(std::memory_order_acquire);
+    if (seq % 2 != 0) continue;
+    const size_t n = filter_size_.load(std::memory_order_relaxed);
+    if (n > kFilterCapacity) return true;
+    size_t lo = 0, hi = n;  // the first range that begins after addr
+    while (lo < hi) {
+      const size_t mid = lo + (hi - lo) / 2;
+      if (filter_begin_[mid].load(std::memory_order_relaxed) <= addr) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    const bool inside = lo > 0 && addr < filter_end_[lo - 1].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (filter_seq_.load(std::memory_order_relaxed) == seq) return inside;
+  }
+  return true;  // a writer kept publishing: ask the table
 }
 
 bool Arenas::record_stream(void* ptr, Stream stream) {
   if (chunk_count_.load(std::memory_order_acquire) == 0) return false;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (!maybe_in_chunk(addr)) return false;
   uintptr_t chunk_begin;
   Stream chunk_stream;
   {
     ReaderLock lock(&table_mu_);
+    table_lookups_.fetch_add(1, std::memory_order_relaxed);
     ArenaChunk* c = lookup_locked(addr);
     if (c == nullptr) return false;
     const uintptr_t off = addr - c->begin;
@@ -438,7 +493,9 @@ bool Arenas::record_stream(void* ptr, Stream stream) {
 std::optional<BlockInfo> Arenas::find(const void* ptr) const {
   if (chunk_count_.load(std::memory_order_acquire) == 0) return std::nullopt;
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
+  if (!maybe_in_chunk(addr)) return std::nullopt;
   ReaderLock lock(&table_mu_);
+  table_lookups_.fetch_add(1, std::memory_order_relaxed);
   const ArenaChunk* c = lookup_locked(addr);
   if (c == nullptr) return std::nullopt;
   const uintptr_t off = addr - c->begin;
@@ -524,6 +581,7 @@ ArenaReport Arenas::report() const {
     }
   }
   r.chunks_returned = chunks_returned_;
+  r.table_lookups = table_lookups_.load(std::memory_order_relaxed);
   return r;
 }
 

@@ -140,6 +140,10 @@ struct ArenaReport {
   int64_t chunk_bytes = 0;      // every chunk the arenas hold (held + retained)
   int64_t chunks = 0;
   int64_t chunks_returned = 0;  // total chunks given back to the pool
+  // Total frees, record_streams and finds that searched the chunk table under its
+  // lock. A pointer in no chunk (an ordinary block) is told apart without it, so this
+  // counts only calls on arena buffers of other threads' or closed scopes.
+  int64_t table_lookups = 0;
   std::vector<ArenaStats> arenas;  // by name, in order of first use
 };
 

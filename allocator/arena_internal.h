@@ -224,6 +224,13 @@ class Arenas final : public ArenaPoolHook {
   friend struct ArenaThreadExit;
   void emit(AllocAction action, const ArenaFrame& frame, size_t size, size_t requested);
   ArenaChunk* lookup_locked(uintptr_t addr) const ABSL_SHARED_LOCKS_REQUIRED(table_mu_);
+  // False when `addr` is certainly in no chunk: most frees and record_streams of
+  // ordinary blocks, once any chunk exists, end here without table_mu_ (whose reader
+  // side is a read-modify-write on a line every thread's free would share). True
+  // means "look it up under the lock". Lock-free and writes nothing.
+  bool maybe_in_chunk(uintptr_t addr) const;
+  // Copies the table's ranges into the filter (table_mu_ held exclusively: one writer).
+  void publish_filter_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(table_mu_);
   int intern_name_locked(std::string_view name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   DevicePool* const pool_;
@@ -241,6 +248,20 @@ class Arenas final : public ArenaPoolHook {
   mutable SharedMutex table_mu_;
   std::vector<ArenaChunk*> table_ ABSL_GUARDED_BY(table_mu_);
   std::atomic<size_t> chunk_count_{0};  // table_.size(): lets frees skip the lock
+
+  // The filter behind maybe_in_chunk: the table's [begin, end) ranges, sorted, under a
+  // sequence lock (odd filter_seq_: a writer is copying). Exact while the table has at
+  // most kFilterCapacity chunks; beyond that filter_size_ is kFilterOverflow and every
+  // lookup takes the lock. Readers load atomics only, so a torn read is harmless: the
+  // sequence check discards it.
+  static constexpr size_t kFilterCapacity = 1024;
+  static constexpr size_t kFilterOverflow = SIZE_MAX;
+  std::atomic<uint64_t> filter_seq_{0};
+  std::atomic<size_t> filter_size_{0};
+  const std::unique_ptr<std::atomic<uintptr_t>[]> filter_begin_;
+  const std::unique_ptr<std::atomic<uintptr_t>[]> filter_end_;
+  // Lookups that took table_mu_ (ArenaReport::table_lookups).
+  mutable std::atomic<int64_t> table_lookups_{0};
 };
 
 }  // namespace devmem::internal

@@ -304,6 +304,42 @@ TEST(Arena, FreesFromOtherThreadsAfterTheScopeClosed) {
   EXPECT_VALID(*t);
 }
 
+// Once any chunk exists (a retained one is enough), frees, record_streams and finds
+// of ordinary blocks on any thread must not search the chunk table under its lock:
+// that lock's reader side is a shared read-modify-write on every free of the shipped
+// path. Arena buffers of a closed scope are still found (under the lock).
+TEST(Arena, OrdinaryBlocksAreToldApartWithoutTheChunkTable) {
+  SimAllocator t = MakeSimAllocator();
+  void* escaped = nullptr;
+  {
+    ArenaScope arena(*t, "step");
+    t->free(t->allocate(4096));   // a chunk that will be retained
+    ArenaScope inner(*t, "inner", ArenaOptions{.chunk_size = 64 * kKiB, .stream = {}});
+    escaped = t->allocate(8192);  // a chunk pinned by an escape
+  }
+  ASSERT_EQ(t->arena_report().chunks, 2);
+  const int64_t before = t->arena_report().table_lookups;
+  std::thread other([&] {
+    for (int i = 0; i < 100; ++i) {
+      // Beside the chunks in the small pool, and in the large one.
+      void* small = t->allocate(4096);
+      void* large = t->allocate(4 * kMiB);
+      EXPECT_TRUE(t->find_allocation(small).has_value());
+      t->record_stream(small, Stream{});
+      t->free(small);
+      t->free(large);
+    }
+  });
+  other.join();
+  EXPECT_EQ(t->arena_report().table_lookups, before);
+  // The escaped buffer, freed on another thread: found in the table.
+  std::thread freer([&] { t->free(escaped); });
+  freer.join();
+  EXPECT_EQ(t->arena_report().table_lookups, before + 1);
+  EXPECT_EQ(t->arena_report().live_bytes, 0);
+  EXPECT_VALID(*t);
+}
+
 TEST(Arena, DoubleAndInteriorFreesAreErrorsThatChangeNothing) {
   SimAllocator t = MakeSimAllocator();
   ArenaScope arena(*t, "step");

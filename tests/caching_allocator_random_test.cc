@@ -12,6 +12,11 @@
 //     block handed out again before that work ran shows up as corruption;
 //   * validate() passes every few thousand operations, and at the end the counters
 //     equal the operations done and nothing leaks.
+// With arenas on (TwoThreadsArenaScopes), each thread also opens and closes scoped
+// arenas at random (nested up to 3 deep, on any of the streams, several chunk sizes),
+// so its requests are bumps or pool allocations by the rules of allocator/arena.h,
+// which the test predicts: the counters must then add up with the bumps and the
+// chunks (every allocation is a bump or a pool block, every chunk goes back).
 //
 // Seeded and reproducible per thread (thread interleaving aside): the seed is printed
 // on failure; DEVMEM_TEST_SEED overrides it, DEVMEM_TEST_RANDOM_OPS sets the operations
@@ -29,12 +34,14 @@
 #include <mutex>
 #include <random>
 #include <set>
+#include <shared_mutex>
 #include <string>
 #include <thread>
 #include <typeinfo>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "allocator/arena.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/errors.h"
 #include "allocator/oom_report.h"
@@ -249,6 +256,11 @@ struct Shared {
   Backend* backend = nullptr;
   std::vector<Stream> streams;
   uint64_t seed = 0;
+  bool arenas = false;  // threads open and close scoped arenas at random
+  // With arenas, validate() runs with the other threads between operations (each
+  // operation holds this shared, validate exclusively): its arena checks are exact
+  // only while no arena buffer is allocated or freed (allocator/arena_internal.h).
+  std::shared_mutex gate;
 
   std::mutex mu;  // guards ranges and failure
   std::map<uintptr_t, std::pair<uintptr_t, uint64_t>> ranges;  // start -> (end, id)
@@ -305,6 +317,8 @@ struct ThreadResult {
   int64_t record_streams = 0;
   int64_t validates = 0;
   int64_t handed_off = 0;
+  int64_t bumps = 0;   // allocations the test predicted an arena serves
+  int64_t scopes = 0;  // scopes opened
   SiteId site = kUnknownSite;
 };
 
@@ -342,7 +356,40 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
     ++r.frees;
   };
 
+  // Arenas: this thread's open scopes, innermost last, with what decides whether a
+  // request is a bump (allocator/arena.h: the innermost scope's stream, at most a
+  // quarter of its chunk size).
+  struct OpenScope {
+    std::unique_ptr<ArenaScope> scope;
+    Stream stream;
+    size_t max_request;
+  };
+  std::vector<OpenScope> scopes;
+  static constexpr size_t kChunkSizes[] = {64 * kKiB, kMiB, 4 * kMiB};
+
   for (uint64_t op = 0; op < ops && !sh.failed; ++op) {
+    std::shared_lock<std::shared_mutex> op_gate(sh.gate, std::defer_lock);
+    if (sh.arenas) op_gate.lock();
+    if (sh.arenas) {
+      // Drawn only with arenas on, so the other tests keep their sequences.
+      const int scope_dice = static_cast<int>(rng() % 100);
+      try {
+        if (scope_dice < 2 && scopes.size() < 3) {
+          const size_t chunk = kChunkSizes[rng() % std::size(kChunkSizes)];
+          const Stream s = sh.streams[rng() % sh.streams.size()];
+          scopes.push_back({std::make_unique<ArenaScope>(
+                                a, rng() % 2 == 0 ? "fwd" : "bwd",
+                                ArenaOptions{.chunk_size = chunk, .stream = s}),
+                            s, chunk / 4});
+          ++r.scopes;
+        } else if (scope_dice < 4 && !scopes.empty()) {
+          scopes.back().scope->close();
+          scopes.pop_back();
+        }
+      } catch (const std::exception& e) {
+        sh.Fail(absl::StrCat("thread ", index, " op ", op, ": scope: ", e.what()));
+      }
+    }
     const int dice = static_cast<int>(rng() % 1000);
     try {
       if (live.size() >= max_live || (dice < 420 && !live.empty())) {
@@ -369,12 +416,17 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
         }
         const uint64_t id = next_id++;
         ++r.allocs;
+        const bool bump =
+            !scopes.empty() && scopes.back().stream == s && n <= scopes.back().max_request;
+        r.bumps += bump ? 1 : 0;
         sh.Insert(p, n, id);
         FillPattern(p, n, id);
         live.push_back({p, n, id, s});
         if ((op & 63) == 0) {
+          // An arena buffer's requested size is its rounded size (no per-buffer count).
           std::optional<BlockInfo> info = a.find_allocation(p);
-          if (!info.has_value() || info->size < n || info->requested != n ||
+          if (!info.has_value() || info->size < n ||
+              (bump ? info->requested != info->size : info->requested != n) ||
               info->stream != s || info->state != BlockState::kAllocated ||
               info->site != r.site) {
             sh.Fail(absl::StrCat("find_allocation disagrees for a fresh ", n,
@@ -454,6 +506,11 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
                            e.what()));
     }
     if ((op + 1) % 4096 == 0) {
+      std::unique_lock<std::shared_mutex> quiet(sh.gate, std::defer_lock);
+      if (sh.arenas) {
+        op_gate.unlock();
+        quiet.lock();
+      }
       absl::Status v = a.validate();
       ++r.validates;
       if (!v.ok()) {
@@ -461,6 +518,8 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
       }
     }
   }
+  std::shared_lock<std::shared_mutex> final_gate(sh.gate, std::defer_lock);
+  if (sh.arenas) final_gate.lock();
   while (!live.empty()) {
     try {
       free_at(live.size() - 1);
@@ -469,10 +528,19 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
       break;
     }
   }
+  // Innermost first, as a program's scopes end (the mailbox's buffers escape them).
+  while (!scopes.empty()) {
+    try {
+      scopes.back().scope->close();
+    } catch (const std::exception& e) {
+      sh.Fail(absl::StrCat("thread ", index, " final close: ", e.what()));
+    }
+    scopes.pop_back();
+  }
 }
 
 void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_t ops,
-                         int threads) {
+                         int threads, bool arenas = false) {
   const uint64_t seed = testutil::TestSeed(default_seed);
   const bool expandable = conf.find("expandable_segments:true") != std::string::npos;
   SCOPED_TRACE(absl::StrCat("seed=", seed, " ops/thread=", ops, " conf=", conf,
@@ -488,6 +556,7 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   sh.alloc = t.get();
   sh.backend = &t->backend();
   sh.seed = seed;
+  sh.arenas = arenas;
   sh.streams = {Stream{}, NewStream(*t), NewStream(*t)};
 
   std::vector<ThreadResult> results(static_cast<size_t>(threads));
@@ -517,7 +586,10 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   EXPECT_EQ(model.pending(), 0u) << "pending frees never completed";
 
   int64_t allocs = 0, frees = 0, ooms = 0, records = 0, validates = 0, handed_off = 0;
+  int64_t bumps = 0, scopes = 0;
   for (const ThreadResult& r : results) {
+    bumps += r.bumps;
+    scopes += r.scopes;
     allocs += r.allocs;
     frees += r.frees;
     ooms += r.ooms;
@@ -529,7 +601,7 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
             << " record_streams=" << records << " validates="
             << validates
             << " pending_completed=" << model.completed()
-            << " handed_off=" << handed_off
+            << " handed_off=" << handed_off << " bumps=" << bumps << " scopes=" << scopes
             << " events=" << model.events() << std::endl;
   if (!sh.failed) {
     // The run exercised what it claims to.
@@ -537,6 +609,10 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
     EXPECT_GT(records, static_cast<int64_t>(ops / 100));
     EXPECT_GT(model.completed(), static_cast<int64_t>(ops / 200)) << "few pending frees";
     EXPECT_GT(allocs, static_cast<int64_t>(ops / 2));
+    if (arenas) {
+      EXPECT_GT(bumps, static_cast<int64_t>(ops / 100)) << "few bumps";
+      EXPECT_GT(scopes, static_cast<int64_t>(ops / 200)) << "few scopes";
+    }
     if (conf.find("thread_cache:false") == std::string::npos) {
       EXPECT_GT(t->stats().thread_cached[kAggregatePool].allocated, 0)
           << "no block ever entered a thread cache";
@@ -544,17 +620,38 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   }
   EXPECT_EQ(allocs, frees);
 
+  // With arenas, the pool's allocations are the requests that were not bumps plus the
+  // chunks; the arenas counted exactly the bumps the test predicted. Every scope
+  // closed, nothing is live in them.
+  const ArenaReport arena_report = t->arena_report();
+  int64_t arena_bumps = 0, chunk_allocs = 0, scopes_closed = 0;
+  for (const ArenaStats& a : arena_report.arenas) {
+    arena_bumps += a.allocations;
+    chunk_allocs += a.pool_chunk_allocs;
+    scopes_closed += a.scopes_closed;
+    EXPECT_EQ(a.open_scopes, 0) << a.name;
+  }
+  EXPECT_EQ(arena_bumps, bumps);
+  EXPECT_EQ(scopes_closed, scopes);
+  EXPECT_EQ(arena_report.live_bytes, 0);
+  const int64_t pool_allocs = allocs - bumps + chunk_allocs;
+
   DeviceStats s = t->stats();
   EXPECT_TRUE(testutil::StatIdentitiesHold(s));
-  EXPECT_EQ(s.allocation[kAggregatePool].allocated, allocs);
-  EXPECT_EQ(s.allocation[kAggregatePool].current, 0);
-  EXPECT_EQ(s.allocated_bytes[kAggregatePool].current, 0);
-  EXPECT_EQ(s.requested_bytes[kAggregatePool].current, 0);
+  EXPECT_EQ(s.allocation[kAggregatePool].allocated, pool_allocs);
+  // What is still allocated is the arenas' retained (empty) chunks, all of it.
+  EXPECT_EQ(arena_report.chunks, arena_report.retained_chunks);
+  EXPECT_EQ(s.allocation[kAggregatePool].current, arena_report.chunks);
+  // A chunk is a request of its size; the pool's block may be larger (a remainder too
+  // small to split stays with it), as for any request.
+  EXPECT_EQ(s.requested_bytes[kAggregatePool].current, arena_report.chunk_bytes);
+  EXPECT_GE(s.allocated_bytes[kAggregatePool].current, arena_report.chunk_bytes);
   EXPECT_EQ(s.pending_bytes[kAggregatePool].current, 0);
-  EXPECT_EQ(s.num_frees, frees);
+  // Chunks given back so far are pool frees too (the rest go back on empty_cache).
+  EXPECT_EQ(s.num_frees, frees - bumps + arena_report.chunks_returned);
   EXPECT_EQ(s.num_ooms, ooms);
-  EXPECT_GE(s.cache_hits + s.cache_misses, allocs);
-  EXPECT_LE(s.cache_hits + s.cache_misses, allocs + ooms);
+  EXPECT_GE(s.cache_hits + s.cache_misses, pool_allocs);
+  EXPECT_LE(s.cache_hits + s.cache_misses, pool_allocs + ooms);
   if (!expandable) {  // with expandable segments these count maps and unmaps
     EXPECT_EQ(s.segment[kAggregatePool].allocated, s.num_device_alloc);
     EXPECT_EQ(s.segment[kAggregatePool].freed, s.num_device_free);
@@ -566,7 +663,7 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
             static_cast<int64_t>(t.sim->used_bytes()));
   for (const ThreadResult& r : results) {
     SiteStats ss = testutil::SiteStatsFor(t->site_stats(), r.site);
-    EXPECT_EQ(ss.total_count, r.allocs);
+    EXPECT_EQ(ss.total_count, r.allocs - r.bumps);  // bumps are not pool blocks
     EXPECT_EQ(ss.live_count, 0);
     EXPECT_EQ(ss.live_bytes, 0);
     EXPECT_LE(ss.peak_live_bytes, static_cast<int64_t>(256 * kMiB));
@@ -575,6 +672,10 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   t->empty_cache();
   EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, 0);
   EXPECT_EQ(t.sim->used_bytes(), 0u);
+  // Every chunk taken from the pool went back to it.
+  EXPECT_EQ(t->arena_report().chunks, 0);
+  EXPECT_EQ(t->arena_report().chunks_returned, chunk_allocs);
+  EXPECT_EQ(t->stats().num_frees, frees - bumps + chunk_allocs);
   EXPECT_VALID(*t);
   EXPECT_EQ(model.violation(), "");
   t->set_observer(nullptr);
@@ -590,6 +691,16 @@ TEST(CachingAllocatorRandomTest, TwoThreadsMaxSplitAndGc) {
   ThreadsThreeStreams(
       "sim_capacity:256MiB,max_split_size_mb:24,garbage_collection_threshold:0.6", 0x5eed0003,
       testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2);
+}
+
+// Scoped arenas opened and closed at random on both threads (any stream, nested),
+// with buffers handed to the other thread and freed there, record_stream on arena
+// buffers, empty_cache and trim while scopes are open, and frequent OOMs (the staged
+// retry takes retained chunks back).
+TEST(CachingAllocatorRandomTest, TwoThreadsArenaScopes) {
+  ThreadsThreeStreams(
+      "sim_capacity:256MiB", 0x5eed000b,
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2, /*arenas=*/true);
 }
 
 TEST(CachingAllocatorRandomTest, TwoThreadsExpandableSegments) {

@@ -155,6 +155,48 @@ def replay_json():
            and '"prefetch" at line 3' in r.stderr, "replay: merge or unknown action unsaid")
 
 
+def replay_arenas():
+    expect("arenas" not in js("replay", FRAG, "--json"), "replay: arenas unasked")
+    r = js("replay", FRAG, "--json", "--arenas")
+    a = r.get("arenas", {})
+    expect(a.get("steps", 0) > 1 and a.get("bumps", 0) > 0 and
+           a.get("free_list_ops_avoided") == 2 * a.get("bumps", -1) and
+           a.get("peak_reserved_bytes", 0) > 0 and "min_capacity_bytes" not in a,
+           "replay --arenas --json: %r" % a)
+    a = js("replay", FRAG, "--json", "--arenas", "--min-capacity").get("arenas", {})
+    expect(a.get("min_capacity_bytes", 0) > 0, "replay --arenas --min-capacity: %r" % a)
+    t = mt("replay", FRAG, "--arenas").stdout
+    expect("with arenas" in t and "free-list operations avoided" in t, "replay --arenas: %s" % t)
+
+
+def replay_arena_chunk_size():
+    small = js("replay", FRAG, "--json", "--arenas", "--arena-chunk-size", "64KiB")
+    small = small.get("arenas", {})
+    big = js("replay", FRAG, "--json", "--arenas").get("arenas", {})
+    # 64 KiB chunks serve requests of at most 16 KiB: none of this trace's.
+    expect(small.get("chunk_size") == 64 * 1024 and small.get("bumps") == 0 and
+           big.get("bumps", 0) > 0, "replay --arena-chunk-size 64KiB: %r vs %r" % (small, big))
+    r = mt("replay", FRAG, "--arenas", "--arena-chunk-size", "1000", rc=2)
+    expect("--arena-chunk-size" in r.stderr and "1000" in r.stderr,
+           "replay --arena-chunk-size 1000: %s" % r.stderr)
+    r = mt("replay", FRAG, "--arena-chunk-size", "1MiB", rc=2)
+    expect("needs --arenas" in r.stderr,
+           "replay --arena-chunk-size without --arenas: %s" % r.stderr)
+
+
+def replay_step_swing():
+    a = js("replay", FRAG, "--json", "--arenas").get("arenas", {})
+    b = js("replay", FRAG, "--json", "--arenas", "--step-swing", "0.5").get("arenas", {})
+    expect(b.get("step_swing") == 0.5 and b.get("steps", 0) != a.get("steps", 0),
+           "replay --step-swing 0.5: %r vs %r" % (b, a))
+    for bad in ("0", "2", "lots"):
+        r = mt("replay", FRAG, "--arenas", "--step-swing", bad, rc=2)
+        expect("--step-swing" in r.stderr and bad in r.stderr,
+               "replay --step-swing %s: %s" % (bad, r.stderr))
+    r = mt("replay", FRAG, "--step-swing", "0.5", rc=2)
+    expect("needs --arenas" in r.stderr, "replay --step-swing without --arenas: %s" % r.stderr)
+
+
 def import_checks():
     csv = os.path.join(tmp, "r.csv")
     with open(csv, "w") as f:
@@ -485,6 +527,9 @@ def postmortem_json():
 CHECKS = {
     ("replay", "--conf"): replay_conf, ("replay", "--capacity"): replay_capacity,
     ("replay", "--min-capacity"): replay_min_capacity, ("replay", "--json"): replay_json,
+    ("replay", "--arenas"): replay_arenas,
+    ("replay", "--arena-chunk-size"): replay_arena_chunk_size,
+    ("replay", "--step-swing"): replay_step_swing,
     ("import", "--from"): import_checks, ("import", "--output"): import_checks,
     ("import", "--json"): import_json,
     ("timeline", "--output"): timeline_output, ("timeline", "--format"): timeline_format,

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "allocator/arena.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
@@ -140,6 +141,46 @@ TEST(OomDumpTest, DumpIsWrittenReadableAndRateLimited) {
   EXPECT_EQ(file->oom->remedy, oom.at("remedy"));
   EXPECT_EQ(file->sites.size(), sites.size());
   EXPECT_FALSE(ParseSnapshotJson(text.substr(0, text.size() / 2), name).ok());
+  fs::remove_all(dir);
+}
+
+// The dump says what scoped arenas hold (docs/formats.md: arena_live_bytes,
+// arena_escaped_bytes, arena_retained_bytes) and names the arena's chunks as a site of
+// kind arena among the top holders.
+TEST(OomDumpTest, DumpSaysWhatScopedArenasHold) {
+  const std::string dir = FreshDir("oom-dump-arena");
+  auto alloc = SmallSim(44);
+  TraceRing ring(256);
+  OomDumper dumper(dir);
+  OomCallbackList callbacks;
+  DeviceObserver observer(alloc.get(), &ring, &dumper, &callbacks);
+  alloc->set_observer(&observer);
+  std::vector<void*> escaped;
+  {
+    ArenaScope arena(*alloc, "leaky");
+    for (int i = 0; i < 20; ++i) escaped.push_back(alloc->allocate(kMiB));
+  }
+  Oom(*alloc, InternSite(std::source_location::current(), SiteKind::kAlloc));
+  for (void* p : escaped) alloc->free(p);
+  alloc->set_observer(nullptr);
+
+  const std::vector<fs::path> files = Files(dir);
+  ASSERT_EQ(files.size(), 1u);
+  const nlohmann::json j = nlohmann::json::parse(Read(files[0]));
+  const nlohmann::json& oom = j.at("oom");
+  EXPECT_EQ(oom.at("arena_live_bytes"), 20 * kMiB);
+  EXPECT_EQ(oom.at("arena_escaped_bytes"), 20 * kMiB);
+  EXPECT_EQ(oom.at("arena_retained_bytes"), 0);  // the staged retry took them back
+  EXPECT_NE(oom.at("message").get<std::string>().find("scoped arenas hold"), std::string::npos);
+  ASSERT_FALSE(oom.at("top_sites").empty());
+  const auto top = oom["top_sites"][0]["site"].get<SiteId>();
+  bool named = false;
+  for (const auto& site : j.at("sites")) {
+    if (site.at("id").get<SiteId>() == top) {
+      named = site.at("kind") == "arena" && site.at("tag") == "leaky";
+    }
+  }
+  EXPECT_TRUE(named) << j.at("sites").dump();
   fs::remove_all(dir);
 }
 

@@ -23,6 +23,16 @@ trace and threshold (default 0, 0.125, 0.25, 0.5, none) the peak reserved bytes,
 smallest safe capacity, the maps/unmaps, and the driver time the sim's driver cost
 model estimates for them on a GPU (`sim_driver_cost`, A100 figures by default; the
 `driver_ns` of `memtrace replay --json`), with the cuMemCreate calls behind it.
+
+    tools/replay/replay_table.py --arenas [--arena-chunk-size C] [--step-swing F]
+
+prints instead, for each trace, the replay with a scoped arena per inferred step
+(`memtrace replay --arenas`: the step rule is InferSteps in tools/replay/trace_replay.h)
+beside the plain one: peak reserved / peak requested and the smallest safe capacity off
+and on, the steps found, the bumps (each an allocation and a free the pool's free lists
+did not do), the bytes that escaped their step, the chunks held at a step's end, and
+whether the replay targets hold with arenas on (ARENA_EXCEPTIONS: the traces where they
+do not at the default chunk size, and why).
 """
 import argparse
 import json
@@ -60,16 +70,84 @@ CAPACITY_TARGET = 1.05
 CAPACITY_EXCEPTIONS = {"fragmentation.jsonl": 1.07}
 
 
+# With arenas on (memtrace replay --arenas, the default 4 MiB chunk), trace file name ->
+# (reserved target, capacity target) where the plain targets do not hold, measured
+# (1.386 / 1.291 and 1.312 / 1.245) and bounded a little above so that a change that makes
+# them worse fails. Why: a real training step is not a heap of temporaries that die
+# young. Its forward pass keeps small activations and statistics for the backward pass,
+# interleaved in the chunks with short-lived temporaries, and a chunk is reused only
+# once all its buffers died (allocator/arena.h), so the arenas hold about every byte
+# bumped from a chunk's first buffer to its last one's death, where the pool's best
+# fit reuses each freed temporary's space at once. The first step also bumps state
+# created lazily (gradients, momentum buffers), which escapes and pins its chunks for
+# the rest of the run. Smaller chunks strand less: with --arena-chunk-size 64KiB every
+# trace meets the plain targets (ctest memtrace.replay_targets_arenas_64k), at a higher
+# cost per bump (docs/architecture.md, "Scoped step arenas").
+ARENA_EXCEPTIONS = {
+    "resnet18_train.jsonl.gz": (1.42, 1.33),
+    "mobilenet_v2_train.jsonl.gz": (1.35, 1.28),
+}
+
+
 def capacity_target(trace):
     return CAPACITY_EXCEPTIONS.get(os.path.basename(trace), CAPACITY_TARGET)
 
 
-def replay(memtrace, trace, conf):
-    cmd = [memtrace, "replay", trace, "--min-capacity", "--json"]
+def arena_targets(trace, chunk_size=None):
+    """(reserved, capacity) targets with arenas on; the exceptions hold at the default
+    chunk size only (a smaller chunk must meet the plain targets)."""
+    if chunk_size is None and os.path.basename(trace) in ARENA_EXCEPTIONS:
+        return ARENA_EXCEPTIONS[os.path.basename(trace)]
+    return RESERVED_TARGET, capacity_target(trace)
+
+
+def existing_traces():
+    """TRACES, each checked to exist (a missing one is an error, never a skipped row)."""
+    for name, path in TRACES:
+        if not os.path.exists(path):
+            sys.exit("%s: %s is missing" % (name, path))
+        yield name, path
+
+
+def replay(memtrace, trace, conf, extra=()):
+    cmd = [memtrace, "replay", trace, "--min-capacity", "--json", *extra]
     if conf:
         cmd += ["--conf", conf]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
+
+
+def arena_flags(chunk_size=None, step_swing=None):
+    flags = ["--arenas"]
+    if chunk_size:
+        flags += ["--arena-chunk-size", chunk_size]
+    if step_swing:
+        flags += ["--step-swing", step_swing]
+    return flags
+
+
+def arena_table(memtrace, chunk_size, step_swing):
+    """Arenas off and on, one row per trace."""
+    print("| trace | steps | peak reserved / requested (off → on) | fits from / peak "
+          "(off → on) | bumps (free-list ops avoided) | escaped (most in one step) "
+          "| chunks at a step's end | targets met with arenas (reserved / fits) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, path in existing_traces():
+        d = replay(memtrace, path, "", arena_flags(chunk_size, step_swing))
+        a = d["arenas"]
+        res_t, cap_t = arena_targets(path, chunk_size)
+        note = lambda t, plain: "" if t == plain else " (≤ %.2f)" % t
+        print("| %s | %d | %.3f → %.3f | %.3f → %.3f | %d (%d) | %.1f MiB (%.1f MiB) "
+              "| %d (%.1f MiB) | %s%s / %s%s |" % (
+                  name, a["steps"], d["reserved_over_requested"], a["reserved_over_requested"],
+                  d["min_capacity_over_peak_requested"], a["min_capacity_over_peak_requested"],
+                  a["bumps"], a["free_list_ops_avoided"], a["escaped_bytes"] / MIB,
+                  a["max_step_escaped_bytes"] / MIB, a["peak_chunks"],
+                  a["peak_chunk_bytes"] / MIB,
+                  "yes" if a["reserved_over_requested"] <= RESERVED_TARGET else "no",
+                  note(res_t, RESERVED_TARGET),
+                  "yes" if a["min_capacity_over_peak_requested"] <= capacity_target(path) else "no",
+                  note(cap_t, capacity_target(path))))
 
 
 RECYCLE_THRESHOLDS = ["0", "0.125", "0.25", "0.5", "none"]
@@ -81,9 +159,7 @@ def recycle_table(memtrace, thresholds):
           "| fits from (/ peak requested) | maps / unmaps | cuMemCreate "
           "| est. driver time |")
     print("|---|---|---|---|---|---|---|")
-    for name, path in TRACES:
-        if not os.path.exists(path):
-            sys.exit("%s: %s is missing" % (name, path))
+    for name, path in existing_traces():
         for t in thresholds:
             d = replay(memtrace, path, "expandable_recycle_threshold:%s" % t)
             print("| %s | %s | %.1f MiB (%.3f) | %.1f MiB (%.3f) | %d / %d | %d | %.2f ms |" % (
@@ -106,17 +182,22 @@ def main():
     parser.add_argument("--threshold", action="append",
                         help="with --recycle: the thresholds (default: %s)"
                              % ", ".join(RECYCLE_THRESHOLDS))
+    parser.add_argument("--arenas", action="store_true",
+                        help="print arenas off and on instead (memtrace replay --arenas)")
+    parser.add_argument("--arena-chunk-size", help="with --arenas: the largest chunk")
+    parser.add_argument("--step-swing", help="with --arenas: the step rule's swing")
     args = parser.parse_args()
     if args.recycle:
         recycle_table(args.memtrace, args.threshold or RECYCLE_THRESHOLDS)
+        return
+    if args.arenas:
+        arena_table(args.memtrace, args.arena_chunk_size, args.step_swing)
         return
     confs = [(c, "default" if not c else "`%s`" % c) for c in args.conf] if args.conf else CONFS
     print("| trace (peak requested) | configuration | peak reserved (/ requested) "
           "| maps / unmaps | fits from (/ peak requested) | targets met (reserved / fits) |")
     print("|---|---|---|---|---|---|")
-    for name, path in TRACES:
-        if not os.path.exists(path):
-            sys.exit("%s: %s is missing" % (name, path))
+    for name, path in existing_traces():
         for i, (conf, label) in enumerate(confs):
             d = replay(args.memtrace, path, conf)
             res = d["reserved_over_requested"]

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <stdexcept>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/errors.h"
 #include "tools/replay/trace_file.h"
 
 namespace devmem {
@@ -229,8 +231,66 @@ absl::StatusOr<Trace> ReadTrace(const std::string& path) {
   return ParsePadded(*text, path);
 }
 
+std::vector<size_t> InferSteps(const Trace& trace, double swing) {
+  std::vector<size_t> ends;
+  const auto h = static_cast<uint64_t>(swing * static_cast<double>(trace.peak_requested));
+  if (h == 0) return ends;
+  std::vector<uint64_t> sizes(trace.allocations, 0);  // by id
+  uint64_t live = 0;
+  // Zigzag: `high` is the highest point since the last step end until live bytes fall
+  // h below it; then `low`/`low_op` track the lowest point until they rise h above it.
+  uint64_t high = 0, low = 0;
+  size_t low_op = 0;
+  bool falling = false;
+  for (size_t i = 0; i < trace.ops.size(); ++i) {
+    const Trace::Op& op = trace.ops[i];
+    if (op.alloc) {
+      sizes[op.id] = op.size;
+      live += op.size;
+    } else {
+      live -= sizes[op.id];
+    }
+    if (!falling) {
+      if (live > high) {
+        high = live;
+      } else if (high - live >= h) {
+        falling = true;
+        low = live;
+        low_op = i;
+      }
+    } else if (live < low) {
+      low = live;
+      low_op = i;
+    } else if (live - low >= h) {
+      ends.push_back(low_op);
+      falling = false;
+      high = live;
+    }
+  }
+  return ends;
+}
+
+absl::Status CheckArenaReplay(const ArenaReplay& arenas) {
+  if (arenas.chunk_size % 512 != 0 || arenas.chunk_size < kMinArenaChunkSize ||
+      arenas.chunk_size > kMaxArenaChunkSize) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "chunk_size %u: must be a multiple of 512 in [64 KiB, 1 GiB]", arenas.chunk_size));
+  }
+  // The negated test also refuses NaN.
+  if (!(arenas.step_swing > 0 && arenas.step_swing <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("step_swing %g: must be in (0, 1]", arenas.step_swing));
+  }
+  return absl::OkStatus();
+}
+
 ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
-                    const ReplayObserver& observe) {
+                    const ReplayObserver& observe, const ArenaReplay& arenas) {
+  if (arenas.enabled) {
+    if (absl::Status s = CheckArenaReplay(arenas); !s.ok()) {
+      throw InvalidArgumentError(std::string(s.message()));
+    }
+  }
   Config config = policy;
   config.backend = BackendKind::kSim;
   config.sim_capacity = capacity;
@@ -255,6 +315,36 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
   };
   std::vector<void*> ptrs(trace.allocations, nullptr);
   int64_t ooms = 0;
+  // Arenas: a scope per step, on the default stream (trace stream 0 is Stream{}).
+  ReplayResult::Arenas arena_figures;
+  const std::vector<size_t> step_ends =
+      arenas.enabled ? InferSteps(trace, arenas.step_swing) : std::vector<size_t>{};
+  size_t next_end = 0;
+  std::optional<ArenaScope> scope;
+  auto open_step = [&] {
+    scope.emplace(alloc, "replay step",
+                  ArenaOptions{.chunk_size = arenas.chunk_size, .stream = {}});
+    ++arena_figures.steps;
+  };
+  auto close_step = [&] {
+    // The chunks held at the step's end (its own, escaped ones, retained ones) before
+    // the close retires them: the arenas' largest footprint is at a step's end.
+    const ArenaReport held = alloc.arena_report();
+    arena_figures.peak_chunks = std::max(arena_figures.peak_chunks, held.chunks);
+    arena_figures.peak_chunk_bytes = std::max(arena_figures.peak_chunk_bytes, held.chunk_bytes);
+    scope->close();
+    const ArenaScope::Summary s = scope->summary();
+    arena_figures.escaped_bytes += s.escaped_bytes;
+    arena_figures.escaped_buffers += s.escaped_buffers;
+    arena_figures.max_step_escaped_bytes =
+        std::max(arena_figures.max_step_escaped_bytes, s.escaped_bytes);
+    arena_figures.bumps += s.allocations;
+    arena_figures.bump_bytes += s.bytes;
+    arena_figures.pool_chunk_allocs += s.pool_chunk_allocs;
+    arena_figures.chunk_reuses += s.chunks - s.pool_chunk_allocs;
+    scope.reset();
+  };
+  if (arenas.enabled) open_step();
   const auto start = std::chrono::steady_clock::now();
   for (size_t i = 0; i < trace.ops.size(); ++i) {
     const Trace::Op& op = trace.ops[i];
@@ -269,8 +359,14 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
       ptrs[op.id] = nullptr;
     }
     if (observe) observe(i, alloc);
+    if (next_end < step_ends.size() && step_ends[next_end] == i) {
+      ++next_end;
+      close_step();
+      open_step();
+    }
   }
   const auto stop = std::chrono::steady_clock::now();
+  if (scope) close_step();
   for (void*& p : ptrs) {
     if (p != nullptr) alloc.free(p);  // allocations the trace never freed
   }
@@ -289,6 +385,7 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
   r.alloc_retries = s.num_alloc_retries;
   r.driver = s.driver;
   r.ops = trace.ops.size();
+  r.arenas = arena_figures;
   r.ns_per_op = trace.ops.empty()
                     ? 0.0
                     : std::chrono::duration<double, std::nano>(stop - start).count() /
@@ -297,17 +394,18 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
 }
 
 MinCapacity FindMinCapacity(const Trace& trace, const Config& config, uint64_t resolution,
-                            int max_scan) {
+                            int max_scan, const ArenaReplay& arenas) {
   MinCapacity m;
   if (trace.peak_requested == 0) return m;
   resolution = std::max<uint64_t>(resolution, 1);
   auto fits = [&](uint64_t capacity) {
     ++m.runs;
-    return Replay(trace, config, capacity).ooms == 0;
+    return Replay(trace, config, capacity, nullptr, arenas).ooms == 0;
   };
   ++m.runs;
   const uint64_t lo = trace.peak_requested;
-  const uint64_t hi = std::max(Replay(trace, config, kUnboundedCapacity).peak_reserved_bytes, lo);
+  const uint64_t hi = std::max(
+      Replay(trace, config, kUnboundedCapacity, nullptr, arenas).peak_reserved_bytes, lo);
   // Bisection. Invariant: `good` fits; every capacity below `bad + 1` is assumed not to.
   uint64_t bad = lo - 1, good = hi;
   while (good - bad > resolution) {

@@ -28,6 +28,13 @@
 // policy depends only on the sequence of calls, so the same trace, configuration and
 // capacity give the same figures every run (ns_per_op aside).
 //
+// Arenas (ArenaReplay): the replay can open a scoped arena (allocator/arena.h) per step
+// on the replaying thread, as a training loop with an ArenaScope per step would, to
+// show what arenas do to a workload's footprint. Traces carry no step boundaries (the
+// real PyTorch traces record allocations and frees only), so InferSteps finds them by
+// a documented rule: a step ends at each valley of live requested bytes between a
+// fall and a rise of at least `step_swing` x the trace's peak requested bytes.
+//
 // Thread-safety: functions are reentrant; each Replay builds its own allocator.
 #pragma once
 
@@ -39,6 +46,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "allocator/arena.h"
 #include "allocator/config.h"
 #include "allocator/driver_calls.h"
 
@@ -83,6 +91,36 @@ absl::StatusOr<Trace> ReadTrace(const std::string& path);
 // The same from text in memory; `name` is used in error messages.
 absl::StatusOr<Trace> ParseTrace(std::string_view text, const std::string& name);
 
+// The default step rule's swing (InferSteps): a quarter of the peak. On the shipped
+// traces it finds exactly the recorded steps of both real PyTorch traces (3 each), of
+// training_loop.jsonl (96 batches) and transformer.jsonl (3); 0.1 also splits the real
+// traces' steps at valleys inside them (10 and 9 scopes) while it finds all 9 steps of
+// training_varseq.jsonl (0.25: 6 scopes). docs/architecture.md, "Replay with arenas".
+inline constexpr double kDefaultStepSwing = 0.25;
+
+// A replay with a scoped arena per step (memtrace replay --arenas).
+struct ArenaReplay {
+  bool enabled = false;
+  // ArenaOptions::chunk_size of each step's scope: a multiple of 512 in
+  // [kMinArenaChunkSize, kMaxArenaChunkSize].
+  size_t chunk_size = kDefaultArenaChunkSize;
+  double step_swing = kDefaultStepSwing;  // InferSteps' swing, in (0, 1]
+};
+
+// The op indices at which a step ends (the step includes that op), ascending. The
+// rule, on L = live requested bytes after each op and h = swing x peak requested:
+// the live bytes must first fall by at least h from their highest point since the
+// last step end; from there the lowest point is tracked, and once L rises at least h
+// above it, the first op that reached that lowest point ends a step (a "valley"
+// between two swings of at least h: the zigzag rule). The first step starts at op 0,
+// the last one ends with the trace; a trace with no such valley is one step. Linear in
+// the ops; deterministic.
+std::vector<size_t> InferSteps(const Trace& trace, double swing);
+
+// OK, or InvalidArgumentError naming the bad field and its value ("chunk_size 1000:
+// ...", "step_swing 0: ..."). Replay throws it as InvalidArgumentError.
+absl::Status CheckArenaReplay(const ArenaReplay& arenas);
+
 struct ReplayResult {
   uint64_t capacity = 0;             // the sim device's capacity for this run
   uint64_t peak_requested_bytes = 0; // of the trace (what the program asked for)
@@ -98,6 +136,22 @@ struct ReplayResult {
   // (allocator/driver_calls.h, sim_driver_cost): what this configuration would spend
   // in the driver on a GPU. Deterministic, like the memory figures.
   DriverCallStats driver;
+  // With ArenaReplay::enabled (all zero otherwise). Peak reserved bytes above are then
+  // those with arenas on (the chunks are pool blocks).
+  struct Arenas {
+    int64_t steps = 0;             // scopes opened (one per step)
+    int64_t bumps = 0;             // allocations served by the arenas: each one avoided a
+                                   // pool allocation and a free (two free-list operations)
+    int64_t bump_bytes = 0;
+    int64_t escaped_bytes = 0;     // summed over steps: bytes still live when their step's
+                                   // scope closed (buffers that outlive their step)
+    int64_t escaped_buffers = 0;
+    int64_t max_step_escaped_bytes = 0;  // the most one step left behind
+    int64_t peak_chunks = 0;       // most chunks the arenas held at a step's end
+    int64_t peak_chunk_bytes = 0;  // most bytes of chunks at a step's end
+    int64_t pool_chunk_allocs = 0; // chunks taken from the pool
+    int64_t chunk_reuses = 0;      // chunks reused without a pool call
+  } arenas;
 };
 
 class CachingAllocator;
@@ -107,8 +161,13 @@ class CachingAllocator;
 using ReplayObserver = std::function<void(size_t op_index, const CachingAllocator& alloc)>;
 
 // Replays `trace` on a fresh sim device of `capacity` bytes with `config`'s policy.
+// With `arenas.enabled`, each step of InferSteps(trace, arenas.step_swing) runs inside
+// an ArenaScope named "replay step" on trace stream 0 (the default stream): that
+// stream's requests of at most chunk_size / 4 are bumps; other streams and larger
+// requests take the normal path, as in a program (allocator/arena.h). Throws
+// InvalidArgumentError for a bad chunk_size or swing (naming it).
 ReplayResult Replay(const Trace& trace, const Config& config, uint64_t capacity,
-                    const ReplayObserver& observe = nullptr);
+                    const ReplayObserver& observe = nullptr, const ArenaReplay& arenas = {});
 
 struct MinCapacity {
   // The smallest capacity C on the grid such that the trace replays with zero OOMs at
@@ -135,7 +194,9 @@ struct MinCapacity {
 //   3. scan down from `hi` in steps of `step` until the first failure: `bytes` is the
 //      last capacity that fit. step = max(resolution, (hi - lo) / max_scan), so the
 //      scan takes at most max_scan replays.
+// With `arenas.enabled`, every replay of the search runs with arenas (Replay).
 MinCapacity FindMinCapacity(const Trace& trace, const Config& config,
-                            uint64_t resolution = uint64_t{1} << 20, int max_scan = 256);
+                            uint64_t resolution = uint64_t{1} << 20, int max_scan = 256,
+                            const ArenaReplay& arenas = {});
 
 }  // namespace devmem
