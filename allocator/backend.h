@@ -37,7 +37,8 @@
 //     (driver_calls.h); backends without a driver report nothing.
 //   * Releasing memory (free_segment, unmap) need not wait for queued work: the
 //     allocator synchronizes the owning stream first. So a stream must outlive the
-//     memory cached for it (empty_cache before destroy_stream).
+//     memory cached for it, or be retired first (CachingAllocator::release_stream
+//     before destroy_stream: then the allocator waits for the retirement's event).
 //   * Graph capture (CUDA): while a stream captures work into a graph, some driver calls
 //     would fail and invalidate the capture (cudaMalloc, cudaFree, map/unmap in the
 //     default "global" mode) or are illegal (querying or synchronizing an event

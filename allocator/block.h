@@ -98,6 +98,10 @@ struct alignas(64) Block {
   // not recorded yet (an event recorded in a capture cannot be queried); they are
   // recorded once no capture is under way (DevicePool, device_pool_private.cc).
   bool events_deferred = false;
+  // kPending only: a free (cached) block of a stream being retired (release_stream,
+  // allocator/stream_retire.h), waiting for the retirement's event; the user did not
+  // free it, so its completion is not traced as a free.
+  bool retired_cache = false;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };

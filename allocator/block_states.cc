@@ -20,6 +20,11 @@ absl::Status BlockStates::validate_block(const Block* b, StatRecount* rc,
   const Segment* s = b->segment;
   const bool small = s->small_pool;
   const int64_t size = static_cast<int64_t>(b->size);
+  if (b->retired_cache && (b->state != BlockState::kPending || b->pending_events != 1)) {
+    return Violation(absl::StrFormat(
+        "block %#x is marked as a retired stream's cached block but is %s with %d events",
+        b->addr, BlockStateName(b->state), b->pending_events));
+  }
   switch (b->state) {
     case BlockState::kAllocated: {
       auto it = allocated_.find(b->addr);

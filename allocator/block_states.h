@@ -96,16 +96,19 @@ class BlockStates {
     auto it = allocated_.find(addr);
     if (it == allocated_.end()) return false;
     Block* b = it->second;
-    const size_t queued = b->stream_uses.empty() ? 0 : events_.enqueue(b);
+    // A block of a stream being retired waits for its retirement even unused elsewhere.
+    const size_t queued = b->stream_uses.empty() && !events_.own_stream_retiring(b)
+                              ? 0
+                              : events_.enqueue(b);
     // Past this point nothing throws.
     allocated_.erase(it);
     acct_.block_freed_by_user(b);
-    if (b->stream_uses.empty()) {
+    if (queued == 0) {  // no uses, or only on streams retired since (their work is done)
       make_free(b);
       return true;
     }
     // Used on other streams: the block may be reused only once each of those streams
-    // has reached this point; the events recorded above say when.
+    // has reached this point; the events recorded above (and retirements) say when.
     b->pending_events += static_cast<int>(queued);
     b->stream_uses.clear();
     b->state = BlockState::kPending;
@@ -143,12 +146,17 @@ class BlockStates {
         ++i;
         continue;
       }
-      const size_t queued = events_.enqueue(b);  // stream_uses is not empty: >= 1
+      // 0 only when every stream it waited for was retired meanwhile.
+      const size_t queued = events_.enqueue(b);
       deferred_[i] = deferred_.back();
       deferred_.pop_back();
       b->events_deferred = false;
       b->pending_events += static_cast<int>(queued);
       b->stream_uses.clear();
+      if (queued == 0) {
+        acct_.block_free_completed(b);
+        make_free(b);
+      }
     }
   }
 
@@ -156,9 +164,35 @@ class BlockStates {
   // every queued event first, so none stays pending), polling at most `budget` events.
   void complete_events(bool wait, size_t budget) {
     events_.poll(wait, budget, [this](Block* b) {
-      acct_.block_free_completed(b);
+      if (b->retired_cache) [[unlikely]] {
+        b->retired_cache = false;
+        acct_.block_retire_completed(b);
+      } else {
+        acct_.block_free_completed(b);
+      }
       make_free(b);
     });
+  }
+
+  // --- stream retirement (allocator/stream_retire.h, device_pool_retire.cc) -----------
+  // free -> pending: a free block of a stream being retired leaves its free set and
+  // waits for the retirement's event, so that no other stream given the handle gets
+  // it first. Room for the wait was made (StreamRetirements::begin); never throws.
+  void retire_free_block(Block* b) {
+    free_.erase(b);
+    b->state = BlockState::kPending;
+    b->retired_cache = true;
+    b->pending_events = 1;
+    ++b->segment->busy_blocks;
+    if (Reservation* r = b->segment->reservation) r->use->add(static_cast<int64_t>(b->size));
+    acct_.block_retiring(b);
+    events_.retirements().add_wait(b->stream, b);
+  }
+  // A pending block of a stream being retired also waits for the retirement's event
+  // (its own events are on other streams: it would be free before the stream's work).
+  void retire_pending_block(Block* b) {
+    ++b->pending_events;
+    events_.retirements().add_wait(b->stream, b);
   }
 
   // The allocated block starting at `addr`, or nullptr.

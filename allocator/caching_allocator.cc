@@ -105,6 +105,14 @@ void CachingAllocator::record_stream(void* ptr, Stream stream) {
     pool_->record_stream(ptr, stream);
   });
 }
+void CachingAllocator::release_stream(Stream stream) {
+  RefuseInStreamCallback(*pool_, "release_stream");
+  DeviceCall(*pool_, "release_stream", [&] {
+    // An empty retained chunk of the stream would serve the handle's next stream.
+    arenas_->release_retained();
+    pool_->release_stream(stream);
+  });
+}
 void CachingAllocator::begin_allocate_to_pool(PoolId pool, StreamFilter filter) {
   RefuseInStreamCallback(*pool_, "begin_allocate_to_pool");
   pool_->begin_allocate_to_pool(pool, std::move(filter));

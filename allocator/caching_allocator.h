@@ -126,6 +126,21 @@ class CachingAllocator {
   // Throws InvalidArgumentError for a pointer that is not allocated.
   void record_stream(void* ptr, Stream stream);
 
+  // Retires `stream` before the program destroys it (cudaStreamDestroy): a driver gives
+  // a destroyed stream's handle to the next stream created, while the kernels queued
+  // on the old one still run, and the cache is keyed by the handle. Records one event
+  // on `stream`; its cached blocks (free sets, thread caches) and pending ones wait for
+  // it, and so do blocks of the stream still allocated when they are freed, and blocks
+  // with a record_stream use on it, instead of any event or synchronize on the
+  // destroyed stream (nothing synchronizes it afterwards). Until the event completes,
+  // allocate and record_stream on the handle throw InvalidArgumentError naming it;
+  // then the handle serves a new stream. Every retained arena chunk goes back to the
+  // pool first (as empty_cache gives them). Call it after the last work on `stream`
+  // is queued and before destroying it. Throws InvalidArgumentError, changing nothing,
+  // for the default stream, a stream released already whose work has not completed,
+  // or while a graph capture is under way.
+  void release_stream(Stream stream);
+
   // Gives back every thread cache's blocks, waits for every pending cross-stream free,
   // then returns every unused cached segment to the backend.
   void empty_cache();
@@ -203,10 +218,11 @@ class CachingAllocator {
   absl::Status enable_peer_access(int peer);
 
   // True once a driver error poisoned this allocator (allocator/errors.h): allocate,
-  // free, record_stream, empty_cache, trim and process_events then throw DriverError
-  // naming the call and the first driver error, and change nothing; stats(),
-  // snapshot(), validate() and the other readers still answer. Never cleared: the
-  // device's context is broken (a sticky error) and the process must start again.
+  // free, record_stream, release_stream, empty_cache, trim and process_events then
+  // throw DriverError naming the call and the first driver error, and change
+  // nothing; stats(), snapshot(), validate() and the other readers still answer.
+  // Never cleared: the device's context is broken (a sticky error) and the process
+  // must start again.
   bool poisoned() const;
 
   DeviceId device() const;

@@ -44,6 +44,9 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       expandable_(MakeExpandable(*backend_, config, device_total_, segments_, free_, acct_)),
       reclaimer_(segments_, regular_, expandable_.get()) {
   blocks_.set_cache_map(&block_map_);  // thread caches (device_pool_tcache.cc)
+  // Released streams (device_pool_retire.cc): memory waits for their retirement events.
+  regular_.set_retirements(&events_.retirements());
+  if (expandable_ != nullptr) expandable_->set_retirements(&events_.retirements());
   if (config.expandable_segments == ExpandableMode::kOn && expandable_ == nullptr) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
@@ -90,7 +93,8 @@ DevicePool::~DevicePool() {
     if (poisoned()) continue;
     if (std::find(synced.begin(), synced.end(), s->stream.handle) == synced.end()) {
       try {
-        backend_->synchronize_stream(s->stream);
+        // Never a released (destroyed) stream: its retirement completed above.
+        events_.retirements().synchronize_for_release(s->stream);
       } catch (const DriverError& e) {
         poison("~CachingAllocator", e.what());
       }
@@ -141,6 +145,9 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     // std::bad_alloc leaves the pool as it was.
     blocks_.prepare_allocation(site);
     poll_locked(kAllocationEventPollBudget);
+    // A released stream's handle serves allocations again only once the old stream's
+    // work completed (device_pool_retire.cc).
+    if (!events_.retirements().empty()) [[unlikely]] claim_stream_locked(stream, "allocate");
     // While a private pool is allocated to, the streams its filter takes use only its
     // memory (device_pool_private.cc).
     PrivatePool* const pool =
@@ -299,6 +306,7 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
     throw InvalidArgumentError(describe_bad_pointer("record_stream", ptr));
   }
   if (stream == b->stream) return;  // stream order already protects it
+  claim_stream_locked(stream, "record_stream");  // not a stream being released
   if (std::find(b->stream_uses.begin(), b->stream_uses.end(), stream) ==
       b->stream_uses.end()) {
     b->stream_uses.push_back(stream);

@@ -81,6 +81,8 @@ class DevicePool {
   void* allocate(size_t bytes, Stream stream, SiteId site);
   void free(void* ptr);
   void record_stream(void* ptr, Stream stream);
+  // CachingAllocator::release_stream (device_pool_retire.cc, stream_retire.h).
+  void release_stream(Stream stream);
   void empty_cache();
   void trim(size_t keep_bytes);
   absl::Status set_memory_fraction(double fraction);
@@ -188,6 +190,11 @@ class DevicePool {
       expandable_->complete_deferred(/*wait=*/false);
     }
   }
+
+  // --- stream retirement (device_pool_retire.cc) --------------------------------------
+  // Before `op` ("allocate", "record_stream") uses `stream`: throws InvalidArgumentError
+  // naming it while it is being retired; a retired handle becomes live (a new stream).
+  void claim_stream_locked(Stream stream, const char* op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- graph capture (device_pool_private.cc) -----------------------------------------
   // True when a capture may be under way for an allocation on `stream`: a private pool

@@ -101,7 +101,10 @@ Block* DevicePool::grow_during_capture_locked(size_t size, Stream stream, Privat
 
 bool DevicePool::defer_events_locked(const Block* b) {
   if (privates_.any_underway()) return true;
+  const StreamRetirements& retired = events_.retirements();
   for (const Stream s : b->stream_uses) {
+    // A released stream may be destroyed: it captures nothing, and must not be asked.
+    if (!retired.empty() && retired.state(s) != StreamRetireState::kLive) continue;
     if (backend_->capture_state(s) != CaptureState::kNone) return true;
   }
   return false;

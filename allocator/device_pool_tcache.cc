@@ -155,6 +155,12 @@ ThreadCache::Bin* DevicePool::bin_for_free_locked(ThreadCache* tc, const Block* 
       b->size > cache_limits_.max_size || b->segment->private_pool != nullptr) {
     return nullptr;
   }
+  // Nor a released stream's, until its handle serves a new stream (a slot for it would
+  // let cache hits bypass the refusal: device_pool_retire.cc).
+  if (!events_.retirements().empty() &&
+      events_.retirements().state(b->stream) != StreamRetireState::kLive) {
+    return nullptr;
+  }
   ThreadCache::Slot* slot = tc->slot_for(b->stream);
   if (slot == nullptr) {
     // Claim a slot for this stream: an unused one, else the least recently used,

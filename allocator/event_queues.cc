@@ -1,14 +1,36 @@
 // allocator/event_queues.cc: see event_queues.h.
 #include "allocator/event_queues.h"
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_format.h"
 
 namespace devmem::internal {
 
 size_t EventQueues::enqueue(Block* b) {
+  if (retired_.empty()) [[likely]] return record(b, b->stream_uses);
+  // A stream being retired may be destroyed already: no event is recorded on it, the
+  // block waits for its retirement event. A retired stream's work has completed.
+  absl::InlinedVector<Stream, 2> live;
+  absl::InlinedVector<Stream, 2> retiring;
+  if (retired_.state(b->stream) == StreamRetireState::kRetiring) retiring.push_back(b->stream);
+  for (Stream s : b->stream_uses) {
+    switch (retired_.state(s)) {
+      case StreamRetireState::kLive: live.push_back(s); break;
+      case StreamRetireState::kRetiring: retiring.push_back(s); break;
+      case StreamRetireState::kRetired: break;
+    }
+  }
+  for (Stream s : retiring) retired_.reserve_wait(s);  // may throw: nothing changed
+  const size_t queued = record(b, live);                // transactional
+  for (Stream s : retiring) retired_.add_wait(s, b);    // no throw: room was made
+  return queued + retiring.size();
+}
+
+template <typename Streams>
+size_t EventQueues::record(Block* b, const Streams& streams) {
   size_t queued = 0;
   try {
-    for (Stream s : b->stream_uses) {
+    for (Stream s : streams) {
       std::deque<PendingEvent>& queue = queues_[s];
       queue.push_back(PendingEvent{Event{}, b});
       queue.back().event = pool_.record(s);
@@ -17,7 +39,7 @@ size_t EventQueues::enqueue(Block* b) {
   } catch (...) {
     // Undo in reverse: each entry is the last of its stream's queue (a stream appears
     // once in stream_uses); one whose record threw holds Event{}.
-    for (auto q = b->stream_uses.rbegin(); q != b->stream_uses.rend(); ++q) {
+    for (auto q = streams.rbegin(); q != streams.rend(); ++q) {
       auto pit = queues_.find(*q);
       if (pit == queues_.end() || pit->second.empty() || pit->second.back().block != b) {
         continue;
@@ -59,15 +81,19 @@ absl::Status EventQueues::validate(absl::FunctionRef<const Block*(uintptr_t)> bl
       ++queued_per_block[b];
     }
   }
+  if (absl::Status st = retired_.count_waits(&queued_per_block); !st.ok()) return st;
+  int64_t waits = 0;
   for (const auto& [b, n] : queued_per_block) {
+    waits += n;
     if (n != b->pending_events) {
       return violation(absl::StrFormat("pending block %#x waits for %d events; %d are queued",
                                        b->addr, b->pending_events, n));
     }
   }
-  if (queued != count_ || static_cast<int64_t>(queued) != pending_events) {
-    return violation(absl::StrFormat("pending events: %u queued, counter %u, blocks wait for %d",
-                                     queued, count_, pending_events));
+  if (queued != count_ || waits != pending_events) {
+    return violation(absl::StrFormat(
+        "pending events: %u queued (and %d retirement waits), counter %u, blocks wait for %d",
+        queued, waits - static_cast<int64_t>(queued), count_, pending_events));
   }
   return absl::OkStatus();
 }

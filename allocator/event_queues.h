@@ -17,8 +17,14 @@
 // staged retry poll without a budget, so no block stays pending once its events have
 // completed.
 //
+// Streams being retired (release_stream, allocator/stream_retire.h) get no new
+// events: a block that would wait for one (its own stream, or a recorded use) waits
+// for the stream's retirement event instead, kept in `retirements()`, which poll()
+// polls too; a use on a stream already retired needs nothing (its work completed).
+//
 // Invariants (validate): every queued event names a pending block; each block has
-// exactly as many queued events as it waits for; size() is the number queued.
+// exactly as many queued events and retirement waits as it waits for; size() is the
+// number queued.
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
@@ -33,6 +39,7 @@
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/event_pool.h"
+#include "allocator/stream_retire.h"
 
 namespace devmem::internal {
 
@@ -54,13 +61,24 @@ class EventQueues {
   // Records an event on each stream of b->stream_uses (each appears once) and queues it
   // for `b`. Transactional: if a record (or the memory for an entry) throws, the events
   // recorded so far are released, nothing stays queued, and the exception propagates.
-  // Returns the number queued (b->stream_uses.size()); the caller adds it to
-  // b->pending_events.
+  // Returns the number queued (b->stream_uses.size() while no stream is retired); the
+  // caller adds it to b->pending_events. With retirements: the streams being retired
+  // (b->stream included) count one retirement wait each instead of an event, retired
+  // ones nothing, so the result may be 0 (the block is free at once).
   size_t enqueue(Block* b);
+  // True when a free of `b` must wait even without recorded uses: its own stream is
+  // being retired.
+  bool own_stream_retiring(const Block* b) const {
+    return !retired_.empty() &&
+           retired_.state(b->stream) == StreamRetireState::kRetiring;
+  }
 
   size_t size() const { return count_; }
-  bool empty() const { return count_ == 0; }
+  // Nothing to poll: no queued event and no retirement under way.
+  bool empty() const { return count_ == 0 && retired_.retiring() == 0; }
   const EventPool& pool() const { return pool_; }
+  StreamRetirements& retirements() { return retired_; }
+  const StreamRetirements& retirements() const { return retired_; }
 
   // Releases the events that completed (with `wait`: synchronizes queued events first,
   // so they all complete) and decrements their blocks' pending_events; calls done(b)
@@ -68,6 +86,8 @@ class EventQueues {
   // at most `budget` events, oldest first on each stream; the poll after one that ran
   // out starts with the next stream, so streams take turns and none waits behind
   // another's backlog.
+  // Retirement events (retirements()) are polled first, each query counting against
+  // `budget`.
   template <typename Done>
   void poll(bool wait, size_t budget, Done&& done);
 
@@ -83,9 +103,13 @@ class EventQueues {
     Event event;
     Block* block;
   };
+  // Records and queues an event on each of `streams` for `b` (enqueue's transaction).
+  template <typename Streams>
+  size_t record(Block* b, const Streams& streams);
   Backend& backend_;
   // Declared before queues_: queued events go back to it as they complete.
   EventPool pool_;
+  StreamRetirements retired_{backend_};
   absl::flat_hash_map<Stream, std::deque<PendingEvent>> queues_;
   size_t count_ = 0;
   // Where the next poll starts (a stream that may no longer have a queue: then the
@@ -95,6 +119,9 @@ class EventQueues {
 
 template <typename Done>
 void EventQueues::poll(bool wait, size_t budget, Done&& done) {
+  if (retired_.retiring() != 0) [[unlikely]] {
+    budget -= retired_.poll(wait, budget, absl::FunctionRef<void(Block*)>(done));
+  }
   if (queues_.empty()) return;
   auto it = queues_.find(resume_);
   if (it == queues_.end()) it = queues_.begin();

@@ -203,7 +203,7 @@ size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope) {
     const size_t take = want >= c.span ? c.span : round_to_granule(want);
     if (scope.sync &&
         std::find(synced.begin(), synced.end(), b->stream.handle) == synced.end()) {
-      backend_.synchronize_stream(b->stream);
+      synchronize_for_release(b->stream);  // a retired stream: its event (stream_retire.h)
       synced.push_back(b->stream.handle);
     }
     released += unmap_range(b, c1 - take, c1);

@@ -107,6 +107,14 @@ class ExpandableSegments final : public SegmentSource {
   size_t granularity() const { return granularity_; }
   bool has_deferred() const { return !deferred_.empty(); }
 
+  // A retired stream's handle names a new stream (release_stream, stream_retire.h):
+  // its high-water mark starts again from the bytes it still has in use.
+  void restart_stream_peak(Stream s) {
+    if (auto it = streams_.find(s.handle); it != streams_.end()) {
+      it->second.in_use_peak = it->second.in_use;
+    }
+  }
+
  private:
   // Where mapping for a request goes: map [at, at + bytes), which joins the free
   // blocks `left` (ending at `at`) and/or `right` (starting at at + bytes) when set.

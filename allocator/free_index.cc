@@ -30,6 +30,7 @@ void FreeIndex::delete_block(Block* b) {
   b->alloc_time_ns = 0;
   b->stream_uses.clear();
   b->events_deferred = false;
+  b->retired_cache = false;
   try {
     spares_.push_back(b);
   } catch (...) {

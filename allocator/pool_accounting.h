@@ -99,6 +99,17 @@ class PoolAccounting {
     DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
     emit(AllocAction::kFreeCompleted, b, b->size, 0);
   }
+  // A free block (out of its set) of a stream being retired waits for the retirement's
+  // event (release_stream): active and pending again, not traced (no user call).
+  void block_retiring(const Block* b) {
+    IncreaseStat(stats_.active, b->segment->small_pool, 1);
+    IncreaseStat(stats_.active_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+    IncreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+  }
+  // Such a block's retirement completed (it becomes free next, untraced).
+  void block_retire_completed(const Block* b) {
+    DecreaseStat(stats_.pending_bytes, b->segment->small_pool, static_cast<int64_t>(b->size));
+  }
   // A user-freed or completed block stops being active (before it coalesces).
   void block_inactive(const Block* b) {
     DecreaseStat(stats_.active, b->segment->small_pool, 1);

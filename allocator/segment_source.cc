@@ -8,10 +8,11 @@ void SegmentSource::release(Segment* s) {
   acct_.segment_releasing(s);
   // The block is free in stream order only: work queued on its stream before the free
   // may still use it. cudaFree synchronizes by itself, unmapping does not, and the sim
-  // backend does neither; so wait here, as the Backend contract asks. Both driver
-  // steps come before any change: a DriverError leaves the segment cached and
-  // counted, as it was (the allocator is poisoned then, but still readable).
-  backend_.synchronize_stream(s->stream);
+  // backend does neither; so wait here, as the Backend contract asks (for a retired
+  // stream, its retirement's event). Both driver steps come before any change: a
+  // DriverError leaves the segment cached and counted, as it was (the allocator is
+  // poisoned then, but still readable).
+  synchronize_for_release(s->stream);
   give_back(s);
   free_.erase(b);
   acct_.segment_released(s);

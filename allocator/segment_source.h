@@ -22,6 +22,7 @@
 #include "allocator/mutex.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/segment_table.h"
+#include "allocator/stream_retire.h"
 #include "allocator/types.h"
 
 namespace devmem::internal {
@@ -85,6 +86,10 @@ class SegmentSource {
   void destroy(Segment* s, bool give_back_memory = true);
   // This part's share of validate(): the source's own records against its segments.
   virtual absl::Status validate() const = 0;
+  // The pool's retired streams (allocator/stream_retire.h): memory of a retired stream
+  // waits for the retirement's event, never for the (destroyed) stream. Set once by
+  // the pool before use; nullptr: none (every stream live).
+  void set_retirements(StreamRetirements* r) { retirements_ = r; }
 
  protected:
   SegmentSource(Backend& backend, SegmentTable& table, FreeIndex& free, PoolAccounting& acct)
@@ -93,10 +98,20 @@ class SegmentSource {
   // source's own records of it. The segment is still in the table.
   virtual void give_back(Segment* s) = 0;
 
+  // Waits until no work queued on `s` can still use its freed memory (the stream, or
+  // its retirement's event).
+  void synchronize_for_release(Stream s) {
+    if (retirements_ != nullptr) {
+      retirements_->synchronize_for_release(s);
+    } else {
+      backend_.synchronize_stream(s);
+    }
+  }
   Backend& backend_;
   SegmentTable& table_;
   FreeIndex& free_;
   PoolAccounting& acct_;
+  StreamRetirements* retirements_ = nullptr;
 };
 
 }  // namespace devmem::internal

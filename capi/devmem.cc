@@ -354,6 +354,37 @@ int devmem_record_stream(void* ptr, void* stream) {
   });
 }
 
+int devmem_release_stream(int device, void* stream) {
+  return Guard([&] {
+    if (device < 0) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat("devmem_release_stream: device ", device,
+                                           " does not exist (device indices are >= 0)"));
+    }
+    if (stream == nullptr) {
+      throw devmem::CapiError(DEVMEM_ERR_INVALID,
+                              absl::StrCat("devmem_release_stream(", device,
+                                           ", NULL): the default stream is never "
+                                           "destroyed, so it cannot be released"));
+    }
+    // Only an allocator that exists can hold memory of the stream (as for
+    // devmem_empty_cache: no allocator, and no CUDA context, made just for this).
+    devmem::Runtime& runtime = devmem::GetRuntime();
+    const devmem::DeviceId id{runtime.default_device().type, device};
+    if (id.type != devmem::DeviceType::kCuda) {
+      throw devmem::CapiError(
+          DEVMEM_ERR_INVALID,
+          absl::StrFormat("devmem_release_stream(%d, %p): %s has no streams but the "
+                          "default one, so there is none to release",
+                          device, stream, id.ToString()));
+    }
+    for (const auto& a : runtime.allocators()) {
+      if (a->device() == id) a->release_stream(devmem::ToStream(*a, stream));
+    }
+    return DEVMEM_OK;
+  });
+}
+
 int devmem_empty_cache(int device) {
   return Guard([&] {
     if (device < -1) {

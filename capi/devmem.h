@@ -17,8 +17,8 @@
  * DEVMEM_ERR_INVALID and creates nothing.
  *
  * Streams. NULL is the device's default stream. On CUDA any other value is passed
- * through as a cudaStream_t of the caller's (it must belong to the device and outlive
- * the memory cached for it: call devmem_empty_cache before destroying it). The sim and
+ * through as a cudaStream_t of the caller's (it must belong to the device, and be
+ * retired with devmem_release_stream before cudaStreamDestroy: see there). The sim and
  * cpu devices know only the streams they created themselves, so through this API only
  * NULL is valid there; any other value is DEVMEM_ERR_INVALID. A block is reused only
  * on the stream it was allocated on; use on another stream must be declared with
@@ -147,6 +147,23 @@ int devmem_free(void* ptr);
  * Returns DEVMEM_OK or DEVMEM_ERR_INVALID (ptr not allocated, a bad stream).
  * Thread-safe. */
 int devmem_record_stream(void* ptr, void* stream);
+
+/* Retires `stream` of `device` before the caller destroys it (cudaStreamDestroy).
+ * The driver gives a destroyed stream's handle to the next stream created while the
+ * kernels queued on the old one still run, and devmem caches memory by handle: without
+ * this call the new stream could be handed a block those kernels still use, and a
+ * later release of the old stream's memory would synchronize a destroyed handle. One
+ * event is recorded on `stream`; its cached blocks, and its live ones once freed,
+ * wait for that event, and nothing synchronizes the stream afterwards. Until the event
+ * completes, allocating on the handle or devmem_record_stream with it is
+ * DEVMEM_ERR_INVALID (the message names the stream); then the handle serves a new
+ * stream. Call it after queuing the stream's last work. A device devmem has not used
+ * holds nothing of the stream: nothing happens.
+ * Returns DEVMEM_OK; DEVMEM_ERR_INVALID for a bad device, NULL (the default stream is
+ * never destroyed), a stream released already whose work has not completed, a graph
+ * capture under way, or any stream on a device without streams (sim, cpu), changing
+ * nothing; DEVMEM_ERR_INTERNAL for a driver error; DEVMEM_ERR_CONFIG. Thread-safe. */
+int devmem_release_stream(int device, void* stream);
 
 /* Returns every unused cached segment of `device` to the driver, after waiting for
  * pending cross-stream frees; `device` -1 does so for every device devmem has used.

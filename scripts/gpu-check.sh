@@ -29,6 +29,12 @@
 #                                   (the conformance suite on cpu, sim and cuda:
 #                                   segments, streams, events, and the VirtualMemory* and
 #                                   ExpandableSegments* cases on the GPU's VMM)
+#         policy-cuda.log / .xml    DEVMEM_TEST_BACKEND=cuda devmem_tests with the
+#                                   allocator policy suite's filter
+#                                   (tests/caching_allocator_policy_test.cc: its
+#                                   allocators on cuda:0, each test's sim_capacity its
+#                                   memory limit, tests/test_backend.h; the sim-specific
+#                                   cases skip, saying why)
 #         tensor-cuda.log / .xml    devmem_tests --gtest_filter=TensorCudaTest.*: every
 #                                   tensor op on cuda:0 against the host kernels within
 #                                   the bounds of cuda/cuda_kernels.cc, and the training
@@ -67,10 +73,8 @@
 #                                   alloc+free pair (p50, p99), peak reserved bytes, and
 #                                   devmem's driver call counts; one table and one JSON
 #         summary.txt               one line per step and the verdict
-#       The allocator policy tests (tests/caching_allocator_*) are not run: the test
-#       harness (tests/test_util.h, MakeSimAllocator) always builds sim allocators and
-#       has no way to choose the backend, so DEVMEM_CONF=backend:cuda would not reach
-#       them.
+#       The other allocator tests (tests/caching_allocator_{errors,fault,random,...})
+#       build sim allocators only (tests/test_util.h, MakeSimAllocator).
 #       Exit status: 0 when every CUDA case passed, or when there is no usable GPU (the
 #       CUDA cases then skip, and summary.txt says so and why); 1 on any failure; 2 when
 #       the bundle is missing.
@@ -206,6 +210,30 @@ else
     note "  the virtual-memory cases were SKIPPED on this GPU: $(grep -A1 ': Skipped$' "$out/gtest-cuda.log" | grep -m1 'virtual memory')"
   else
     note "  the virtual-memory cases (VirtualMemory*, ExpandableSegments*) ran on the GPU"
+  fi
+fi
+
+# 3a. The allocator policy suite on cuda:0 (tests/test_backend.h): the same cases as on
+#     the sim and the fake CUDA runtime (ctest fake_cuda.policy.*), on the GPU's driver.
+policy_filter='CachingAllocatorPolicyTest.*:CachingAllocatorStreamTest.*:CachingAllocatorOomTest.*'
+policy_filter+=':CachingAllocatorGcTest.*:CachingAllocatorFractionTest.*:CachingAllocatorCacheTest.*'
+policy_filter+=':CachingAllocatorStatsTest.*:CachingAllocatorObserverTest.*:CachingAllocatorExpandableTest.*'
+if [[ $no_device -eq 1 ]]; then
+  note "policy-cuda: not run (no usable GPU: the conformance cases skipped)"
+else
+  DEVMEM_TEST_BACKEND=cuda timeout 90 "${runner[@]}" "$bundle/bin/devmem_tests" \
+    --gtest_filter="$policy_filter" --gtest_output="xml:$out/policy-cuda.xml" \
+    >"$out/policy-cuda.log" 2>&1
+  rc=$?
+  ran=$(grep -cE '^\[       OK \] CachingAllocator' "$out/policy-cuda.log")
+  skipped=$(grep -cE '^\[  SKIPPED \] CachingAllocator' "$out/policy-cuda.log")
+  if [[ $rc -ne 0 ]]; then
+    failed=1
+    note "policy-cuda: FAILED (exit status $rc); failing cases:"
+    grep -E '^\[  FAILED  \] .*\(' "$out/policy-cuda.log" | sed 's/^/  /' | tee -a "$summary"
+    [[ $rc -eq 124 ]] && note "  (timed out after 90 s)"
+  else
+    note "policy-cuda: passed; $ran cases ran on cuda:0, $skipped skipped (sim-specific)"
   fi
 fi
 

@@ -44,6 +44,13 @@ void SynchronizeStream(DeviceId device, Stream stream) {
   AllocatorFor(device)->backend().synchronize_stream(stream);
 }
 
+void DestroyStream(DeviceId device, Stream stream) {
+  const std::shared_ptr<CachingAllocator> allocator = AllocatorFor(device);
+  allocator->release_stream(stream);  // throws for the default stream: nothing destroyed
+  allocator->backend().destroy_stream(stream);
+  if (CurrentStream(device) == stream) SetCurrentStream(device, Stream{});
+}
+
 StreamGuard::StreamGuard(DeviceId device, Stream stream)
     : device_(device), stream_(stream), previous_(CurrentStream(device)) {
   SetCurrentStream(device, stream);

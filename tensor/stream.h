@@ -24,8 +24,11 @@
 //
 // The streams are the device backend's (Backend::create_stream; Stream{0} is the
 // default stream, and every device starts there). A guard does not create, check or
-// synchronize anything: the stream must belong to the device's backend and outlive the
-// memory cached on it (backend.h). cpu has only the default stream.
+// synchronize anything: the stream must belong to the device's backend. Destroy a stream
+// with DestroyStream, which retires it in the device's allocator first
+// (CachingAllocator::release_stream: memory cached on it never serves the next stream
+// given its handle before its work is done, and nothing synchronizes it once
+// destroyed). cpu has only the default stream.
 //
 // Thread-safety: the current streams are thread-local; nothing here is shared.
 #pragma once
@@ -46,6 +49,14 @@ void SetCurrentStream(DeviceId device, Stream stream);
 // Backend::synchronize_stream). Throws what AllocatorFor throws for a device that
 // cannot be had.
 void SynchronizeStream(DeviceId device, Stream stream);
+
+// Destroys `stream` of `device` (made by the device's Backend::create_stream): retires
+// it in the device's allocator (CachingAllocator::release_stream), then destroys it
+// (Backend::destroy_stream), and makes the default stream current again on this thread
+// if it was `stream`. Throws InvalidArgumentError for the default stream (or one
+// released already whose work has not run), destroying nothing; what AllocatorFor
+// throws for a device that cannot be had.
+void DestroyStream(DeviceId device, Stream stream);
 
 // Sets the current stream of `device` for its lifetime, then restores the previous
 // one. Scoped: guards on one thread and device end in reverse order of creation. Not

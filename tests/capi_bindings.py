@@ -28,6 +28,7 @@ _SIGNATURES = {
                                     ctypes.c_int, ctypes.c_void_p]),
     "devmem_free": (ctypes.c_int, [ctypes.c_void_p]),
     "devmem_record_stream": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p]),
+    "devmem_release_stream": (ctypes.c_int, [ctypes.c_int, ctypes.c_void_p]),
     "devmem_empty_cache": (ctypes.c_int, [ctypes.c_int]),
     "devmem_last_error": (ctypes.c_char_p, []),
     "devmem_error_name": (ctypes.c_char_p, [ctypes.c_int]),

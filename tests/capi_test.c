@@ -93,6 +93,13 @@ static void test_bad_arguments(void) {
   CHECK(devmem_alloc(&p, 4096, 0, NULL) == DEVMEM_OK);
   CHECK(devmem_record_stream(p, (void*)0x1234) == DEVMEM_ERR_INVALID);
   CHECK(devmem_free(p) == DEVMEM_OK);
+  /* devmem_release_stream: the default stream, a bad device, a device without streams. */
+  CHECK(devmem_release_stream(0, NULL) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "devmem_release_stream(0, NULL)"));
+  CHECK(devmem_release_stream(-1, (void*)0x1234) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "device -1"));
+  CHECK(devmem_release_stream(0, (void*)0x1234) == DEVMEM_ERR_INVALID);
+  CHECK(contains(devmem_last_error(), "sim:0 has no streams"));
   CHECK(devmem_push_tag(NULL) == DEVMEM_ERR_INVALID);
   CHECK(devmem_pop_tag() == DEVMEM_ERR_INVALID);
   CHECK(contains(devmem_last_error(), "no tag pushed"));

@@ -238,6 +238,14 @@ class TorchGraphHooks(unittest.TestCase):
         self.assertTrue(dt.graphs_supported())
         dt._graphs = False
 
+    def test_release_stream_refusals_name_the_stream(self):
+        import devmem.torch as dt
+        with self.assertRaisesRegex(devmem.DevmemError, r"devmem_release_stream\(0, NULL\)"):
+            dt.release_stream(0, device=0)
+        # The sim device has no streams to release (on CUDA the handle is retired).
+        with self.assertRaisesRegex(devmem.DevmemError, "sim:0 has no streams"):
+            dt.release_stream(0x1234, device=0)
+
     def test_without_hooks_it_warns_and_says_unsupported(self):
         import devmem.torch as dt
         with self.assertWarnsRegex(RuntimeWarning, "not safe"):

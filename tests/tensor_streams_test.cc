@@ -53,6 +53,22 @@ class BlockedStream {
 
 class TensorStreamsTest : public SimDeviceTest {};
 
+// DestroyStream retires the stream first: memory cached on it is released later
+// without synchronizing the destroyed stream (the sim ends the process on a stream it
+// does not know), and the default stream is current again.
+TEST_F(TensorStreamsTest, DestroyStreamRetiresTheStreamsMemory) {
+  const Stream side = *alloc().backend().create_stream();
+  SetCurrentStream(kSimDevice, side);
+  { Tensor t = zeros({1024}, On()); }  // freed: cached on `side`
+  EXPECT_GT(alloc().stats().reserved_bytes[kAggregatePool].current, 0);
+  DestroyStream(kSimDevice, side);
+  EXPECT_EQ(CurrentStream(kSimDevice), Stream{});
+  alloc().empty_cache();
+  EXPECT_EQ(alloc().stats().reserved_bytes[kAggregatePool].current, 0);
+  ExpectInvalid(*this, {"release_stream", "default stream"},
+                [] { DestroyStream(kSimDevice, Stream{}); });
+}
+
 TEST_F(TensorStreamsTest, GuardSetsTheStreamPerDeviceAndThreadAndRestoresIt) {
   EXPECT_EQ(CurrentStream(kSimDevice), Stream{});
   {

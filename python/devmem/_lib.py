@@ -31,6 +31,7 @@ _SIGNATURES = {
     "devmem_torch_free": (None, [_c.c_void_p, _c.c_ssize_t, _c.c_int, _c.c_void_p]),
     "devmem_torch_record_stream": (None, [_c.c_void_p, _c.c_void_p]),
     "devmem_record_stream": (_c.c_int, [_c.c_void_p, _c.c_void_p]),
+    "devmem_release_stream": (_c.c_int, [_c.c_int, _c.c_void_p]),
     "devmem_alloc": (_c.c_int, [_c.POINTER(_c.c_void_p), _c.c_size_t, _c.c_int, _c.c_void_p]),
     "devmem_free": (_c.c_int, [_c.c_void_p]),
     "devmem_empty_cache": (_c.c_int, [_c.c_int]),

@@ -56,6 +56,23 @@ def record_stream(tensor, stream):
                                                ctypes.c_void_p(raw or None)))
 
 
+def release_stream(stream, device=None):
+    """Retires `stream` (a torch.cuda.Stream, or a raw cudaStream_t int) of `device`
+    (torch.cuda.current_device() when None) before the caller destroys it: devmem caches
+    memory by stream handle, and a destroyed stream's handle comes back for the next
+    stream created while the old one's kernels still run. Allocating on the handle is
+    refused (DevmemError naming it) until those kernels are done. PyTorch's pooled
+    streams are never destroyed; call it for an external stream before
+    cudaStreamDestroy. Raises DevmemError for the default stream or a bad device."""
+    raw = getattr(stream, "cuda_stream", stream)
+    if device is None:
+        device = getattr(stream, "device_index", None)
+    if device is None:
+        import torch
+        device = torch.cuda.current_device()
+    _lib.check(_lib.lib().devmem_release_stream(int(device), ctypes.c_void_p(raw or None)))
+
+
 def record_stream_route():
     """How Tensor.record_stream reaches devmem since use(): "hook", "wrapper" or None."""
     return _route
