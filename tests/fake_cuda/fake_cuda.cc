@@ -953,6 +953,12 @@ CUresult CUDAAPI FakeMemCreate(CUmemGenericAllocationHandle* handle, size_t size
   if (size > Config().capacity - used) return CUDA_ERROR_OUT_OF_MEMORY;
   int fd = -1;
   char* data = shareable ? SharedBytes(size, d, &fd) : HostBytes(size);
+  if (data == nullptr && shareable) {
+    // One memfd per live shareable handle: a host limit, not the device's memory.
+    Misuse("cuMemCreate(%zu bytes, POSIX file descriptor): cannot make its memfd: %s "
+           "(each live shareable handle holds one open file; raise ulimit -n)",
+           size, std::strerror(errno));
+  }
   if (data == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   used += size;
   const CUmemGenericAllocationHandle h = st.next_handle++;
@@ -1129,7 +1135,9 @@ CUresult CUDAAPI FakeMemUnmap(CUdeviceptr ptr, size_t size) {
 
 // --- shareable handles (IPC) --------------------------------------------------------
 // A handle created with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR requested is backed
-// by a memfd; cuMemExportToShareableHandle gives a new file descriptor of it (the
+// by a memfd (held open while the handle lives: one file descriptor per granule, so a
+// full 1 GiB device holds 512; running out of descriptors is reported as misuse, not
+// as out of memory); cuMemExportToShareableHandle gives a new file descriptor of it (the
 // caller closes it), which may cross to another process (SCM_RIGHTS, pidfd_getfd),
 // where cuMemImportFromShareableHandle makes a handle of the same memory (not charged
 // to that process's device again) that cuMemMap maps like any. Exporting a handle
