@@ -494,7 +494,7 @@ const std::array<KeySpec, 28>& Keys() {
        "(see thread_cache_max_size); false sends every request to the device's pool.",
        [](std::string_view v, Config* c) { return ParseBool(v, &c->thread_cache); },
        [](const Config& c) -> std::string { return c.thread_cache ? "true" : "false"; }},
-      {"thread_cache_max_size", "size", "256KiB",
+      {"thread_cache_max_size", "size", "32KiB",
        "Largest request, 512B .. 1MiB and a multiple of 512B, that the thread caches "
        "serve; larger ones always go to the device's pool.",
        [](std::string_view v, Config* c) -> std::string {

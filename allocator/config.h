@@ -85,8 +85,10 @@ struct Config {
   // lock. key thread_cache (bool).
   bool thread_cache = true;
   // Largest request a thread cache serves. key thread_cache_max_size (size, 512 B ..
-  // 1 MiB, a multiple of 512 B).
-  size_t thread_cache_max_size = size_t{256} << 10;
+  // 1 MiB, a multiple of 512 B). 32 KiB, jemalloc's tcache_max: above it exact-size
+  // bins are rarely hit again before a flush, and blocks cycling through them cost
+  // more than the lock they save (docs/architecture.md, "Thread caches").
+  size_t thread_cache_max_size = size_t{32} << 10;
   // Bytes each thread's cache may hold per device. key thread_cache_max_bytes (size,
   // 512 B .. 1 GiB).
   size_t thread_cache_max_bytes = size_t{4} << 20;

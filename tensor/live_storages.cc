@@ -36,7 +36,7 @@ LiveStorages& LiveStorages::Get() {
 void LiveStorages::Add(Storage* s) {
   s->live_shard_ = ThisThreadsShard(kShards);
   Shard& shard = shards_[s->live_shard_];
-  MutexLock lock(&shard.mu);
+  ShardLockHolder lock(&shard.mu);
   s->live_prev_ = nullptr;
   s->live_next_ = shard.head;
   if (shard.head != nullptr) shard.head->live_prev_ = s;
@@ -46,7 +46,7 @@ void LiveStorages::Add(Storage* s) {
 
 void LiveStorages::Remove(Storage* s) {
   Shard& shard = shards_[s->live_shard_];
-  MutexLock lock(&shard.mu);
+  ShardLockHolder lock(&shard.mu);
   if (s->live_prev_ != nullptr) {
     s->live_prev_->live_next_ = s->live_next_;
   } else {
@@ -60,7 +60,7 @@ void LiveStorages::Remove(Storage* s) {
 size_t LiveStorages::size() const {
   size_t n = 0;
   for (const Shard& shard : shards_) {
-    MutexLock lock(&shard.mu);
+    ShardLockHolder lock(&shard.mu);
     n += shard.count;
   }
   return n;
@@ -70,7 +70,7 @@ void LiveStorages::annotate(DeviceId device, const std::vector<uintptr_t>& addrs
                             BufferAnnotations* out) const {
   const absl::flat_hash_set<uintptr_t> wanted(addrs.begin(), addrs.end());
   for (const Shard& shard : shards_) {
-    MutexLock lock(&shard.mu);
+    ShardLockHolder lock(&shard.mu);
     for (const Storage* s = shard.head; s != nullptr; s = s->live_next_) {
       const auto addr = reinterpret_cast<uintptr_t>(s->data());
       if (s->device() != device || !wanted.contains(addr)) continue;

@@ -527,7 +527,7 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "garbage_collection_threshold:0,"
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
             "per_process_memory_fraction:1,thread_cache:true,"
-            "thread_cache_max_size:256KiB,thread_cache_max_bytes:4MiB,"
+            "thread_cache_max_size:32KiB,thread_cache_max_bytes:4MiB,"
             "thread_cache_max_blocks:256,trace_entries:131072,stack_sample_bytes:256MiB,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
             "http_metrics_token:false,oom_dump_dir:,flight_recorder:,site_top_k:10");

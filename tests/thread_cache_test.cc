@@ -102,7 +102,8 @@ TEST(ThreadCacheTest, HitsCompleteWhileAnotherThreadHoldsTheDeviceLock) {
 
 TEST(ThreadCacheTest, CountsAndBytesAreBounded) {
   auto t = MakeSimAllocator(
-      "expandable_segments:false,thread_cache_max_blocks:4,thread_cache_max_bytes:1MiB");
+      "expandable_segments:false,thread_cache_max_blocks:4,thread_cache_max_bytes:1MiB,"
+      "thread_cache_max_size:256KiB");
   std::vector<void*> ps;
   for (int i = 0; i < 10; ++i) ps.push_back(t->allocate(kKiB4));
   for (void* p : ps) t->free(p);
@@ -250,7 +251,9 @@ TEST(ThreadCacheTest, EmptyCacheAndTrimDrainEveryThread) {
 // retry drains it, so there is no OOM.
 TEST(ThreadCacheTest, NoOomWhileAnotherThreadsCacheHoldsEnough) {
   auto t = MakeSimAllocator(
-      "sim_capacity:8MiB,expandable_segments:false,thread_cache_max_bytes:8MiB", 8 * kMiB);
+      "sim_capacity:8MiB,expandable_segments:false,thread_cache_max_bytes:8MiB,"
+      "thread_cache_max_size:256KiB",
+      8 * kMiB);
   std::latch cached(1), done(1);
   std::thread worker([&] {
     std::vector<void*> ps;

@@ -877,12 +877,14 @@ TEST(FakeCudaThreadCacheTest, ABlockCachedAfterARecycleEventIsNotUnmappedByIt) {
     Config base;
     base.backend = BackendKind::kCuda;
     absl::StatusOr<Config> config = ParseConfig(
-        "expandable_segments:true,expandable_recycle_threshold:0,thread_cache:true", base);
+        "expandable_segments:true,expandable_recycle_threshold:0,thread_cache:true,"
+        "thread_cache_max_size:256KiB",
+        base);
     ASSERT_TRUE(config.ok()) << config.status();
     auto backend = Cuda();
     ASSERT_TRUE(backend);
     CachingAllocator alloc(std::move(backend), *config);
-    constexpr size_t kBlock = 256 * kKiB;  // thread_cache_max_size's default
+    constexpr size_t kBlock = 256 * kKiB;  // cached (thread_cache_max_size)
     std::vector<void*> granule;            // fill the small pool's first granule
     for (size_t i = 0; i < kG / kBlock; ++i) granule.push_back(alloc.allocate(kBlock));
     ASSERT_EQ(alloc.stats().driver.count(DriverCall::kMap), 1);

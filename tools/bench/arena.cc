@@ -95,15 +95,21 @@ ArenaFigures MeasureArena(const Config& base, size_t chunk_size) {
   }
   CachingAllocator alloc(MakeSimBackend(config), config);
   std::vector<double> arena_pair, pool_pair, arena_step, pool_step;
-  {
-    // One scope for every pair pass: after the warm-up its chunks are its own.
-    ArenaScope scope(alloc, "bench_pairs", options);
-    Pairs(alloc, pair_sizes);
-    scope.close();
-  }
-  Pairs(alloc, pair_sizes);
-  Steps(alloc, step_sizes, true, options);
-  Steps(alloc, step_sizes, false, options);
+  // Warm-up: every phase, until a round of them allocates no segment (devbench::WarmUp:
+  // the free lists' layout after a round depends on the one before it).
+  devbench::WarmUp(
+      [&] {
+        {
+          // One scope for every pair pass: after the warm-up its chunks are its own.
+          ArenaScope scope(alloc, "bench_pairs", options);
+          Pairs(alloc, pair_sizes);
+          scope.close();
+        }
+        Pairs(alloc, pair_sizes);
+        Steps(alloc, step_sizes, true, options);
+        Steps(alloc, step_sizes, false, options);
+      },
+      [&] { return alloc.stats().num_device_alloc; });
   const int64_t segments_before = alloc.stats().num_device_alloc;
   for (int r = 0; r < kPasses; ++r) {
     {
