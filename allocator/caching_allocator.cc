@@ -186,6 +186,9 @@ AllocatorSnapshot CachingAllocator::snapshot() const {
   AttachSampledStacks(this, &snap);  // after the device lock: the sampler's own lock
   return snap;
 }
+SnapshotLockStats CachingAllocator::snapshot_lock_stats() const {
+  return pool_->snapshot_lock_stats();
+}
 std::optional<BlockInfo> CachingAllocator::find_allocation(const void* ptr) const {
   RefuseInStreamCallback(*pool_, "find_allocation");
   if (auto b = arenas_->find(ptr)) return b;

@@ -182,6 +182,9 @@ class CachingAllocator {
   std::vector<SiteUsage> top_sites(size_t k) const;
   // A consistent copy of every segment and block.
   AllocatorSnapshot snapshot() const;
+  // How long snapshot() (and validate()'s copy) held the device lock: the count, the
+  // latest and the longest hold. Lock-free; safe anywhere.
+  SnapshotLockStats snapshot_lock_stats() const;
   // The allocated block starting at `ptr`, if any (for the tensor layer and tools).
   std::optional<BlockInfo> find_allocation(const void* ptr) const;
 

@@ -137,6 +137,7 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
         requested, device_.ToString()));
   }
   std::optional<OomReport> report;  // built on the failure path only
+  std::vector<SiteStats> site_live;  // with it: every site's exact live bytes
   AllocatorObserver* observer;
   {
     MutexLock lock(&mu_);
@@ -177,12 +178,13 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
       return reinterpret_cast<void*>(b->addr);
     }
     report.emplace(oom_report(requested, size, stream, site));
+    site_live = acct_.site_stats();  // exact: bounds the sampled stacks' estimates
     acct_.out_of_memory(stream, size, requested, site);
     observer = acct_.observer();
   }
   // Outside the lock: symbolizing the sampled stacks reads the binary's symbol table,
   // and the observer may write a dump file.
-  AttachTopStacks(sample_owner_, &*report);
+  AttachTopStacks(sample_owner_, site_live, &*report);
   if (observer != nullptr) observer->on_oom(*report);
   throw OutOfMemoryError(std::move(*report));
 }

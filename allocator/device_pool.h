@@ -107,6 +107,8 @@ class DevicePool {
   // The same without draining the thread caches (their blocks appear as
   // kThreadCached): for validate(), which must change nothing.
   AllocatorSnapshot segments_for_validation() const;
+  // How long snapshots held the device lock (snapshot.h). No lock.
+  SnapshotLockStats snapshot_lock_stats() const;
   std::optional<BlockInfo> find_allocation(const void* ptr) const;
   absl::Status validate() const;  // defined in device_pool_validate.cc
   void set_observer(AllocatorObserver* observer);
@@ -273,6 +275,9 @@ class DevicePool {
   size_t take_back_arena_chunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AllocatorSnapshot snapshot_impl(bool drain) const;
+  // Records one snapshot's device-lock hold (SnapshotLockStats), wall and CPU time;
+  // called under the lock.
+  void note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns) const;
 
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -326,6 +331,14 @@ class DevicePool {
   std::atomic<AllocatorObserver*> front_observer_{nullptr};
   ArenaPoolHook* arena_hook_ ABSL_GUARDED_BY(mu_) = nullptr;
   const void* sample_owner_ = nullptr;  // written before any allocation, then read only
+
+  // snapshot_impl's lock holds (SnapshotLockStats), written after each snapshot's copy.
+  // Relaxed: figures for reports, ordered with nothing else.
+  mutable std::atomic<uint64_t> snapshot_count_{0};
+  mutable std::atomic<int64_t> snapshot_lock_last_ns_{0};
+  mutable std::atomic<int64_t> snapshot_lock_max_ns_{0};
+  mutable std::atomic<int64_t> snapshot_lock_last_cpu_ns_{0};
+  mutable std::atomic<int64_t> snapshot_lock_max_cpu_ns_{0};
 
   // Poisoning: the first driver error's message, written once (poison_once_) before
   // poisoned_ is set, read only after it is.

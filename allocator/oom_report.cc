@@ -234,10 +234,11 @@ std::string OomReport::ToString() const {
                     FormatBytes(stack_sample_bytes), " allocated on average):\n");
     for (size_t i = 0; i < top_stacks.size(); ++i) {
       const SampledStack& s = top_stacks[i];
-      absl::StrAppendFormat(&out, "    %2d. ~%s estimated (%d %s of %s) at %s\n", i + 1,
-                            FormatBytes(static_cast<size_t>(s.estimated_bytes)), s.samples,
-                            s.samples == 1 ? "sample" : "samples", FormatBytes(s.sampled_bytes),
-                            SiteName(s.site));
+      absl::StrAppendFormat(&out, "    %2d. ~%s estimated%s (%d %s of %s) at %s\n", i + 1,
+                            FormatBytes(static_cast<size_t>(s.estimated_bytes)),
+                            s.estimate_clamped ? ", clamped to its site's exact live bytes" : "",
+                            s.samples, s.samples == 1 ? "sample" : "samples",
+                            FormatBytes(s.sampled_bytes), SiteName(s.site));
       const size_t shown = std::min(s.frames.size(), kOomStackFrames);
       for (size_t f = 0; f < shown; ++f) absl::StrAppend(&out, "          ", s.frames[f], "\n");
       if (shown < s.frames.size()) {
@@ -262,11 +263,36 @@ std::string OomReport::ToString() const {
   return out;
 }
 
-void AttachTopStacks(const void* owner, OomReport* report) noexcept {
+// Why the bound: a group's estimate is the sum of its samples' weights s / p(s), and
+// one sample of a buffer much smaller than stack_sample_bytes weighs far more than the
+// buffer (a 60 MiB buffer sampled at 256 MiB stands for ~287 MiB), so on a small device
+// a report could name more bytes for one stack than its site holds, or than the device
+// has. The site's live bytes are exact, and bound every group sampled under it.
+void AttachTopStacks(const void* owner, const std::vector<SiteStats>& site_stats,
+                     OomReport* report) noexcept {
   if (owner == nullptr) return;
   try {
     report->stack_sample_bytes = stack_sampler::MeanBytes();
-    report->top_stacks = stack_sampler::TopStacks(owner, kOomTopStacks);
+    std::vector<SampledStack> groups =
+        stack_sampler::GroupSamples(stack_sampler::LiveSamples(owner));
+    for (SampledStack& g : groups) {
+      const double exact =
+          g.site < site_stats.size() ? static_cast<double>(site_stats[g.site].live_bytes) : 0;
+      // Never below the sampled buffers themselves: they are live.
+      const double bound = std::max(exact, static_cast<double>(g.sampled_bytes));
+      if (g.estimated_bytes > bound) {
+        g.estimated_bytes = bound;
+        g.estimate_clamped = true;
+      }
+    }
+    // Ranked as GroupSamples ranks, after the bound.
+    std::sort(groups.begin(), groups.end(), [](const SampledStack& a, const SampledStack& b) {
+      if (a.estimated_bytes != b.estimated_bytes) return a.estimated_bytes > b.estimated_bytes;
+      return std::pair(a.site, a.stack) < std::pair(b.site, b.stack);
+    });
+    if (groups.size() > kOomTopStacks) groups.resize(kOomTopStacks);
+    for (SampledStack& g : groups) g.frames = stack_sampler::StackFrames(g.stack);
+    report->top_stacks = std::move(groups);
   } catch (const std::bad_alloc&) {
     report->top_stacks.clear();  // the report without them rather than no report
   }

@@ -16,6 +16,7 @@
 
 #include "allocator/site.h"
 #include "allocator/stack_sampler.h"
+#include "allocator/stats.h"
 #include "allocator/types.h"
 
 namespace devmem {
@@ -90,9 +91,13 @@ inline constexpr size_t kOomTopStacks = 5;  // sampled stacks an OOM report list
 inline constexpr size_t kOomStackFrames = 12;  // frames of each that ToString prints
 
 // Fills report->top_stacks from `owner`'s live samples (nullptr: none), symbolizing
-// them: not on the hot path, never under a device lock. Never throws: out of host
-// memory, the report keeps no stacks.
-void AttachTopStacks(const void* owner, OomReport* report) noexcept;
+// them: not on the hot path, never under a device lock. Each group's estimate is bounded
+// by what is known exactly: at most the live bytes of its site (`site_stats`, indexed
+// by SiteId as PoolAccounting::site_stats gives them, taken with the report; marked
+// estimate_clamped when cut), at least its own sampled bytes; the groups are ranked
+// after the bound. Never throws: out of host memory, the report keeps no stacks.
+void AttachTopStacks(const void* owner, const std::vector<SiteStats>& site_stats,
+                     OomReport* report) noexcept;
 
 // Thrown when device memory is really exhausted: after the staged retry (free cached
 // blocks, synchronize and free every unused segment, retry) found nothing. Never

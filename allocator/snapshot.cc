@@ -1,5 +1,6 @@
-// allocator/snapshot.cc: names of block states, the clocks used for block ages, traces
-// and snapshot times, and the sampled stacks of a snapshot's blocks. Thread-safe.
+// allocator/snapshot.cc: names of block states, the clocks used for block ages, traces,
+// snapshot times and lock holds, and the sampled stacks of a snapshot's blocks.
+// Thread-safe.
 #include "allocator/snapshot.h"
 
 #include <time.h>
@@ -56,5 +57,7 @@ int64_t ReadClock(clockid_t clock) {
 int64_t CoarseNowNs() { return ReadClock(CLOCK_MONOTONIC_COARSE); }
 
 int64_t NowNs() { return ReadClock(CLOCK_MONOTONIC); }
+
+int64_t ThreadCpuNowNs() { return ReadClock(CLOCK_THREAD_CPUTIME_ID); }
 
 }  // namespace devmem

@@ -72,6 +72,20 @@ struct AllocatorSnapshot {
   bool local_stacks = false;
 };
 
+// How long snapshots held the device lock: DevicePool's snapshot critical section, from
+// the lock taken to just before its release (CachingAllocator::snapshot_lock_stats).
+// Written once per snapshot, after the copy, never on the allocation path; read by
+// scripts/bench_snapshot.sh (devmem-bench-snapshot) against its 1 ms target.
+struct SnapshotLockStats {
+  uint64_t snapshots = 0;  // snapshots taken (validate()'s copies included)
+  int64_t last_ns = 0;     // the latest one's hold, wall clock
+  int64_t max_ns = 0;      // the longest hold so far, wall clock
+  // The same in the holding thread's CPU time: without the time it was preempted while
+  // holding the lock (which on a loaded machine is most of the wall time).
+  int64_t last_cpu_ns = 0;
+  int64_t max_cpu_ns = 0;
+};
+
 // Fills `snap`'s sampled_stacks, stack_sample_bytes and its allocated blocks' `stack`
 // from `owner`'s live samples (stack_sampler.h); samples of addresses that are not an
 // allocated block's in `snap` (allocated or freed since) are left out. No symbols.
@@ -81,5 +95,8 @@ void AttachSampledStacks(const void* owner, AllocatorSnapshot* snap);
 int64_t CoarseNowNs();
 // The precise monotonic clock (CLOCK_MONOTONIC).
 int64_t NowNs();
+// The calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID: a system call, ~0.1-1 us;
+// for figures taken once per snapshot, never on the allocation path).
+int64_t ThreadCpuNowNs();
 
 }  // namespace devmem

@@ -54,6 +54,9 @@ struct SampledStack {
   uint64_t sampled_bytes = 0;    // their exact sizes, summed
   double estimated_bytes = 0;    // sum of w(size): the estimate of the live bytes
   std::vector<std::string> frames;  // symbolized, innermost first (sampler frames cut)
+  // OOM reports only (AttachTopStacks): estimated_bytes exceeded the exact live bytes of
+  // `site` and was cut to them.
+  bool estimate_clamped = false;
 };
 
 namespace stack_sampler {

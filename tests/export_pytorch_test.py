@@ -2,7 +2,8 @@
 pytorch-snapshot` (docs/formats.md, "PyTorch snapshot export").
 
   structure  exports what devmem-demo writes (a snapshot, a trace, an OOM dump), a live
-             demo (its URL) and the synthetic multistream trace (no segment events),
+             demo (its URL), the synthetic multistream trace (no segment events) and a
+             snapshot with sampled stacks (their frames after the site's),
              loads each pickle and checks PyTorch 2.x's fields and types, that every
              segment's blocks tile it, that the entries match the trace's events, that
              the state rebuilt from a trace equals the snapshot taken at the same point,
@@ -297,6 +298,7 @@ def structure(memtrace, demo, traces):
             check(r.returncode == 2 and needle in r.stderr,
                   f"{args}: exit {r.returncode}, stderr {r.stderr!r}, expected {needle!r}")
         crafted(memtrace, tmp)
+        stacks(memtrace, traces, tmp)
         one = export(memtrace, s_json, f"{tmp}/one.pickle", "--device", "sim:1")
         check({s["device"] for s in one["segments"]} == {1}, "--device sim:1 kept other devices")
     print("ok: pytorch-snapshot exports of a snapshot, a trace, an OOM dump, a live process")
@@ -358,6 +360,35 @@ def crafted(memtrace, tmp):
     export(memtrace, f"{tmp}/two.jsonl", f"{tmp}/x.pickle", "--device", "sim:0")
 
 
+def stacks(memtrace, traces, tmp):
+    """A snapshot with sampled stacks (tests/data/snapshots/stacks.json, device sim:0):
+    each block with a "stack" has its site's frames, then that stack's frames as
+    {"filename": "??", "line": 0, "name": FRAME}; every other block its site's only."""
+    import json
+    src = os.path.join(traces, "..", "snapshots", "stacks.json")
+    with open(src) as f:
+        dev = next(d for d in json.load(f)["devices"] if d["device"] == "sim:0")
+    x = export(memtrace, src, f"{tmp}/stacks.pickle", "--device", "sim:0")
+    check_structure(x, "stacks")
+    frames = {g["stack"]: g["frames"] for g in dev["sampled_stacks"]}
+    want = {b["addr"]: [{"filename": "??", "line": 0, "name": f} for f in frames[b["stack"]]]
+            for s in dev["segments"] for b in s["blocks"] if "stack" in b}
+    check(len(want) >= 2, f"stacks.json: {len(want)} sampled blocks")
+    seen = 0
+    for seg in x["segments"]:
+        for b in seg["blocks"]:
+            got = [f for f in b["frames"] if f["filename"] == "??"]
+            check(got == want.get(b["address"], []),
+                  f"stacks: block {b['address']:#x}: stack frames {got}, want {want.get(b['address'], [])}")
+            if got:
+                seen += 1
+                # After the site's frames, which come first and are the site's own.
+                n = len(b["frames"]) - len(got)
+                check(n >= 1 and b["frames"][n:] == got,
+                      f"stacks: block {b['address']:#x}: frames {b['frames']}")
+    check(seen == len(want), f"stacks: {seen} blocks with stack frames, {len(want)} sampled")
+
+
 TORCH_CHECK = r'''
 import io, pickle, sys, contextlib
 import torch
@@ -401,9 +432,12 @@ def torch_reader(memtrace, demo, traces):
     with tempfile.TemporaryDirectory() as tmp:
         s_json, t_jsonl, dump = make_inputs(memtrace, demo, tmp)
         outs = []
-        for src, out in ((s_json, "s.pickle"), (t_jsonl, "t.pickle"), (dump, "oom.pickle"),
-                         (os.path.join(traces, "multistream.jsonl"), "m.pickle")):
-            export(memtrace, src, f"{tmp}/{out}")
+        stacks_json = os.path.join(traces, "..", "snapshots", "stacks.json")
+        for src, out, *extra in ((s_json, "s.pickle"), (t_jsonl, "t.pickle"),
+                                 (dump, "oom.pickle"),
+                                 (os.path.join(traces, "multistream.jsonl"), "m.pickle"),
+                                 (stacks_json, "stacks.pickle", "--device", "sim:0")):
+            export(memtrace, src, f"{tmp}/{out}", *extra)
             outs.append(f"{tmp}/{out}")
         r = run([python, "-c", TORCH_CHECK, *outs])
         check(r.returncode == 0, f"torch.cuda._memory_viz rejects the export:\n{r.stdout}{r.stderr}")

@@ -288,6 +288,45 @@ TEST_F(SnapshotJsonTest, TraceTravelsWithTheSnapshot) {
   EXPECT_EQ(back_trace[0].thread, 2u);
 }
 
+// SnapshotToJson writes its bulk (blocks, live buffers, events) straight into text, and
+// the DOM writer stays for OOM dumps: byte for byte the same document, on a snapshot with
+// every optional field (private pool, stacks, annotations, arena buffers, a trace, names
+// that need escaping).
+TEST_F(SnapshotJsonTest, StraightWriterIsTheDomWriter) {
+  ArenaScope arena(alloc_, "arena \"quoted\"");
+  void* in_arena = alloc_.allocate(2000, {}, site_b_);
+  RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  AllocatorSnapshot& d = snap.devices[0];
+  d.info.name = "NVIDIA \"H200\" \xc3\xa9\x01";
+  d.segments[0].private_pool = PoolId{3, 9};
+  d.segments[0].blocks[0].stack = 7;
+  d.segments[0].blocks[0].alloc_time_ns = d.time_ns + 5;  // a negative age
+  d.stack_sample_bytes = 4096;
+  d.sampled_stacks.push_back(SampledStack{site_a_, 7, 1, 2 * kMiB, 2.5 * kMiB,
+                                          {"main \"x\"", "f\\g"}});
+  snap.annotations.resize(snap.devices.size());
+  snap.annotations[0][d.segments[0].blocks[0].addr] = BufferAnnotation{2, "float32", {4, -1}};
+  TraceEvent e;
+  e.seq = 9;
+  e.time_ns = -3;
+  e.action = AllocAction::kAlloc;
+  e.device = DeviceId{DeviceType::kSim, 1};
+  e.addr = 4096;
+  e.size = 512;
+  e.requested = 500;
+  e.site = site_b_;
+  e.thread = 4;
+  const std::vector<TraceEvent> trace{e, e};
+  for (const std::vector<TraceEvent>* t : {static_cast<const std::vector<TraceEvent>*>(nullptr), &trace}) {
+    const std::string text = SnapshotToJson(snap, t);
+    nlohmann::ordered_json dom = nlohmann::ordered_json::parse(OomDumpToJson(snap, OomReport{}, t));
+    dom.erase("oom");
+    EXPECT_EQ(text, dom.dump());
+    ASSERT_FALSE(snap.devices[1].arena_buffers.empty());
+  }
+  alloc_.free(in_arena);
+}
+
 TEST_F(SnapshotJsonTest, OtherSchemasAreRefusedByName) {
   std::string text = SnapshotToJson(MakeSnapshot(site_a_, site_b_, alloc_));
   auto with_schema = [&](std::string_view schema) {

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -294,6 +296,45 @@ TEST_F(StackSamplerTest, AnOomReportListsTheSampledStacksHoldingTheMost) {
   EXPECT_TRUE(report->top_stacks.empty());
   EXPECT_NOT_CONTAINS(report->ToString(), "sampled stacks");
   for (void* p : held) a->free(p);
+}
+
+// One 60 MiB buffer sampled at one sample per GiB on a 64 MiB device: alone, its sample
+// stands for 60 MiB / (1 - e^(-60/1024)), about 1 GiB, more than the device holds. The
+// OOM report bounds the estimate by its site's exact live bytes, and says so.
+TEST_F(StackSamplerTest, AnOomReportBoundsEachEstimateByItsSitesExactBytes) {
+  auto a = MakeSimAllocator("stack_sample_bytes:1GiB,sim_capacity:64MiB");
+  const SiteId site = InternSite(std::source_location::current(), SiteKind::kAlloc);
+  void* held = nullptr;
+  // The first seed whose countdown the allocation crosses (each does with p ~ 5.7%).
+  for (uint64_t seed = 1; seed <= 2000 && held == nullptr; ++seed) {
+    stack_sampler::SeedThreadForTesting(seed);
+    void* p = a->allocate(60 << 20, {}, site);
+    if (!stack_sampler::LiveStacks(a.get()).empty()) {
+      held = p;
+    } else {
+      a->free(p);
+    }
+  }
+  ASSERT_NE(held, nullptr) << "no seed in 1 .. 2000 sampled the buffer";
+  ASSERT_GT(stack_sampler::LiveStacks(a.get())[0].estimated_bytes, double(64 << 20));
+  std::optional<OomReport> report;
+  try {
+    a->allocate(8 << 20);
+  } catch (const OutOfMemoryError& e) {
+    report = e.report();
+  }
+  ASSERT_TRUE(report.has_value()) << "no OutOfMemoryError";
+  ASSERT_EQ(report->top_stacks.size(), 1u);
+  const SampledStack& s = report->top_stacks[0];
+  EXPECT_EQ(s.site, site);
+  EXPECT_TRUE(s.estimate_clamped);
+  EXPECT_DOUBLE_EQ(s.estimated_bytes,
+                   double(testutil::SiteStatsFor(a->site_stats(), site).live_bytes));
+  EXPECT_DOUBLE_EQ(s.estimated_bytes, double(60 << 20));
+  EXPECT_CONTAINS(report->ToString(),
+                  "~60.0 MiB estimated, clamped to its site's exact live bytes (1 sample of "
+                  "60.0 MiB)");
+  a->free(held);
 }
 
 // A snapshot gives each sampled allocated block its stack, and the groups of those

@@ -1,22 +1,26 @@
 // tools/export/pytorch_snapshot.cc: PyTorchSnapshotPickle. Three steps per device:
 //   1. its events: the input's, in order, those after the state's time dropped;
 //   2. its final state: the input's segments, or the trace replayed (ReplayState);
-//   3. the pickle: segments and blocks, then the events translated to PyTorch's
-//      actions (TranslateEvents), with each site's frames written once and referred to
-//      after (PickleWriter's memo).
+//   3. the pickle: segments and blocks (a block with a sampled stack: its site's frames,
+//      then the stack's), then the events translated to PyTorch's actions
+//      (TranslateEvents), with each site's frames written once and referred to after
+//      (PickleWriter's memo).
 #include "tools/export/pytorch_snapshot.h"
 
 #include <algorithm>
 #include <iterator>
 #include <map>
 #include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/block.h"
 #include "allocator/site.h"
+#include "allocator/stack_sampler.h"
 #include "allocator/string_view_bridge.h"
 #include "tools/export/pickle_writer.h"
 
@@ -151,9 +155,12 @@ class Writer {
 
   PickleWriter& p() { return p_; }
 
-  // The frames of `site`, written once and referred to after.
-  void Frames(SiteId site) {
-    auto it = frames_.find(site);
+  // The frames of `site`, then those of a sampled stack (`stack_frames`, with `stack`
+  // its id; nullptr: none), written once per (site, stack) and referred to after.
+  void Frames(SiteId site, StackId stack = kNoStack,
+              const std::vector<std::string>* stack_frames = nullptr) {
+    if (stack_frames == nullptr) stack = kNoStack;
+    auto it = frames_.find({site, stack});
     if (it != frames_.end()) {
       p_.Ref(it->second);
       return;
@@ -176,8 +183,13 @@ class Writer {
         if (!s.tag.empty()) Frame("devmem tag", 0, s.tag);
       }
     }
+    // A sampled stack names functions (or addresses) only: no file, no line; "??" is
+    // what PyTorch writes for a frame of unknown file.
+    if (stack_frames != nullptr) {
+      for (const std::string& f : *stack_frames) Frame("??", 0, f);
+    }
     p_.EndList();
-    frames_.emplace(site, p_.Memoize());
+    frames_.emplace(std::pair(site, stack), p_.Memoize());
   }
 
   void Key(std::string_view k) { p_.Str(k); }
@@ -196,8 +208,18 @@ class Writer {
 
   const SiteMap& sites_;
   PickleWriter p_;
-  absl::flat_hash_map<SiteId, uint32_t> frames_;
+  absl::flat_hash_map<std::pair<SiteId, StackId>, uint32_t> frames_;
 };
+
+// A device's sampled stacks by id (a stack shared by two sites is one id, one frame list).
+using StackFramesById = absl::flat_hash_map<StackId, const std::vector<std::string>*>;
+StackFramesById StacksOf(const AllocatorSnapshot& d) {
+  StackFramesById out;
+  for (const SampledStack& g : d.sampled_stacks) {
+    if (g.stack != kNoStack && !g.frames.empty()) out.emplace(g.stack, &g.frames);
+  }
+  return out;
+}
 
 bool NoSegmentEvents(const std::vector<const TraceEvent*>& events) {
   for (const TraceEvent* e : events) {
@@ -218,7 +240,8 @@ std::string_view TorchState(BlockState s) {
   return "inactive";
 }
 
-void WriteSegment(Writer& w, int index, const SegmentInfo& s, size_t* blocks) {
+void WriteSegment(Writer& w, int index, const SegmentInfo& s, const StackFramesById& stacks,
+                  size_t* blocks) {
   PickleWriter& p = w.p();
   uint64_t allocated = 0, active = 0, requested = 0;
   for (const BlockInfo& b : s.blocks) {
@@ -266,7 +289,12 @@ void WriteSegment(Writer& w, int index, const SegmentInfo& s, size_t* blocks) {
     w.Key("state");
     p.Str(TorchState(b.state));
     w.Key("frames");
-    w.Frames(b.state == BlockState::kFree ? kUnknownSite : b.site);
+    if (b.state == BlockState::kFree) {
+      w.Frames(kUnknownSite);
+    } else {
+      auto stack = b.stack == kNoStack ? stacks.end() : stacks.find(b.stack);
+      w.Frames(b.site, b.stack, stack == stacks.end() ? nullptr : stack->second);
+    }
     p.EndDict();
     ++*blocks;
   }
@@ -453,8 +481,9 @@ absl::StatusOr<std::string> PyTorchSnapshotPickle(const PyTorchExportInput& inpu
   w.Key("segments");
   p.BeginList();
   for (const DeviceId& d : devices) {
+    const StackFramesById stacks = StacksOf(*states[d]);
     for (const SegmentInfo& s : states[d]->segments) {
-      WriteSegment(w, d.index, s, &sum.blocks);
+      WriteSegment(w, d.index, s, stacks, &sum.blocks);
       ++sum.segments;
     }
   }

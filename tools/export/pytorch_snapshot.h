@@ -18,7 +18,8 @@
 // Sites become frames: [{filename, line, name}] with the site's file, line and
 // function (the kind appended unless it is "alloc"), then a frame naming the tag
 // ({filename: "devmem tag", line: 0, name: TAG}) when the site has one; the unknown site
-// has no frames.
+// has no frames. A block with a sampled stack (the state's sampled_stacks) has that
+// stack's frames after its site's, as {filename: "??", line: 0, name: FRAME}.
 #pragma once
 
 #include <optional>

@@ -1,0 +1,76 @@
+// tests/snapshot_copy_test.cc: DevicePool's snapshot copy (device_pool_introspection.cc):
+// each segment's blocks come back whole and in address order whatever their number
+// (the walk runs from both ends of the list and meets in the middle), and every
+// snapshot records how long it held the device lock (SnapshotLockStats).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "allocator/caching_allocator.h"
+#include "allocator/snapshot.h"
+#include "tests/test_util.h"
+
+namespace devmem {
+namespace {
+
+using testutil::MakeSimAllocator;
+
+// 1 .. 9 allocations in one small segment (plus its free tail, so 2 .. 10 blocks: odd
+// and even counts, where the two ends of the walk meet on a block or between two), and
+// one with every other buffer freed (free blocks between live ones).
+TEST(SnapshotCopy, EverySegmentComesBackWholeInAddressOrder) {
+  for (int n = 1; n <= 9; ++n) {
+    for (bool holes : {false, true}) {
+      auto t = MakeSimAllocator("expandable_segments:false");
+      std::vector<void*> ptrs;
+      for (int i = 0; i < n; ++i) ptrs.push_back(t->allocate(4096));
+      std::vector<uintptr_t> live;
+      for (int i = 0; i < n; ++i) {
+        if (holes && i % 2 == 1) {
+          t->free(ptrs[i]);
+          ptrs[i] = nullptr;
+        } else {
+          live.push_back(reinterpret_cast<uintptr_t>(ptrs[i]));
+        }
+      }
+      const AllocatorSnapshot snap = t->snapshot();
+      ASSERT_TRUE(testutil::SnapshotWellFormed(snap)) << n << " holes " << holes;
+      ASSERT_EQ(snap.segments.size(), 1u);
+      std::vector<uintptr_t> allocated;
+      for (const BlockInfo& b : snap.segments[0].blocks) {
+        if (b.state == BlockState::kAllocated) {
+          allocated.push_back(b.addr);
+          EXPECT_EQ(b.requested, 4096u);
+        }
+      }
+      EXPECT_EQ(allocated, live) << n << " holes " << holes;
+      for (void* p : ptrs) {
+        if (p != nullptr) t->free(p);
+      }
+    }
+  }
+}
+
+TEST(SnapshotCopy, EachSnapshotRecordsItsLockHold) {
+  auto t = MakeSimAllocator();
+  EXPECT_EQ(t->snapshot_lock_stats().snapshots, 0u);
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 100; ++i) ptrs.push_back(t->allocate(512 * (i + 1)));
+  (void)t->snapshot();
+  const SnapshotLockStats one = t->snapshot_lock_stats();
+  EXPECT_EQ(one.snapshots, 1u);
+  EXPECT_GT(one.last_ns, 0);
+  EXPECT_EQ(one.max_ns, one.last_ns);
+  EXPECT_GE(one.last_cpu_ns, 0);
+  EXPECT_EQ(one.max_cpu_ns, one.last_cpu_ns);
+  (void)t->snapshot();
+  const SnapshotLockStats two = t->snapshot_lock_stats();
+  EXPECT_EQ(two.snapshots, 2u);
+  EXPECT_GE(two.max_ns, two.last_ns);
+  EXPECT_GE(two.max_ns, one.last_ns);
+  EXPECT_GE(two.max_cpu_ns, one.last_cpu_ns);
+  for (void* p : ptrs) t->free(p);
+}
+
+}  // namespace
+}  // namespace devmem
