@@ -77,7 +77,8 @@ struct Block {
   int pending_events = 0;     // events still to complete before it is free
   int64_t alloc_time_ns = 0;
   // Free blocks: the pool's free sequence number (BlockStates) when this memory last
-  // became free; no device work queued after that uses it. 0: never used since it was
+  // entered the free sets (a thread-cached block: when its cache gave it back, not
+  // when it last left them); no device work queued after that uses it. 0: never used since it was
   // mapped or allocated. Set wherever a free block is made (BlockStates, the segment
   // sources); deferred recycling unmaps only blocks free since before its event.
   uint64_t free_seq = 0;

@@ -185,10 +185,15 @@ class BlockStates {
   // A cache-owned allocated block leaves the caches: into the allocated table, to be
   // freed by free() next (may throw std::bad_alloc, changing nothing).
   void cache_owned_to_table(Block* b) { allocated_.emplace(b->addr, b); }
-  // thread-cached -> free (coalesced into its free set).
+  // thread-cached -> free (coalesced into its free set). The block is free in stream
+  // order since the user freed it into the cache, which happened after its last
+  // free_seq (taken before it was last allocated) and at the latest now: it gets a new
+  // one, as make_free gives, so that a deferred recycle whose event was recorded in
+  // between (expandable_segments.h) does not count it free since before the event.
   void thread_cached_to_free(Block* b) {
     acct_.block_from_thread_cache(b);
     b->tc_next = nullptr;
+    b->free_seq = ++free_seq_;
     become_free(b);
   }
 
@@ -204,11 +209,14 @@ class BlockStates {
   void make_free(Block* b) {
     acct_.block_inactive(b);
     b->stream_uses.clear();
-    b->free_seq = ++free_seq_;  // the merged block below is as recent as its newest part
+    b->free_seq = ++free_seq_;  // see become_free
     become_free(b);
   }
   // What every way back into the free sets shares (make_free, thread_cached_to_free):
   // the user's fields reset, the segment's and the stream's use counts, the coalesce.
+  // The caller has given `b` a new free_seq: coalesce keeps b's, so the merged block
+  // is as recent as its newest part (a block whose free_seq were older than the user's
+  // free could be unmapped by a recycle while work queued after its event uses it).
   void become_free(Block* b) {
     Segment* s = b->segment;
     b->state = BlockState::kFree;

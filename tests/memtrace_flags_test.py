@@ -291,6 +291,16 @@ def buffers_json():
     js("buffers", A, "--json")
 
 
+def buffers_stacks():
+    stacks = os.path.join(snaps, "stacks.json")
+    r = js("buffers", stacks, "--json", "--list", "--stacks")
+    expect([g.get("stack") for g in r.get("stacks", [])] == [2, 3, 1]
+           and "stack" in r.get("buffers", [{}])[0] and "stacks" not in js("buffers", stacks, "--json"),
+           "buffers --stacks: %r" % r.get("stacks"))
+    expect("sampled stacks by estimated live bytes" in mt("buffers", stacks, "--stacks").stdout,
+           "buffers --stacks: text")
+
+
 def snapshot_output():
     out = os.path.join(tmp, "saved.json")
     mt("snapshot", URL, "--token-file", TOKEN, "-o", out)
@@ -485,6 +495,7 @@ CHECKS = {
     ("buffers", "--site"): buffers_site, ("buffers", "--min-bytes"): buffers_min_bytes,
     ("buffers", "--top"): buffers_top, ("buffers", "--token-file"): buffers_token_file,
     ("buffers", "--json"): buffers_json,
+    ("buffers", "--stacks"): buffers_stacks,
     ("snapshot", "--output"): snapshot_output, ("snapshot", "--token-file"): snapshot_token_file,
     ("snapshot", "--json"): snapshot_json,
     ("diff", "--device"): diff_device, ("diff", "--site"): diff_site, ("diff", "--top"): diff_top,

@@ -146,6 +146,71 @@ TEST(SnapshotReaderTest, ReadsWhichArenaEachArenaBufferSitsIn) {
       << bad.status();
 }
 
+// The runtime's writer's sampled stacks (docs/formats.md): the block's "stack", the
+// groups by (site, stack) with their frames; GroupByStack sums a stack's groups over
+// its sites, largest estimate first, and --site filters them by site.
+TEST(SnapshotReaderTest, ReadsSampledStacksAndGroupsThemByStack) {
+  SiteId a, c;
+  nlohmann::json j = nlohmann::json::parse(RuntimeWrittenSnapshot(&a, &c));
+  EXPECT_TRUE(j["devices"][0]["sampled_stacks"].empty());
+  // As the runtime writes them for blocks 0 (site a) and 1, 3 (site c): the writer's
+  // own output, from an AllocatorSnapshot read back and written again.
+  absl::StatusOr<RuntimeSnapshot> rs = SnapshotFromJson(j.dump());
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  AllocatorSnapshot& d0 = rs->devices[0];
+  d0.segments[0].blocks[0].stack = 7;
+  d0.segments[0].blocks[1].stack = 9;
+  d0.segments[1].blocks[0].stack = 7;
+  d0.stack_sample_bytes = 512 * 1024;
+  d0.sampled_stacks = {
+      SampledStack{a, 7, 1, 4 * kMiB, 4.0 * kMiB, {"train_step()", "main"}},
+      SampledStack{c, 9, 1, 2 * kMiB, 2.0 * kMiB, {"clone_helper()", "main"}},
+      SampledStack{c, 7, 1, 1 * kMiB, 1.5 * kMiB, {"train_step()", "main"}}};
+  absl::StatusOr<Snapshot> snap = ParseSnapshot(SnapshotToJson(*rs), "mem.json");
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  const SnapDevice& d = snap->devices[0];
+  EXPECT_EQ(d.stack_sample_bytes, 512u * 1024);
+  ASSERT_EQ(d.stacks.size(), 3u);
+  EXPECT_EQ(d.stacks[1].frames, (std::vector<std::string>{"clone_helper()", "main"}));
+  EXPECT_EQ(d.stacks[2].estimated_bytes, 1.5 * kMiB);
+  EXPECT_EQ(d.blocks[0].stack, 7u);
+  EXPECT_EQ(d.blocks[1].stack, 9u);
+  EXPECT_EQ(d.blocks[2].stack, 0u);  // free: never sampled
+  EXPECT_EQ(d.blocks[3].stack, 7u);
+
+  std::vector<StackGroup> groups = GroupByStack(*snap, {});
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].stack, 7u);
+  EXPECT_EQ(groups[0].estimated_bytes, 5.5 * kMiB);
+  EXPECT_EQ(groups[0].samples, 2u);
+  EXPECT_EQ(groups[0].sampled_bytes, 5 * kMiB);
+  EXPECT_EQ(groups[0].sites, (std::vector<uint32_t>{a, c}));
+  EXPECT_EQ((*groups[0].frames)[0], "train_step()");
+  EXPECT_EQ(groups[1].stack, 9u);
+  BufferQuery only_g;
+  only_g.site = "void g()";  // the clone site's function
+  groups = GroupByStack(*snap, only_g);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].stack, 9u);  // 2 MiB, then stack 7's 1.5 MiB from site c
+  EXPECT_EQ(groups[1].estimated_bytes, 1.5 * kMiB);
+  BufferQuery other_device;
+  other_device.device = "sim:1";
+  EXPECT_TRUE(GroupByStack(*snap, other_device).empty());
+
+  // Mistyped fields are named.
+  nlohmann::json w = nlohmann::json::parse(SnapshotToJson(*rs));
+  w["devices"][0]["sampled_stacks"][1]["frames"][0] = 17;
+  absl::StatusOr<Snapshot> bad = ParseSnapshot(w.dump(), "mem.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("sampled_stacks[1].frames[0]"), std::string::npos)
+      << bad.status();
+  w = nlohmann::json::parse(SnapshotToJson(*rs));
+  w["devices"][0]["segments"][0]["blocks"][0]["stack"] = -1;
+  bad = ParseSnapshot(w.dump(), "mem.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("blocks[0].stack"), std::string::npos) << bad.status();
+}
+
 TEST(SnapshotReaderTest, RefusesOtherMajorsAcceptsMinors) {
   SiteId a, c;
   std::string json = RuntimeWrittenSnapshot(&a, &c);

@@ -20,6 +20,9 @@
 //                          host memory with a one-line message.
 //   FakeCudaSelfTest       the fake's own checks fire (misuse aborts, leaks fail the
 //                          process, device memory is not host memory).
+//   FakeCudaThreadCacheTest  thread caches with expandable segments: a block given back
+//                          by a cache is not unmapped by a recycle decided before the
+//                          user's free (the fake aborts on the memset that uses it).
 #include "tests/fake_cuda/fake_cuda.h"
 
 #include <cuda.h>
@@ -859,6 +862,80 @@ TEST(FakeCudaVmmCostTest, ARecycledGranuleKeepsItsHandleForTheNextMap) {
     alloc.empty_cache();
     EXPECT_EQ(alloc.stats().driver.count(DriverCall::kRelease), 80);
     EXPECT_EQ(alloc.stats().driver.handle_reserve_bytes, 0);
+  }
+  ExpectNothingLive();
+}
+
+}  // namespace
+}  // namespace devmem
+
+namespace devmem {
+namespace {
+
+// A proactive recycle waits for an event (expandable_segments.h) and then unmaps only
+// blocks free since before it (Block::free_seq). A block the user frees into a thread
+// cache after the event, with work queued on its stream after the event, is not free
+// since before it, however long ago the pool last had it free: when a cache gives it
+// back (here at its thread's exit), it must count as freed then. The stream is held
+// by two host functions: `before` keeps the recycle deferred, `after` (queued behind
+// the event) keeps the memset on the cached blocks from running until the poll has
+// decided; unmapping them would leave that memset over unmapped memory, which the
+// fake reports when the stream runs it.
+TEST(FakeCudaThreadCacheTest, ABlockCachedAfterARecycleEventIsNotUnmappedByIt) {
+  {
+    Config base;
+    base.backend = BackendKind::kCuda;
+    absl::StatusOr<Config> config = ParseConfig(
+        "expandable_segments:true,expandable_recycle_threshold:0,thread_cache:true", base);
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto backend = Cuda();
+    ASSERT_TRUE(backend);
+    CachingAllocator alloc(std::move(backend), *config);
+    constexpr size_t kBlock = 256 * kKiB;  // thread_cache_max_size's default
+    std::vector<void*> granule;            // fill the small pool's first granule
+    for (size_t i = 0; i < kG / kBlock; ++i) granule.push_back(alloc.allocate(kBlock));
+    ASSERT_EQ(alloc.stats().driver.count(DriverCall::kMap), 1);
+    // The first map may have decided a recycle too (the fake may report an event on an
+    // idle stream as not yet complete): that decision ends here, with nothing to take.
+    alloc.backend().synchronize_stream(Stream{});
+    alloc.process_events();
+
+    std::promise<void> open_before, open_after, after_reached;
+    std::shared_future<void> before = open_before.get_future().share();
+    std::shared_future<void> after = open_after.get_future().share();
+    ASSERT_TRUE(alloc.backend().launch_host_fn(Stream{}, [before] { before.wait(); }).ok());
+    // Maps a second granule: over the threshold (0), so a recycle is decided; the
+    // stream is busy, so it waits for an event recorded now.
+    void* next = alloc.allocate(kBlock);
+    ASSERT_EQ(alloc.stats().driver.count(DriverCall::kMap), 2);
+    ASSERT_TRUE(alloc.backend()
+                    .launch_host_fn(Stream{}, [after, &after_reached] {
+                      after_reached.set_value();
+                      after.wait();
+                    })
+                    .ok());
+    // Work on the first granule's blocks, queued after the event; then another thread
+    // frees them into its cache and exits, which gives them back to the pool.
+    for (void* p : granule) ASSERT_EQ(cudaMemsetAsync(p, 0x5c, kBlock, nullptr), cudaSuccess);
+    std::thread worker([&] {
+      void* own = alloc.allocate(512);  // makes the thread's cache
+      for (void* p : granule) alloc.free(p);
+      alloc.free(own);
+    });
+    worker.join();
+
+    open_before.set_value();
+    after_reached.get_future().wait();  // the event is complete; the memset is not run
+    const size_t mappings = Live("mappings");
+    alloc.process_events();  // the deferred recycle
+    EXPECT_EQ(alloc.stats().driver.count(DriverCall::kUnmap), 0)
+        << "the first granule was unmapped while a memset on it waits on its stream";
+    EXPECT_EQ(Live("mappings"), mappings);
+    open_after.set_value();
+    alloc.backend().synchronize_stream(Stream{});
+    EXPECT_TRUE(alloc.validate().ok()) << alloc.validate();
+    alloc.free(next);
+    alloc.empty_cache();
   }
   ExpectNothingLive();
 }

@@ -17,16 +17,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import capi_bindings as capi  # noqa: E402
-
-
-def skip(why):
-    print("SKIP: " + why)
-    sys.exit(0)
-
-
-def fail(why):
-    print("FAIL: " + why)
-    sys.exit(1)
+from gpu_script import fail, skip  # noqa: E402
 
 
 def main():

@@ -12,35 +12,14 @@ lives must not overlap the pool's blocks (the replay would overwrite them), and
 deleting the graph must give the pool back (private_pools 0 after empty_cache).
 Without PyTorch, CUDA, a GPU or the hooks it prints "SKIP: ..." and exits 0.
 """
-import os
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "python"))
-
-
-def skip(why):
-    print("SKIP: " + why)
-    sys.exit(0)
-
-
-def fail(why):
-    print("FAIL: " + why)
-    sys.exit(1)
+from gpu_script import fail, import_torch_with_pluggable_allocator, skip, use_package
 
 
 def main():
-    if len(sys.argv) > 1:
-        os.environ["DEVMEM_LIBRARY"] = os.path.abspath(sys.argv[1])
-    os.environ.setdefault("DEVMEM_CONF", "backend:cuda")
-    try:
-        import torch
-    except ImportError:
-        skip("PyTorch is not installed")
-    if not torch.cuda.is_available():
-        skip("PyTorch sees no CUDA device")
-    if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        skip("this PyTorch has no torch.cuda.memory.CUDAPluggableAllocator (2.0+)")
+    use_package(sys.argv)
+    torch = import_torch_with_pluggable_allocator()
     import warnings
     import devmem
     import devmem.torch

@@ -24,29 +24,13 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import capi_bindings as capi  # noqa: E402
-
-
-def skip(why):
-    print("SKIP: " + why)
-    sys.exit(0)
-
-
-def fail(why):
-    print("FAIL: " + why)
-    sys.exit(1)
+from gpu_script import fail, import_torch_with_pluggable_allocator, skip  # noqa: E402
 
 
 def main():
     path = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else
                            os.path.join(HERE, "..", "..", "build", "lib", "libdevmem.so"))
-    try:
-        import torch
-    except ImportError:
-        skip("PyTorch is not installed")
-    if not torch.cuda.is_available():  # does not initialize PyTorch's allocator
-        skip("PyTorch sees no CUDA device")
-    if not hasattr(torch.cuda.memory, "CUDAPluggableAllocator"):
-        skip("this PyTorch has no torch.cuda.memory.CUDAPluggableAllocator (2.0+)")
+    torch = import_torch_with_pluggable_allocator()
 
     # devmem itself must run on CUDA: ask for it, so that a libdevmem.so built without
     # the toolkit says so instead of quietly using the simulated device.

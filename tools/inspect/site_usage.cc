@@ -46,6 +46,37 @@ void ForEachLive(const Snapshot& snap, const BufferQuery& query, Fn fn) {
 
 }  // namespace
 
+std::vector<StackGroup> GroupByStack(const Snapshot& snap, const BufferQuery& query) {
+  SiteFilter filter(snap, query.site);
+  std::vector<StackGroup> out;
+  for (const SnapDevice& d : snap.devices) {
+    if (!query.device.empty() && d.device != query.device) continue;
+    std::map<uint32_t, size_t> index;  // stack id -> row in `out`
+    // "sampled_stacks" is largest estimate first, so each row's sites come in that order.
+    for (const SnapStack& g : d.stacks) {
+      if (!filter.Pass(g.site)) continue;
+      auto [it, inserted] = index.emplace(g.stack, out.size());
+      if (inserted) {
+        out.push_back(StackGroup{});
+        out.back().device = &d;
+        out.back().stack = g.stack;
+        out.back().frames = &g.frames;
+      }
+      StackGroup& row = out[it->second];
+      row.samples += g.samples;
+      row.sampled_bytes += g.sampled_bytes;
+      row.estimated_bytes += g.estimated_bytes;
+      row.sites.push_back(g.site);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(), [](const StackGroup& x, const StackGroup& y) {
+    if (x.estimated_bytes != y.estimated_bytes) return x.estimated_bytes > y.estimated_bytes;
+    if (x.device != y.device) return x.device < y.device;
+    return x.stack < y.stack;
+  });
+  return out;
+}
+
 bool SiteMatches(const SnapSite& site, const std::string& needle) {
   // The runtime's rule (allocator/site.h), so that --site and /debug/buffers?site= pick
   // the same buffers.

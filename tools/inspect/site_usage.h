@@ -55,6 +55,23 @@ std::vector<BufferRef> ListBuffers(const Snapshot& snap, const BufferQuery& quer
 std::vector<SiteGroup> GroupBySite(const Snapshot& snap, const BufferQuery& query,
                                    BufferTotals* totals);
 
+// One row of `buffers --stacks`: a sampled stack's live samples on one device, summed
+// over the sites they were allocated for ("sampled_stacks" groups by (site, stack)).
+struct StackGroup {
+  const SnapDevice* device = nullptr;
+  uint32_t stack = 0;
+  uint64_t samples = 0, sampled_bytes = 0;
+  double estimated_bytes = 0;  // the estimate of the live bytes allocated from it
+  std::vector<uint32_t> sites;  // the sites of its samples, largest estimate first
+  const std::vector<std::string>* frames = nullptr;  // the first group's (one stack)
+};
+
+// The sampled stacks of the devices `query` selects, counting only groups whose site
+// matches query.site (min_bytes does not apply: a group is an estimate, not a buffer),
+// aggregated by (device, stack), largest estimate first (ties: device order, then
+// stack id).
+std::vector<StackGroup> GroupByStack(const Snapshot& snap, const BufferQuery& query);
+
 // b - a as a signed number, saturated at the int64 range (hostile snapshots can hold
 // sums near 2^64, where a plain signed subtraction overflows).
 inline int64_t SignedDelta(uint64_t a, uint64_t b) {

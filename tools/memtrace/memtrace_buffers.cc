@@ -3,6 +3,8 @@
 // file. Live buffers grouped by site (default) or one by one (--list), largest first,
 // with the share of the device, the bytes made by explicit copies (clone, contiguous,
 // to), ages, and tensor refcounts/shapes where the snapshot has them ('-' otherwise).
+// --stacks adds the sampled stacks (allocator/stack_sampler.h): each listed buffer's
+// stack id where it was sampled, and the stacks by estimated live bytes with frames.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -22,8 +24,56 @@ using ojson = nlohmann::ordered_json;
 struct BuffersOptions {
   std::string source, token_file, device, site, min_bytes;
   size_t top = 20;
-  bool list = false, json = false;
+  bool list = false, json = false, stacks = false;
 };
+
+constexpr size_t kStackFramesShown = 16;  // frames printed per stack (JSON has all)
+
+std::string StackText(uint32_t stack) { return stack == 0 ? "-" : std::to_string(stack); }
+
+ojson StacksJson(const Snapshot& snap, const BufferQuery& q, size_t top) {
+  ojson rows = ojson::array();
+  const std::vector<StackGroup> groups = GroupByStack(snap, q);
+  for (size_t i = 0; i < std::min(top, groups.size()); ++i) {
+    const StackGroup& g = groups[i];
+    ojson sites = ojson::array();
+    for (uint32_t site : g.sites) sites.push_back(ojson{{"site", site}, {"where", snap.Site(site).where}});
+    rows.push_back(ojson{{"device", g.device->device}, {"stack", g.stack},
+                         {"samples", g.samples}, {"sampled_bytes", g.sampled_bytes},
+                         {"estimated_bytes", g.estimated_bytes},
+                         {"stack_sample_bytes", g.device->stack_sample_bytes},
+                         {"sites", std::move(sites)}, {"frames", *g.frames}});
+  }
+  return rows;
+}
+
+// The sampled stacks holding the most estimated live bytes, with their frames.
+void PrintStacks(const Snapshot& snap, const BufferQuery& q, size_t top) {
+  const std::vector<StackGroup> groups = GroupByStack(snap, q);
+  if (groups.empty()) {
+    std::printf("\nno sampled stacks (sampling off, nothing live sampled, or a snapshot "
+                "older than sampled stacks)\n");
+    return;
+  }
+  const size_t n = std::min(top, groups.size());
+  std::printf("\nsampled stacks by estimated live bytes: %zu of %zu\n", n, groups.size());
+  for (size_t i = 0; i < n; ++i) {
+    const StackGroup& g = groups[i];
+    std::string sites;
+    for (uint32_t site : g.sites) sites += (sites.empty() ? "" : "; ") + snap.Site(site).where;
+    std::printf("%3zu. %s  ~%s estimated (%llu %s of %s; one per %s allocated)  stack %u  %s\n",
+                i + 1, g.device->device.c_str(),
+                Bytes(static_cast<uint64_t>(g.estimated_bytes)).c_str(),
+                static_cast<unsigned long long>(g.samples), g.samples == 1 ? "sample" : "samples",
+                Bytes(g.sampled_bytes).c_str(), Bytes(g.device->stack_sample_bytes).c_str(),
+                g.stack, sites.c_str());
+    const size_t shown = std::min(g.frames->size(), kStackFramesShown);
+    for (size_t f = 0; f < shown; ++f) std::printf("       %s\n", (*g.frames)[f].c_str());
+    if (shown < g.frames->size()) {
+      std::printf("       ... %zu more frames\n", g.frames->size() - shown);
+    }
+  }
+}
 
 // The live buffers of scoped arenas on the selected devices, largest first.
 std::vector<std::pair<const SnapDevice*, const SnapArenaBuffer*>> ArenaBuffers(
@@ -150,6 +200,7 @@ int RunBuffers(const BuffersOptions& o) {
                 {"requested", b.requested}, {"stream", b.stream}, {"site", b.site},
                 {"where", s.where}, {"kind", s.kind}, {"copy", s.copy}};
         r["age_ns"] = b.has_age ? ojson(b.age_ns) : ojson(nullptr);
+        if (o.stacks) r["stack"] = b.stack == 0 ? ojson(nullptr) : ojson(b.stack);
         if (b.tensor >= 0) {
           const TensorInfo& t = buffers[i].device->tensors[static_cast<size_t>(b.tensor)];
           r["refcount"] = t.refcount;
@@ -166,6 +217,7 @@ int RunBuffers(const BuffersOptions& o) {
                 {"matched_bytes", totals.matched_bytes}, {"copy_bytes", totals.copy_bytes},
                 {"returned", n}, {"devices", DevicesJson(snap)}, {"buffers", std::move(rows)},
                 {"arena_buffers", ArenaBuffersJson(snap, q, top)}};
+      if (o.stacks) out["stacks"] = StacksJson(snap, q, top);
       std::printf("%s\n", out.dump(1).c_str());
       return kExitOk;
     }
@@ -174,8 +226,10 @@ int RunBuffers(const BuffersOptions& o) {
     std::printf("\nlive buffers, largest first: %zu of %llu (%s; %s made by clone/contiguous/to)\n",
                 n, static_cast<unsigned long long>(totals.matched),
                 Bytes(totals.matched_bytes).c_str(), Bytes(totals.copy_bytes).c_str());
-    TextTable t({"<DEVICE", "<ADDRESS", "SIZE", "REQUESTED", "SHARE", "STREAM", "AGE",
-                 "REFCOUNT", "<TENSOR", "<SITE"});
+    std::vector<std::string> columns = {"<DEVICE", "<ADDRESS", "SIZE", "REQUESTED", "SHARE",
+                                        "STREAM", "AGE", "REFCOUNT", "<TENSOR", "<SITE"};
+    if (o.stacks) columns.insert(columns.end() - 1, "STACK");
+    TextTable t(columns);
     for (size_t i = 0; i < n; ++i) {
       const SnapDevice& d = *buffers[i].device;
       const SnapBlock& b = *buffers[i].block;
@@ -187,14 +241,18 @@ int RunBuffers(const BuffersOptions& o) {
         rc = std::to_string(ti.refcount);
         tensor = ti.dtype + ti.shape;
       }
-      t.Add({d.device, addr, Bytes(b.size), Bytes(b.requested), FormatShare(b.size, d.total_bytes),
-             std::to_string(b.stream), b.has_age ? FormatAge(b.age_ns) : "-", rc, tensor,
-             snap.Site(b.site).where});
+      std::vector<std::string> row = {
+          d.device, addr, Bytes(b.size), Bytes(b.requested), FormatShare(b.size, d.total_bytes),
+          std::to_string(b.stream), b.has_age ? FormatAge(b.age_ns) : "-", rc, tensor,
+          snap.Site(b.site).where};
+      if (o.stacks) row.insert(row.end() - 1, StackText(b.stack));
+      t.Add(row);
     }
     std::printf("%s", t.Render().c_str());
     if (n < totals.matched) std::printf("(%llu more; --top 0 lists all)\n",
                                         static_cast<unsigned long long>(totals.matched - n));
     PrintArenaBuffers(snap, q, top);
+    if (o.stacks) PrintStacks(snap, q, top);
     return kExitOk;
   }
   const std::vector<SiteGroup> groups = GroupBySite(snap, q, &totals);
@@ -218,6 +276,7 @@ int RunBuffers(const BuffersOptions& o) {
               {"matched_bytes", totals.matched_bytes}, {"copy_bytes", totals.copy_bytes},
               {"sites_matched", groups.size()}, {"returned", n}, {"devices", DevicesJson(snap)},
               {"sites", std::move(rows)}, {"arena_buffers", ArenaBuffersJson(snap, q, top)}};
+    if (o.stacks) out["stacks"] = StacksJson(snap, q, top);
     std::printf("%s\n", out.dump(1).c_str());
     return kExitOk;
   }
@@ -239,6 +298,7 @@ int RunBuffers(const BuffersOptions& o) {
   std::printf("%s", t.Render().c_str());
   if (n < groups.size()) std::printf("(%zu more sites; --top 0 shows all)\n", groups.size() - n);
   PrintArenaBuffers(snap, q, top);
+  if (o.stacks) PrintStacks(snap, q, top);
   return kExitOk;
 }
 
@@ -258,6 +318,9 @@ void AddBuffersCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--min-bytes", o->min_bytes, "only buffers at least this large, e.g. 1MiB");
   cmd->add_option("--top", o->top, "rows to show (default 20; 0: all)");
   cmd->add_flag("--json", o->json, "print one JSON object");
+  cmd->add_flag("--stacks", o->stacks,
+                "add the sampled stacks: each listed buffer's (--list) and the stacks by "
+                "estimated live bytes, with their frames");
   cmd->callback([o, exit_code] { *exit_code = RunBuffers(*o); });
 }
 

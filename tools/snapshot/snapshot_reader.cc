@@ -181,6 +181,39 @@ void ReadBlock(const simdjson::dom::element& e, const Path& p, SnapBlock* b) {
     b->age_ns = I64(v, p.Field("age_ns"));
     b->has_age = true;
   }
+  if (o.at_key("stack").get(v) == simdjson::SUCCESS) b->stack = U32(v, p.Field("stack"));
+}
+
+// The optional "stack_sample_bytes" and "sampled_stacks" (older files have neither).
+void ReadSampledStacks(const simdjson::dom::object& device, const Path& p, SnapDevice* d) {
+  simdjson::dom::element v;
+  if (device.at_key("stack_sample_bytes").get(v) == simdjson::SUCCESS) {
+    d->stack_sample_bytes = U64(v, p.Field("stack_sample_bytes"));
+  }
+  if (device.at_key("sampled_stacks").get(v) != simdjson::SUCCESS) return;
+  const Path sp = p.Field("sampled_stacks");
+  size_t k = 0;
+  for (simdjson::dom::element ge : Arr(v, sp)) {
+    const Path gp = sp.At(k++);
+    const simdjson::dom::object go = Obj(ge, gp);
+    SnapStack g;
+    g.stack = U32(Get(go, "stack", gp), gp.Field("stack"));
+    g.site = U32(Get(go, "site", gp), gp.Field("site"));
+    g.samples = U64F(go, "samples", gp);
+    g.sampled_bytes = U64F(go, "sampled_bytes", gp);
+    g.estimated_bytes = Dbl(Get(go, "estimated_bytes", gp), gp.Field("estimated_bytes"));
+    if (!(g.estimated_bytes >= 0)) {
+      throw ReadError{gp.Field("estimated_bytes").ToString() +
+                      ": expected a non-negative number, got " +
+                      std::to_string(g.estimated_bytes)};
+    }
+    const Path fp = gp.Field("frames");
+    size_t f = 0;
+    for (simdjson::dom::element fe : Arr(Get(go, "frames", gp), fp)) {
+      g.frames.push_back(Str(fe, fp.At(f++)));
+    }
+    d->stacks.push_back(std::move(g));
+  }
 }
 
 // The optional "tensor" annotations of "live_buffers", attached to the blocks they
@@ -337,6 +370,7 @@ void ReadDevice(const simdjson::dom::element& e, const Path& p, SnapDevice* d) {
   }
   ReadAnnotations(o, p, d);
   ReadArenaBuffers(o, p, d);
+  ReadSampledStacks(o, p, d);
 }
 
 std::string WhereOf(const SnapSite& s) {

@@ -39,6 +39,15 @@ struct SnapBlock {
   int32_t tensor = -1;  // index into SnapDevice::tensors; -1: the file does not say
   BlockKind state = BlockKind::kFree;
   bool has_age = false;
+  uint32_t stack = 0;   // its sampled stack ("stack": SnapDevice::stacks); 0: not sampled
+};
+
+// One "sampled_stacks" group (docs/formats.md): the live samples of one (site, stack).
+struct SnapStack {
+  uint32_t stack = 0, site = 0;
+  uint64_t samples = 0, sampled_bytes = 0;
+  double estimated_bytes = 0;       // the estimate of the live bytes of (site, stack)
+  std::vector<std::string> frames;  // symbolized by the writer, innermost first
 };
 
 // A live buffer's "tensor" annotation (kept apart: most blocks have none, and a
@@ -79,6 +88,8 @@ struct SnapDevice {
   std::vector<SnapBlock> blocks;  // every block of every segment, in segment order
   std::vector<TensorInfo> tensors;
   std::vector<SnapArenaBuffer> arena_buffers;  // optional in the file
+  uint64_t stack_sample_bytes = 0;             // the sampling rate (0: off or unknown)
+  std::vector<SnapStack> stacks;               // "sampled_stacks", optional in the file
 };
 
 struct SnapSite {

@@ -153,6 +153,48 @@ def fixture_b():
     ])
 
 
+def fixture_stacks():
+    # b.json with sampled stacks (one sample per 4 MiB on average): the activation, the
+    # three leaked clones and the new contiguous buffer were sampled; the clones from
+    # two stacks (two helpers), the second of which also made the contiguous buffer, so
+    # that one stack is shared by two sites. Weights as the sampler computes them: s / (1 - e^(-s/mean)).
+    import math
+    mean = 4 * MIB
+    s = fixture_b()
+    d = s["devices"][0]
+    d["stack_sample_bytes"] = mean
+    blocks = d["segments"][0]["blocks"]
+    stack_of = {0: 1, 1: 2, 2: 2, 3: 3, 4: 3}  # block index -> stack id
+    for i, stack in stack_of.items():
+        blocks[i]["stack"] = stack
+        for lb in d["live_buffers"]:
+            if lb["addr"] == blocks[i]["addr"]:
+                lb["stack"] = stack
+    frames = {
+        1: ["devmem::CachingAllocator::allocate(unsigned long, devmem::Stream, unsigned int)",
+            "devmem::empty(...)", "model::Forward()", "train_step()", "main"],
+        2: ["devmem::CachingAllocator::allocate(unsigned long, devmem::Stream, unsigned int)",
+            "devmem::Tensor::clone(std::source_location) const", "lib::CopyFor()",
+            "train_step()", "main"],
+        3: ["devmem::CachingAllocator::allocate(unsigned long, devmem::Stream, unsigned int)",
+            "devmem::Tensor::clone(std::source_location) const", "lib::PlainCopy()",
+            "eval_step()", "main"],
+    }
+    groups = {}
+    for i, stack in stack_of.items():
+        key = (blocks[i]["site"], stack)
+        g = groups.setdefault(key, {"stack": stack, "site": blocks[i]["site"], "samples": 0,
+                                    "sampled_bytes": 0, "estimated_bytes": 0.0,
+                                    "frames": frames[stack]})
+        size = blocks[i]["requested"]
+        g["samples"] += 1
+        g["sampled_bytes"] += size
+        g["estimated_bytes"] += size / -math.expm1(-size / mean)
+    d["sampled_stacks"] = sorted(groups.values(),
+                                 key=lambda g: (-g["estimated_bytes"], g["site"], g["stack"]))
+    return s
+
+
 def fixture_oom():
     # A 64 MiB device that failed a 12 MiB request: 18 MiB free in the cache, but in
     # pieces of at most 6 MiB (fragmentation), with a pending block on another stream.
@@ -202,6 +244,7 @@ def fixtures():
     write("a.json", a)
     write("b.json", fixture_b())
     write("oom.json", fixture_oom())
+    write("stacks.json", fixture_stacks())
     # Malformed inputs: each must give exit status 2 and a message naming the file.
     newer = fixture_a()
     newer["schema"] = "devmem.snapshot/2"
