@@ -63,17 +63,19 @@ RingRegistry& Rings() {
   return *registry;
 }
 
-// The hot path's lookup: the last ring this thread recorded into, and its lane there.
-// Trivially destructible, so reading them costs no TLS guard.
-thread_local uint64_t tls_ring_uid = 0;
-thread_local TraceRing::Lane* tls_ring_lane = nullptr;
-
 uint32_t ChunkEventsFor(size_t capacity) {
   return static_cast<uint32_t>(
       std::clamp<size_t>(capacity / 4, 1, TraceRing::kChunkEvents));
 }
 
 }  // namespace
+
+namespace trace_internal {
+constinit thread_local uint64_t tls_ring_uid = 0;
+constinit thread_local TraceRing::LaneHead* tls_ring_lane = nullptr;
+}  // namespace trace_internal
+using trace_internal::tls_ring_lane;
+using trace_internal::tls_ring_uid;
 
 uint32_t TraceThreadNumber() {
   uint32_t t = tls_thread;
@@ -84,17 +86,15 @@ uint32_t TraceThreadNumber() {
   return t;
 }
 
-struct alignas(64) TraceRing::Slot {
-  std::atomic<uint64_t> words[8] = {};
-};
-
 struct alignas(64) TraceRing::Chunk {
   std::atomic<uint64_t> gen{0};     // 0: never claimed; kBusy | g: being claimed; g
   std::atomic<uint32_t> count{0};   // slots written and published in this claim
   std::atomic<uint32_t> open{0};    // 1 while its lane may write it
 };
 
-struct TraceRing::Lane {
+// The writer's hot state is the LaneHead (trace.h), first, so that Record's pointer to
+// it is the lane's.
+struct TraceRing::Lane : TraceRing::LaneHead {
   Lane(uint32_t lane_id, uint32_t history)
       : id(lane_id), history_size(history), history(new std::atomic<uint64_t>[3 * history]) {
     for (uint32_t i = 0; i < 3 * history; ++i) this->history[i].store(0, std::memory_order_relaxed);
@@ -103,12 +103,10 @@ struct TraceRing::Lane {
   const uint32_t history_size;  // C: entries in `history`
   // The writer's own state (the thread that holds the lane; handed to the next holder
   // under lanes_mu_).
+  // The head's slots, count, used and limit describe `chunk`.
   Chunk* chunk = nullptr;   // the open chunk, or null
-  Slot* slots = nullptr;    // its first slot
-  uint32_t used = 0;        // slots written in it
   uint32_t retry_in = 0;    // events to drop before trying to claim again
-  uint32_t thread = 0;      // TraceThreadNumber() of the holder
-  uint64_t written = 0;     // events written into chunks, ever
+  uint64_t written = 0;     // events written into chunks before the open one, ever
   uint64_t claims = 0;      // entries written to `history`, ever
   uint64_t dropped_local = 0;
   // Shared with readers.
@@ -172,8 +170,8 @@ TraceRing::~TraceRing() {
 
 size_t TraceRing::capacity() const { return capacity_; }
 
-TraceRing::Lane* TraceRing::ThisThreadLane() {
-  if (tls_ring_uid == uid_) [[likely]] return tls_ring_lane;
+TraceRing::LaneHead* TraceRing::ThisThreadLane() {
+  if (tls_ring_uid == uid_) return tls_ring_lane;
   LaneCache& cache = tls_lane_cache;
   Lane* lane = nullptr;
   for (const auto& [uid, l] : cache.lanes) {
@@ -198,7 +196,7 @@ TraceRing::Lane* TraceRing::AcquireLane() {
     lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(lanes_.size()), num_chunks_));
     lane = lanes_.back().get();
   }
-  lane->thread = TraceThreadNumber();
+  lane->thread_bits = uint64_t{TraceThreadNumber()} << 32;
   lane->retry_in = 0;
   return lane;
 }
@@ -215,6 +213,9 @@ bool TraceRing::Claim(Lane* lane) {
     lane->chunk->open.store(0, std::memory_order_release);
     lane->chunk = nullptr;
   }
+  lane->written += lane->used;
+  lane->used = 0;
+  lane->limit = 0;
   const uint64_t g = claims_.fetch_add(1, std::memory_order_relaxed) + 1;
   for (uint32_t t = 0; t < num_chunks_; ++t) {
     const uint32_t p = static_cast<uint32_t>((g + t) % num_chunks_);
@@ -240,7 +241,8 @@ bool TraceRing::Claim(Lane* lane) {
     lane->nclaims.store(k + 1, std::memory_order_release);
     lane->chunk = &c;
     lane->slots = &slots_[size_t{p} * chunk_events_];
-    lane->used = 0;
+    lane->count = &c.count;
+    lane->limit = chunk_events_;
     return true;
   }
   return false;  // every chunk is open in another lane (more writing threads than chunks)
@@ -248,42 +250,18 @@ bool TraceRing::Claim(Lane* lane) {
 
 void TraceRing::on_event(const AllocEvent& event) { Record(event); }
 
-void TraceRing::Record(const AllocEvent& event) {
-  // The lane first, then the tick: a lane passes to a new thread when its thread exits,
-  // and a tick read before taking over the lane could be older than the last tick the
-  // exited thread wrote there (the merge needs each lane's ticks in order).
-  Lane* lane = ThisThreadLane();
-  const int64_t tick = clock_.Now();
-  if (lane->chunk == nullptr || lane->used == chunk_events_) [[unlikely]] {
-    // Cold: once per K events. After a failed claim, drop K events before trying again,
-    // so that a starved thread does not pay a shared increment per event.
-    const bool claimed = lane->retry_in == 0 && Claim(lane);
-    if (!claimed) {
-      lane->retry_in = lane->retry_in == 0 ? chunk_events_ : lane->retry_in - 1;
-      lane->dropped.store(++lane->dropped_local, std::memory_order_relaxed);
-      return;
-    }
+void TraceRing::RecordSlow(LaneHead* head, const AllocEvent& event, int64_t tick) {
+  Lane* lane = static_cast<Lane*>(head);
+  // Once per K events. After a failed claim, drop K events before trying again, so
+  // that a starved thread does not pay a shared increment per event.
+  const bool claimed = lane->retry_in == 0 && Claim(lane);
+  if (!claimed) {
+    lane->retry_in = lane->retry_in == 0 ? chunk_events_ : lane->retry_in - 1;
+    lane->dropped.store(++lane->dropped_local, std::memory_order_relaxed);
+    return;
   }
-  Slot& slot = lane->slots[lane->used];
-  const uint64_t packed = static_cast<uint64_t>(event.action) |
-                          static_cast<uint64_t>(event.device.type) << 8 |
-                          (static_cast<uint64_t>(event.device.index) & 0xffff) << 16 |
-                          static_cast<uint64_t>(lane->thread) << 32;
-  slot.words[0].store(static_cast<uint64_t>(tick), std::memory_order_relaxed);
-  slot.words[1].store(packed, std::memory_order_relaxed);
-  slot.words[2].store(event.stream.handle, std::memory_order_relaxed);
-  slot.words[3].store(event.addr, std::memory_order_relaxed);
-  slot.words[4].store(event.size, std::memory_order_relaxed);
-  slot.words[5].store(event.requested, std::memory_order_relaxed);
-  slot.words[6].store(event.site, std::memory_order_relaxed);
-  ++lane->written;
-  lane->chunk->count.store(++lane->used, std::memory_order_release);
-  // Each event writes a fresh cache line, and a trace larger than the caches makes a
-  // later event wait for its line's read-for-ownership: ask for it now, while the
-  // caller goes on with its work.
-  if (lane->used + 2 <= chunk_events_) {
-    __builtin_prefetch(&lane->slots[lane->used + 1], /*rw=*/1, /*locality=*/3);
-  }
+  WriteSlot(lane->slots[0], event, tick, lane->thread_bits);
+  lane->count->store(++lane->used, std::memory_order_release);
 }
 
 void TraceRing::Collect() const {

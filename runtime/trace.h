@@ -13,8 +13,14 @@
 // nothing another thread writes: each thread writes into a chunk of slots it owns (a
 // "lane"), claimed from the shared pool of chunks with one atomic increment per
 // kChunkEvents events, not per event; an event is seven relaxed stores and one release
-// store of the chunk's count. The time is the raw TraceClock tick
-// (runtime/trace_clock.h), converted to nanoseconds when read.
+// store of the chunk's count, inline in the caller (Record), with no call on the path.
+// The time is the raw TraceClock tick (runtime/trace_clock.h: the TSC where the kernel
+// keeps time with it), converted to nanoseconds when read: within tens of ns of
+// CLOCK_MONOTONIC, order exact. (A tick published by a background thread every
+// millisecond would save the TSC read, ~9 ns on the AMD EPYC development VM, a quarter
+// of a cache-hit pair, but allocs and frees of one block on two threads within that
+// millisecond would then tie, and a merge by lane could put the alloc before the free:
+// memtrace timeline refuses that as a double alloc.)
 //
 // Numbers and order: events get their sequence numbers when read (since, next_seq):
 // the reader takes what every lane published since the last read, merges the lanes by
@@ -90,16 +96,34 @@ class TraceRing : public AllocatorObserver {
   size_t capacity() const;
 
   // on_event without the virtual dispatch, for observers that forward to a ring.
-  void Record(const AllocEvent& event);
+  // Inline (below): the runtime's observer records every event through it.
+  [[gnu::always_inline]] inline void Record(const AllocEvent& event);
 
   struct Lane;   // one writer's chunk and its claims (trace.cc)
   struct Chunk;  // a chunk's header: which claim holds it, how many slots are written
-  struct Slot;   // one event (64 bytes)
+  // One event: [0] tick, [1] action | device type << 8 | device index << 16 (16 bits)
+  // | thread << 32, [2] stream, [3] addr, [4] size, [5] requested, [6] site; [7] unused.
+  struct alignas(64) Slot {
+    std::atomic<uint64_t> words[8] = {};
+  };
+  // What Record touches of its lane, first in every Lane (trace.cc); only the thread
+  // that holds the lane reads or writes it.
+  struct LaneHead {
+    Slot* slots = nullptr;                  // the open chunk's first slot
+    std::atomic<uint32_t>* count = nullptr;  // the open chunk's published count
+    uint32_t used = 0;                      // slots written in the open chunk
+    uint32_t limit = 0;                     // its slots (K); 0 while the lane has none
+    uint64_t thread_bits = 0;               // the holder's thread number << 32
+  };
 
  private:
   friend struct LaneCache;
   // The calling thread's lane, taken on its first event (cold: a mutex).
-  Lane* ThisThreadLane();
+  [[gnu::noinline]] LaneHead* ThisThreadLane();
+  // Record's cold half: the lane's chunk is full (or it has none): claims the next,
+  // then records the event, or drops it when no chunk is free.
+  [[gnu::noinline]] void RecordSlow(LaneHead* head, const AllocEvent& event, int64_t tick);
+  static void WriteSlot(Slot& slot, const AllocEvent& event, int64_t tick, uint64_t thread_bits);
   Lane* AcquireLane();
   void ReleaseLane(Lane* lane);  // at thread exit: closes its chunk, frees the lane
   // Gives `lane` a fresh chunk (closing its full one); false when every chunk is held
@@ -130,5 +154,43 @@ class TraceRing : public AllocatorObserver {
   mutable std::vector<Numbered> numbered_ ABSL_GUARDED_BY(read_mu_);
   mutable std::vector<Cursor> cursors_ ABSL_GUARDED_BY(read_mu_);
 };
+
+// The hot path's lookup (trace.cc): the last ring this thread recorded into (its uid)
+// and its lane there. constinit and trivially destructible: reading them is one
+// thread-pointer-relative load each, no TLS wrapper call.
+namespace trace_internal {
+extern constinit thread_local uint64_t tls_ring_uid;
+extern constinit thread_local TraceRing::LaneHead* tls_ring_lane;
+}  // namespace trace_internal
+
+inline void TraceRing::WriteSlot(Slot& slot, const AllocEvent& event, int64_t tick,
+                                 uint64_t thread_bits) {
+  const uint64_t packed = static_cast<uint64_t>(event.action) |
+                          static_cast<uint64_t>(event.device.type) << 8 |
+                          (static_cast<uint64_t>(event.device.index) & 0xffff) << 16 |
+                          thread_bits;
+  slot.words[0].store(static_cast<uint64_t>(tick), std::memory_order_relaxed);
+  slot.words[1].store(packed, std::memory_order_relaxed);
+  slot.words[2].store(event.stream.handle, std::memory_order_relaxed);
+  slot.words[3].store(event.addr, std::memory_order_relaxed);
+  slot.words[4].store(event.size, std::memory_order_relaxed);
+  slot.words[5].store(event.requested, std::memory_order_relaxed);
+  slot.words[6].store(event.site, std::memory_order_relaxed);
+}
+
+inline void TraceRing::Record(const AllocEvent& event) {
+  // The lane first, then the tick: a lane passes to a new thread when its thread exits,
+  // and a tick read before taking over the lane could be older than the last tick the
+  // exited thread wrote there (the merge needs each lane's ticks in order).
+  LaneHead* lane = trace_internal::tls_ring_uid == uid_ ? trace_internal::tls_ring_lane
+                                                        : ThisThreadLane();
+  const int64_t tick = clock_.Now();
+  if (lane->used == lane->limit) [[unlikely]] {
+    RecordSlow(lane, event, tick);
+    return;
+  }
+  WriteSlot(lane->slots[lane->used], event, tick, lane->thread_bits);
+  lane->count->store(++lane->used, std::memory_order_release);
+}
 
 }  // namespace devmem

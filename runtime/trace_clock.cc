@@ -47,8 +47,6 @@ TraceClock::TraceClock() : use_tsc_(KernelUsesTsc()) {
   }
 }
 
-int64_t TraceClock::Now() const { return use_tsc_ ? ReadTsc() : NowNs(); }
-
 TraceClock::Mapping TraceClock::Map() const {
   Mapping m;
   if (!use_tsc_) return m;

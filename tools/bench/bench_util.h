@@ -1,10 +1,12 @@
 // tools/bench/bench_util.h: what every devmem-bench measurement shares: the size
-// streams, the pair loop, medians, the sim configuration and the 256 call sites.
+// streams, the pair loop, medians, the sim configuration, the 256 call sites, and the
+// alternating fastest-pass comparison of two observers.
 //
 // Thread-safety: every function may be called from any thread; TimePairs runs its
 // callbacks on the calling thread only.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -12,7 +14,9 @@
 #include <source_location>
 #include <vector>
 
+#include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "allocator/observer.h"
 
 namespace devmem::devbench {
 
@@ -90,6 +94,29 @@ double CpuTimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn)
   const int64_t start = ThreadCpuNs();
   RunPairs(sizes, alloc, free_fn);
   return static_cast<double>(ThreadCpuNs() - start) / static_cast<double>(sizes.size());
+}
+
+// Two variants of one pair loop that differ by the allocator's observer (`a`, `b`; either
+// may be null): `repetitions` CpuTimePairs passes of each, alternating (a, b, a, b,
+// ...) so that drift in machine load hits both alike, and the fastest pass of each
+// (see CpuTimePairs). Leaves `b` set on the allocator.
+struct AlternatingFigures {
+  double a_ns = 0;
+  double b_ns = 0;
+};
+template <typename Alloc, typename Free>
+AlternatingFigures FastestAlternating(CachingAllocator& allocator, AllocatorObserver* a,
+                                      AllocatorObserver* b, const std::vector<size_t>& sizes,
+                                      Alloc alloc, Free free_fn, int repetitions) {
+  std::vector<double> with_a, with_b;
+  for (int r = 0; r < repetitions; ++r) {
+    allocator.set_observer(a);
+    with_a.push_back(CpuTimePairs(sizes, alloc, free_fn));
+    allocator.set_observer(b);
+    with_b.push_back(CpuTimePairs(sizes, alloc, free_fn));
+  }
+  return {*std::min_element(with_a.begin(), with_a.end()),
+          *std::min_element(with_b.begin(), with_b.end())};
 }
 
 }  // namespace devmem::devbench

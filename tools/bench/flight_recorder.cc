@@ -8,7 +8,7 @@
 // is of the recorder alone. One allocator for both, as MeasureShippedTracing (tracing.cc) does, so that
 // both see the same memory layout. The file is made in $TMPDIR (else /tmp) and
 // removed at once (the mapping keeps it). Each pass is timed in this thread's CPU time
-// and the figure of each side is its fastest pass: on a shared machine (the 2-core
+// and the figure of each side is its fastest pass (bench_util's FastestAlternating): on a shared machine (the 2-core
 // development VM runs builds beside the bench) wall-clock medians of passes of a few
 // milliseconds measured preemption, not the recorder (ratios from 0.2 to 8 between
 // runs); the fastest CPU-time pass of each side is what the code costs when it runs.
@@ -16,7 +16,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <ctime>
 #include <cstdio>
 #include <cstdlib>
@@ -54,17 +53,12 @@ absl::StatusOr<FlightFigures> MeasureFlightRecorder(const std::vector<size_t>& s
   alloc.set_observer(device);
   pass();
   const int64_t before = alloc.stats().num_device_alloc;
-  std::vector<double> plain, recorded;
-  for (int r = 0; r < repetitions; ++r) {
-    alloc.set_observer(nullptr);
-    plain.push_back(pass());
-    alloc.set_observer(device);
-    recorded.push_back(pass());
-  }
+  const AlternatingFigures timed =
+      FastestAlternating(alloc, nullptr, device, sizes, with_site, free_fn, repetitions);
   alloc.set_observer(nullptr);
   FlightFigures f;
-  f.plain_ns = *std::min_element(plain.begin(), plain.end());
-  f.recorded_ns = *std::min_element(recorded.begin(), recorded.end());
+  f.plain_ns = timed.a_ns;
+  f.recorded_ns = timed.b_ns;
   f.timed_segment_allocs = alloc.stats().num_device_alloc - before;
   return f;
 }

@@ -1,8 +1,6 @@
 // tools/bench/tracing.cc: see tracing.h.
 #include "tools/bench/tracing.h"
 
-#include <algorithm>
-
 #include "allocator/config.h"
 #include "allocator/site.h"
 #include "runtime/device_observer.h"
@@ -30,16 +28,11 @@ TracingFigures MeasureShippedTracing(CachingAllocator& alloc, const std::vector<
   alloc.set_observer(traced);
   TimePairs(sizes, allocate, free_fn);
   const int64_t before = alloc.stats().num_device_alloc;
-  std::vector<double> plain, with_trace;
-  for (int r = 0; r < kRepetitions; ++r) {
-    alloc.set_observer(untraced);
-    plain.push_back(CpuTimePairs(sizes, allocate, free_fn));
-    alloc.set_observer(traced);
-    with_trace.push_back(CpuTimePairs(sizes, allocate, free_fn));
-  }
+  const AlternatingFigures timed =
+      FastestAlternating(alloc, untraced, traced, sizes, allocate, free_fn, kRepetitions);
   TracingFigures f;
-  f.plain_ns = *std::min_element(plain.begin(), plain.end());
-  f.traced_ns = *std::min_element(with_trace.begin(), with_trace.end());
+  f.plain_ns = timed.a_ns;
+  f.traced_ns = timed.b_ns;
   f.trace_entries = ring->capacity();
   f.timed_segment_allocs = alloc.stats().num_device_alloc - before;
   return f;

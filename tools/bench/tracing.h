@@ -7,8 +7,9 @@
 // between that observer without the trace and with the runtime's trace. Both intern a
 // site per allocation from the 256 call sites in rotation, so the ratio is of the
 // trace alone. Each pass is timed in this thread's CPU time and each side's figure is
-// its fastest of kRepetitions passes (after a warm-up), as flight_recorder.cc does and
-// for its reason: on a shared machine wall-clock medians measure preemption.
+// its fastest of kRepetitions passes (after a warm-up; bench_util's FastestAlternating,
+// shared with flight_recorder.cc) for that file's reason: on a shared machine
+// wall-clock medians measure preemption.
 //
 // Afterwards the allocator keeps the traced observer (the runtime's composition with
 // the runtime's trace: what it had); both observers live until exit, as the runtime's
