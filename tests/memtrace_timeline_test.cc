@@ -42,6 +42,38 @@ TEST(TimelineTest, TimeGoingBackwardsStaysWithinMaxPoints) {
   for (size_t i = 1; i < t->x.size(); ++i) EXPECT_LT(t->x[i - 1], t->x[i]);
 }
 
+std::string WithSeq(uint64_t seq, std::string event) {
+  return "{\"seq\":" + std::to_string(seq) + "," + event.substr(1);
+}
+
+// A live ring trace leaves out the numbers of the events it lost: a free lost in such a
+// gap is implied at the address's next alloc (the live trace of a two-thread process
+// read as "already live" and drew nothing); without a gap a double alloc stays an error.
+TEST(TimelineTest, AFreeLostInASeqGapIsImpliedAtTheNextAlloc) {
+  const std::string seg = WithSeq(1, Segment(1));
+  // seq 4 (the free of 7 at time 3) was lost: 5 re-allocates 7.
+  absl::StatusOr<Timeline> t = BuildTimeline(
+      seg + WithSeq(2, Alloc(7, 512, 1, 2)) + WithSeq(3, Alloc(8, 256, 2, 2)) +
+          WithSeq(5, Alloc(7, 1024, 1, 4)) + WithSeq(6, Free(7, 5)) + WithSeq(7, Free(8, 6)),
+      "live", {});
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->implied_frees, 1u);
+  EXPECT_EQ(t->unmatched_frees, 0u);
+  EXPECT_EQ(t->peak_allocated, 1024u + 256) << "not 512 + 256 + 1024: the old buffer ended";
+  EXPECT_EQ(t->allocated.back(), 0u);
+  // The same without the gap: the double alloc is refused, naming the line.
+  t = BuildTimeline(seg + WithSeq(2, Alloc(7, 512, 1, 2)) + WithSeq(3, Alloc(7, 1024, 1, 4)),
+                    "live", {});
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("live:3: alloc of addr 7, which is already live"),
+            std::string::npos)
+      << t.status();
+  // A gap before the first alloc of the address implies nothing.
+  t = BuildTimeline(seg + WithSeq(5, Alloc(7, 512, 1, 2)) + WithSeq(6, Alloc(7, 512, 1, 3)),
+                    "live", {});
+  ASSERT_FALSE(t.ok());
+}
+
 TEST(TimelineTest, DoubleAllocIsAnErrorAndUnmatchedFreesAreCounted) {
   absl::StatusOr<Timeline> t =
       BuildTimeline(Alloc(7, 512, 1, 1) + Alloc(7, 512, 1, 2), "t.jsonl", {});

@@ -111,6 +111,12 @@ int RunTimeline(const TimelineArgs& a) {
     return kExitBadInput;
   }
   WarnUnmatchedFrees("timeline", a.source, t->unmatched_frees);
+  if (t->implied_frees > 0) {
+    std::fprintf(stderr,
+                 "memtrace timeline: %s: %llu frees were lost where the trace's seq jumps "
+                 "(events the ring dropped); each is drawn at its address's next alloc\n",
+                 a.source.c_str(), static_cast<unsigned long long>(t->implied_frees));
+  }
   const std::string out = html ? TimelineHtml(*t, a.source) : TimelineSvg(*t, a.source);
   if (to_stdout) {
     std::fwrite(out.data(), 1, out.size(), stdout);
@@ -133,12 +139,13 @@ int RunTimeline(const TimelineArgs& a) {
     std::fprintf(report, "{\"output\": \"%s\", \"events\": %llu, \"points\": %zu, "
                 "\"peak_allocated_bytes\": %llu, \"peak_reserved_bytes\": %llu, "
                 "\"reserved_from_replay\": %s, \"ooms\": %zu, \"sites\": %zu, "
-                "\"unmatched_frees\": %llu, \"time_backwards\": %llu}\n",
+                "\"unmatched_frees\": %llu, \"implied_frees\": %llu, \"time_backwards\": %llu}\n",
                 a.output.c_str(), static_cast<unsigned long long>(t->events), t->x.size(),
                 static_cast<unsigned long long>(t->peak_allocated),
                 static_cast<unsigned long long>(t->peak_reserved),
                 t->reserved_from_replay ? "true" : "false", t->ooms.size(),
                 t->site_names.size(), static_cast<unsigned long long>(t->unmatched_frees),
+                static_cast<unsigned long long>(t->implied_frees),
                 static_cast<unsigned long long>(t->time_backwards));
   } else {
     std::fprintf(report, "%s: %llu events, %zu points, peak allocated %s, peak reserved %s%s, "

@@ -66,8 +66,14 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   // The trace rule shared with replay (tools/replay/trace_replay.h): an alloc of a live
   // address is an error naming the line; a free of an address that is not live is
   // counted and skipped (a trace cut from a ring may start with frees).
-  absl::flat_hash_set<uint64_t> live_addrs;
-  uint64_t unmatched_frees = 0, time_backwards = 0;
+  // One exception: a ring trace read from a live process numbers the events it lost
+  // (overwritten before a reader took them) and leaves their numbers out, so "seq"
+  // jumps. A free lost in such a gap makes the address's next alloc look like a double
+  // alloc; when a gap lies between the live alloc and this one, the lost free is implied
+  // at this alloc (counted in `implied_frees`) instead of refusing the whole trace.
+  absl::flat_hash_map<uint64_t, uint64_t> live_addrs;  // addr -> its alloc's gap count
+  uint64_t unmatched_frees = 0, time_backwards = 0, implied_frees = 0;
+  uint64_t prev_seq = 0, gaps = 0;
   int64_t last_time = INT64_MIN;
   TraceLines lines(text);
   std::string_view line;
@@ -84,7 +90,7 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     std::string_view schema, action;
     simdjson::dom::array sites;
     bool has_sites = false, has_addr = false, has_size = false;
-    uint64_t site = 0;
+    uint64_t site = 0, seq = 0;
     int64_t time = 0;
     TimelineEvent e{};
     for (const auto [key, value] : obj) {
@@ -108,6 +114,8 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
         has_size = true;
       } else if (key == "site") {
         err = value.get_uint64().get(site);
+      } else if (key == "seq") {
+        err = value.get_uint64().get(seq);
       } else if (key == "time_ns") {
         err = value.get_int64().get(time);
         expected = "an integer";
@@ -157,9 +165,29 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
     if (e.size > (uint64_t{1} << 50)) {
       return LineError(name, line_no, "size is absurd (more than 2^50 bytes)");
     }
-    if (e.kind == Kind::kAlloc && !live_addrs.insert(e.addr).second) {
-      return LineError(name, line_no,
-                       absl::StrFormat("alloc of addr %d, which is already live", e.addr));
+    if (seq != 0) {
+      if (prev_seq != 0 && seq != prev_seq + 1) ++gaps;
+      prev_seq = seq;
+    }
+    if (e.kind == Kind::kAlloc) {
+      auto [live, inserted] = live_addrs.try_emplace(e.addr, gaps);
+      if (!inserted) {
+        if (live->second == gaps) {
+          return LineError(name, line_no,
+                           absl::StrFormat("alloc of addr %d, which is already live", e.addr));
+        }
+        // The free was lost in a gap: implied here, just before this alloc (below, the
+        // free's time is this event's, clamped as any other).
+        TimelineEvent lost = e;
+        lost.kind = Kind::kFree;
+        lost.time = std::max(time, last_time);
+        auto [dit, dinserted] = dense.try_emplace(site, static_cast<uint32_t>(dense_ids.size()));
+        if (dinserted) dense_ids.push_back(site);
+        lost.site = dit->second;
+        events.push_back(lost);
+        ++implied_frees;
+        live->second = gaps;
+      }
     }
     if (e.kind == Kind::kFree && live_addrs.erase(e.addr) == 0) {
       ++unmatched_frees;
@@ -186,6 +214,7 @@ absl::StatusOr<Timeline> BuildPadded(const simdjson::padded_string& buffer,
   Timeline tl;
   tl.events = events.size();
   tl.unmatched_frees = unmatched_frees;
+  tl.implied_frees = implied_frees;
   tl.time_backwards = time_backwards;
   tl.x_is_time = has_time;
   const int64_t x0 = events.empty() ? 0 : (has_time ? events.front().time : 0);

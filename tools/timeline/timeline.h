@@ -11,7 +11,9 @@
 // Allocated bytes follow alloc/free, under the rule replay uses (tools/replay/trace_replay.h):
 // an alloc of an address that is already live is an error naming the line; a free of
 // an address that is not live is counted (`unmatched_frees`) and skipped, since a trace
-// cut from a ring may start with frees. An event whose time_ns is earlier than the one
+// cut from a ring may start with frees. Where "seq" jumps (a live ring's lost events),
+// an alloc of an address allocated before the jump implies its lost free
+// (`implied_frees`) instead of being an error. An event whose time_ns is earlier than the one
 // before is drawn at the earlier event's time (counted in `time_backwards`). Reserved bytes follow segment_alloc/segment_map (+size) and
 // segment_free/segment_unmap (-size) when the trace has such events; when it has none
 // (imported or synthetic traces) the trace is replayed through a fresh allocator with
@@ -84,6 +86,7 @@ struct Timeline {
   std::vector<int64_t> ooms;                  // x of each OOM event
   uint64_t events = 0;
   uint64_t unmatched_frees = 0;               // frees of addresses not live (skipped)
+  uint64_t implied_frees = 0;                 // frees lost in a seq gap (see above)
   uint64_t time_backwards = 0;                // events earlier than the one before
   uint64_t peak_allocated = 0;
   uint64_t peak_reserved = 0;
