@@ -9,9 +9,10 @@
 #       HERE, on a development machine (scripts/setup.sh done, CUDA toolkit in
 #       /usr/local/cuda). Configures BUILD_DIR (default build-cuda/, configured as
 #       scripts/build.sh does: Ninja, RelWithDebInfo) if it is not yet, builds
-#       devmem_tests and devmem-demo, and writes a self-contained bundle to build-gpu/
-#       (ignored by .gitignore's /build-*/): bin/ (the two executables, debug info
-#       stripped), lib/ (every shared library they load except glibc's, found with
+#       devmem_tests, devmem-demo and devmem_ipc_peer_check, and writes a self-contained
+#       bundle to build-gpu/ (ignored by .gitignore's /build-*/): bin/ (the three
+#       executables, debug info stripped), lib/ (libdevmem.so, its SONAME in
+#       libdevmem.soname, and every shared library they load except glibc's, found with
 #       ldd: abseil, jemalloc, prometheus-cpp, civetweb, simdjson, curl, libstdc++...),
 #       glibc/ (glibc and its loader, used only if the GPU machine's glibc is too old
 #       for the binaries) and MANIFEST.txt. libcuda is never bundled: the binaries do
@@ -65,6 +66,17 @@
 #                                   and replays a graph with devmem as the allocator
 #                                   (its private pool: output equal to eager, eager
 #                                   tensors untouched by replays, the pool given back)
+#         peer.log                  tests/gpu/ipc_peer_check.c's `peer`: device 1 copies
+#                                   (cudaMemcpyPeer) into and out of expandable blocks of
+#                                   device 0 allocated before and after
+#                                   devmem_enable_peer_access (SKIP, with the reason,
+#                                   below two devices or without peer access)
+#         ipc.log                   its `ipc`: one process exports an expandable block of
+#                                   three granules (devmem_ipc_export, the descriptors
+#                                   by SCM_RIGHTS), another imports it; each reads the
+#                                   other's bytes (SKIP where the driver has no POSIX
+#                                   file-descriptor handles). ctest
+#                                   fake_cuda.ipc_peer_check.* runs both on the fake
 #         replay-bench.log / .json  tests/gpu/replay_bench.py: tests/data/traces/
 #                                   training_loop.jsonl and real/resnet18_train.jsonl.gz
 #                                   replayed through devmem's C ABI, PyTorch's
@@ -98,7 +110,8 @@ prepare() {
   if [[ ! -f "$dir/CMakeCache.txt" ]]; then
     cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
   fi
-  cmake --build "$dir" -j "${DEVMEM_JOBS:-$(nproc)}" --target devmem_tests devmem-demo devmem_capi
+  cmake --build "$dir" -j "${DEVMEM_JOBS:-$(nproc)}" --target devmem_tests devmem-demo devmem_capi \
+    devmem_ipc_peer_check
   [[ -f "$dir/lib/libdevmem_cuda_kernels.a" ]] ||
     echo "gpu-check: warning: $dir has no CUDA tensor kernels (no nvcc?): the tensor and demo steps will fail" >&2
   [[ -f "$dir/lib/libdevmem_cuda.a" ]] ||
@@ -107,17 +120,24 @@ prepare() {
   rm -rf "$bundle"
   mkdir -p "$bundle/bin" "$bundle/lib" "$bundle/glibc"
   local exe lib name
-  for exe in devmem_tests devmem-demo; do
+  for exe in devmem_tests devmem-demo devmem_ipc_peer_check; do
     strip --strip-debug -o "$bundle/bin/$exe" "$dir/bin/$exe"
   done
   strip --strip-debug -o "$bundle/lib/libdevmem.so" "$dir/lib/libdevmem.so"
+  # devmem_ipc_peer_check needs it by its SONAME (libdevmem.so.MAJOR.MINOR): not a
+  # second copy in the carry, nor a link (which may not travel), but the name, to be
+  # linked there before the step runs.
+  objdump -p "$dir/lib/libdevmem.so" | awk '$1 == "SONAME" {print $2}' >"$bundle/lib/libdevmem.soname"
+  [[ -s "$bundle/lib/libdevmem.soname" ]] || die "libdevmem.so in $dir has no SONAME"
   # Every library the loader resolves for them; glibc's own apart (a newer libc than
   # the machine's must not be forced on it, nor on the driver the runtime loads).
-  for lib in $(ldd "$dir/bin/devmem_tests" "$dir/bin/devmem-demo" "$dir/lib/libdevmem.so" |
+  for lib in $(ldd "$dir/bin/devmem_tests" "$dir/bin/devmem-demo" "$dir/lib/libdevmem.so" \
+      "$dir/bin/devmem_ipc_peer_check" |
       awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\/.*ld-linux/ {print $1}' | sort -u); do
     name=$(basename "$lib")
     case "$name" in
       libcuda.so* | libnvidia*) die "$name is linked, but the driver must come from the GPU machine" ;;
+      libdevmem.so*) ;;  # bundled above, stripped
       ld-linux* | libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | \
       libresolv.so.* | libutil.so.* | libmvec.so.*)
         cp -L "$lib" "$bundle/glibc/$name" ;;
@@ -345,6 +365,34 @@ run_framework cupy.log cupy_allocator.py
 run_framework torch-package.log torch_package.py
 run_framework torch-step.log torch_training_step.py
 run_framework torch-graphs.log torch_graphs.py
+
+# 5a. Peer access and IPC of expandable segments through the C ABI
+#     (tests/gpu/ipc_peer_check.c; the program says SKIP and why where the machine
+#     cannot: one GPU, no peer access, no POSIX file-descriptor handles).
+run_ipc_peer() {
+  local mode=$1
+  local rc=0
+  if [[ $no_device -eq 1 ]]; then
+    note "ipc_peer_check $mode: not run (no usable GPU: the conformance cases skipped)"
+    return
+  fi
+  if [[ ! -x "$bundle/bin/devmem_ipc_peer_check" || ! -s "$bundle/lib/libdevmem.soname" ]]; then
+    failed=1
+    note "ipc_peer_check $mode: FAILED: not in the bundle (made before it was added? run --prepare again)"
+    return
+  fi
+  ln -sf libdevmem.so "$bundle/lib/$(cat "$bundle/lib/libdevmem.soname")"
+  timeout 60 "${runner[@]}" "$bundle/bin/devmem_ipc_peer_check" "$mode" >"$out/$mode.log" 2>&1
+  rc=$?
+  if [[ $rc -eq 0 ]] && grep -qE '^(ok|SKIP): ' "$out/$mode.log"; then
+    note "ipc_peer_check $mode: $(grep -m1 -E '^(ok|SKIP): ' "$out/$mode.log")"
+  else
+    failed=1
+    note "ipc_peer_check $mode: FAILED (exit status $rc$([[ $rc -eq 124 ]] && echo ', timed out after 60 s')): $(grep -m1 '^FAIL' "$out/$mode.log" || tail -1 "$out/$mode.log")"
+  fi
+}
+run_ipc_peer peer
+run_ipc_peer ipc
 
 # 6. The side-by-side replay benchmark: one synthetic and one real training trace,
 #    four allocators, one table (replay-bench.log) and one JSON.
