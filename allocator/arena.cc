@@ -106,6 +106,14 @@ ArenaFrame* Arenas::open(std::string_view name, const ArenaOptions& options) {
         "[64 KiB, 1 GiB]",
         name, device_.ToString(), options.chunk_size));
   }
+  const double waste_fraction =
+      options.max_waste_fraction.value_or(pool_->config().arena_max_waste);
+  if (!(waste_fraction >= 0 && waste_fraction <= 1e6)) {  // NaN fails too
+    throw InvalidArgumentError(absl::StrFormat(
+        "devmem: ArenaScope '%s' on %s: max_waste_fraction %g must be a number in "
+        "[0, 1e6] (0 = no waste bound)",
+        name, device_.ToString(), waste_fraction));
+  }
   static thread_local ArenaThreadExit exit_closer;
   (void)&exit_closer;
   pop_abandoned();
@@ -126,6 +134,7 @@ ArenaFrame* Arenas::open(std::string_view name, const ArenaOptions& options) {
   frame->chunk_size = options.chunk_size;
   frame->max_request = options.chunk_size / 4;
   frame->next_chunk = kMinArenaChunkSize;
+  frame->waste_fraction = waste_fraction;
   frame->name_text = clean;
   frame->label = absl::StrCat("arena '", clean, "' on ", device_.ToString());
   frame->below = t_arena_top;
@@ -228,6 +237,8 @@ ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
     n.totals.escapes += s.escaped_buffers;
     n.totals.pool_chunk_allocs += s.pool_chunk_allocs;
     n.totals.chunk_reuses += s.chunks - s.pool_chunk_allocs;
+    n.totals.spills += s.spills;
+    n.totals.spill_bytes += s.spill_bytes;
     chunks_returned_ += static_cast<int64_t>(give_back.size());
   }
   emit(AllocAction::kArenaClose, *frame, static_cast<size_t>(s.bytes),
@@ -259,10 +270,48 @@ void* Arenas::allocate_slow(size_t bytes, Stream stream, SiteId site) {
   ArenaChunk* c = f->current;
   size_t at = c != nullptr ? c->used.load(std::memory_order_relaxed) : 0;
   if (c == nullptr || at + size > c->size) {
+    if (f->waste_fraction > 0 && over_waste_bound(f, size)) {
+      ++f->summary.spills;
+      f->summary.spill_bytes += static_cast<int64_t>(size);
+      return nullptr;  // the pool's path (arena.h, "Waste")
+    }
     c = next_chunk(f, size);
     at = 0;
   }
   return bump(f, c, at, size, site);
+}
+
+bool Arenas::over_waste_bound(const ArenaFrame* f, size_t size) const {
+  // An empty chunk of the scope's own is reused by next_chunk at no cost in footprint
+  // (the same condition as its step 1).
+  for (const ArenaChunk* c : f->chunks) {
+    if (c->size >= size && c->live_total() == LivePack(1, 0) &&
+        !c->stream_used.load(std::memory_order_relaxed)) {
+      return false;
+    }
+  }
+  // Arena-wide: the scopes of one allocator (a step's, an inner layer's) pin chunks
+  // in the same pool. Retained chunks are empty and serve the next chunk request, so
+  // they are not waste. Other threads' frees race with this read; the figure is a
+  // heuristic and only decides between two valid paths.
+  int64_t held = 0;
+  int64_t live = 0;
+  {
+    ReaderLock lock(&table_mu_);
+    for (const ArenaChunk* c : table_) {
+      if (c->state.load(std::memory_order_relaxed) == ChunkState::kRetained) continue;
+      held += static_cast<int64_t>(c->size);
+      live += LiveBytes(c->live_total());
+    }
+  }
+  if (f->current != nullptr) {  // its unbumped tail is free space, not waste
+    held -= static_cast<int64_t>(f->current->size -
+                                 f->current->used.load(std::memory_order_relaxed));
+  }
+  const int64_t waste = held - live;
+  const auto limit = std::max(static_cast<int64_t>(f->chunk_size),
+                              static_cast<int64_t>(f->waste_fraction * static_cast<double>(live)));
+  return waste > limit;
 }
 
 ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {

@@ -102,6 +102,9 @@ struct ArenaFrame {
   size_t chunk_size = 0;   // the largest chunk it takes (ArenaOptions::chunk_size)
   size_t max_request = 0;
   size_t next_chunk = 0;   // the least size of its next chunk: doubles up to chunk_size
+  // The waste bound (arena.h, "Waste"; 0 = off): ArenaOptions::max_waste_fraction or
+  // the allocator's arena_max_waste.
+  double waste_fraction = 0;
   ArenaFrame* below = nullptr;        // the next outer scope of this thread
   std::atomic<bool> abandoned{false};  // its ArenaScope died without closing it
   ArenaChunk* current = nullptr;
@@ -216,6 +219,11 @@ class Arenas final : public ArenaPoolHook {
   // A chunk for `frame` with at least `bytes` free: one of its own that emptied,
   // a retained one, or a new pool block.
   ArenaChunk* next_chunk(ArenaFrame* frame, size_t bytes);
+  // True when a request of `size` that does not fit f's current chunk should take the
+  // pool's path: no chunk of f is empty and the arenas' waste exceeds f's bound
+  // (arena.h, "Waste"). The owning thread, on the slow path only; takes table_mu_
+  // (shared).
+  bool over_waste_bound(const ArenaFrame* f, size_t size) const;
   void dispose(ArenaChunk* c);
   void unregister_locked(ArenaChunk* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ArenaScope::Summary finish_close(ArenaFrame* frame);

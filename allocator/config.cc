@@ -342,8 +342,8 @@ std::string ParseHttp(std::string_view value, Config* c) {
   return "";
 }
 
-const std::array<KeySpec, 28>& Keys() {
-  static const std::array<KeySpec, 28> keys = {{
+const std::array<KeySpec, 29>& Keys() {
+  static const std::array<KeySpec, 29> keys = {{
       {"backend", "enum", "auto",
        "Which backend serves memory: auto (cuda when a GPU is present, else sim), cuda, "
        "sim (a simulated device) or cpu (host memory through jemalloc).",
@@ -529,6 +529,20 @@ const std::array<KeySpec, 28>& Keys() {
          return "";
        },
        [](const Config& c) { return absl::StrCat(c.thread_cache_max_blocks); }},
+      {"arena_max_waste", "number", "0.1",
+       "Scoped arenas: when a request needs a new chunk and no chunk of its scope is "
+       "empty, it takes the pool's normal path instead while the arenas' dead-but-pinned "
+       "bytes exceed max(chunk_size, x times their live bytes) (x >= 0; 0 = off). "
+       "ArenaOptions::max_waste_fraction overrides it per scope.",
+       [](std::string_view v, Config* c) -> std::string {
+         double x = 0;
+         std::string why = ParseFiniteDouble(v, &x);
+         if (!why.empty()) return why;
+         if (x < 0 || x > 1e6) return "is out of range (0 <= x <= 1e6; 0 = off)";
+         c->arena_max_waste = x;
+         return "";
+       },
+       [](const Config& c) { return FormatDouble(c.arena_max_waste); }},
       {"trace_entries", "integer", "131072",
        "Size of the event trace, 0 .. 100000000 events (0 = no trace).",
        [](std::string_view v, Config* c) -> std::string {

@@ -96,6 +96,13 @@ struct Config {
   // (1 .. 65536).
   size_t thread_cache_max_blocks = 256;
 
+  // --- scoped arenas (allocator/arena.h) ----------------------------------------------
+  // The waste bound of every ArenaScope that does not set ArenaOptions::
+  // max_waste_fraction: a request that needs a new chunk while no chunk of its scope is
+  // empty takes the pool's path when the arenas' waste exceeds max(chunk_size, this x
+  // their live bytes) (arena.h, "Waste"). 0 = off. key arena_max_waste (0 .. 10^6).
+  double arena_max_waste = 0.1;
+
   // --- observability (runtime layer) -------------------------------------------------
   // key trace_entries: event trace size (0 = off, <= 10^8); on by default, so that a
   // running process can be looked into (memtrace timeline URL) without a restart. The

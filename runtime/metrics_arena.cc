@@ -74,6 +74,10 @@ void AppendArenaFamilies(const std::vector<std::shared_ptr<CachingAllocator>>& a
       {"devmem_arena_pool_chunks_total", MetricType::Counter,
        "Chunks an arena took from the pool (the rest of its chunks were reused).",
        [](const ArenaStats& s) { return s.pool_chunk_allocs; }},
+      {"devmem_arena_spills_total", MetricType::Counter,
+       "Requests an arena sent to the pool's normal path because its chunks' dead space "
+       "exceeded the waste bound (arena_max_waste; counted when their scope closes).",
+       [](const ArenaStats& s) { return s.spills; }},
   };
   for (const PerArena& p : per_arena) {
     MetricFamily f;

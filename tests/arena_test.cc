@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -314,7 +315,8 @@ TEST(Arena, OrdinaryBlocksAreToldApartWithoutTheChunkTable) {
   {
     ArenaScope arena(*t, "step");
     t->free(t->allocate(4096));   // a chunk that will be retained
-    ArenaScope inner(*t, "inner", ArenaOptions{.chunk_size = 64 * kKiB, .stream = {}});
+    ArenaScope inner(*t, "inner",
+                     ArenaOptions{.chunk_size = 64 * kKiB, .stream = {}, .max_waste_fraction = {}});
     escaped = t->allocate(8192);  // a chunk pinned by an escape
   }
   ASSERT_EQ(t->arena_report().chunks, 2);
@@ -445,12 +447,22 @@ TEST(Arena, DestructionOnAnotherThreadAbandonsAndTheOwnerClosesItLater) {
 TEST(Arena, BadOptionsNameTheOption) {
   SimAllocator t = MakeSimAllocator();
   try {
-    ArenaScope bad(*t, "x", ArenaOptions{.chunk_size = 1000, .stream = {}});
+    ArenaScope bad(*t, "x",
+                   ArenaOptions{.chunk_size = 1000, .stream = {}, .max_waste_fraction = {}});
     FAIL();
   } catch (const InvalidArgumentError& e) {
     EXPECT_NE(std::string(e.what()).find("chunk_size 1000"), std::string::npos) << e.what();
   }
   EXPECT_THROW(ArenaScope(*t, ""), InvalidArgumentError);
+  for (double bad_fraction : {-0.5, std::nan(""), 2e6}) {
+    try {
+      ArenaScope bad(*t, "x", ArenaOptions{.chunk_size = kDefaultArenaChunkSize, .stream = {},
+                                          .max_waste_fraction = bad_fraction});
+      FAIL() << bad_fraction;
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("max_waste_fraction"), std::string::npos) << e.what();
+    }
+  }
   // Nothing was opened.
   void* p = t->allocate(10);
   EXPECT_EQ(ArenaOf(*t, p), "");
@@ -634,7 +646,8 @@ TEST(ArenaRandom, ScopesAtRandomWithFreesFromAnotherThread) {
     const uint64_t op = rng() % 100;
     if (op < 5 && scopes.size() < 4) {
       scopes.push_back(std::make_unique<ArenaScope>(
-          *t, rng() % 2 ? "fwd" : "bwd", ArenaOptions{.chunk_size = chunk_sizes[rng() % 3], .stream = {}}));
+          *t, rng() % 2 ? "fwd" : "bwd",
+          ArenaOptions{.chunk_size = chunk_sizes[rng() % 3], .stream = {}, .max_waste_fraction = {}}));
     } else if (op < 10 && !scopes.empty()) {
       scopes.pop_back();
     } else if (op < 55) {

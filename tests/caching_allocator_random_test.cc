@@ -16,7 +16,10 @@
 // arenas at random (nested up to 3 deep, on any of the streams, several chunk sizes),
 // so its requests are bumps or pool allocations by the rules of allocator/arena.h,
 // which the test predicts: the counters must then add up with the bumps and the
-// chunks (every allocation is a bump or a pool block, every chunk goes back).
+// chunks (every allocation is a bump or a pool block, every chunk goes back). A request
+// the innermost scope would serve may instead be spilled to the pool by the waste
+// bound, which depends on both threads' frees: the model reads the scope's spill count
+// around each such request (TwoThreadsArenaScopesWasteBoundOff: none, ever).
 //
 // Seeded and reproducible per thread (thread interleaving aside): the seed is printed
 // on failure; DEVMEM_TEST_SEED overrides it, DEVMEM_TEST_RANDOM_OPS sets the operations
@@ -318,6 +321,8 @@ struct ThreadResult {
   int64_t validates = 0;
   int64_t handed_off = 0;
   int64_t bumps = 0;   // allocations the test predicted an arena serves
+  int64_t spills = 0;  // of the requests it predicted one would serve, those the waste
+                       // bound sent to the pool instead
   int64_t scopes = 0;  // scopes opened
   SiteId site = kUnknownSite;
 };
@@ -379,7 +384,8 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
           const Stream s = sh.streams[rng() % sh.streams.size()];
           scopes.push_back({std::make_unique<ArenaScope>(
                                 a, rng() % 2 == 0 ? "fwd" : "bwd",
-                                ArenaOptions{.chunk_size = chunk, .stream = s}),
+                                ArenaOptions{.chunk_size = chunk, .stream = s,
+                                             .max_waste_fraction = {}}),
                             s, chunk / 4});
           ++r.scopes;
         } else if (scope_dice < 4 && !scopes.empty()) {
@@ -398,10 +404,22 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
         const size_t n = RandomSize(rng);
         const Stream s = sh.streams[rng() % sh.streams.size()];
         void* p = nullptr;
+        // The innermost scope serves this request (a bump) unless its waste bound sends
+        // it to the pool (a spill, allocator/arena.h "Waste"): whether it does depends
+        // on both threads' frees, so the model reads the scope's own count, which only
+        // this thread writes, before and after.
+        const bool arena_request =
+            !scopes.empty() && scopes.back().stream == s && n <= scopes.back().max_request;
+        const int64_t spills_before =
+            arena_request ? scopes.back().scope->summary().spills : 0;
         try {
           p = a.allocate(n, s, r.site);
         } catch (const OutOfMemoryError&) {
           ++r.ooms;
+          // A spilled request can fail in the pool like any other.
+          if (arena_request && scopes.back().scope->summary().spills != spills_before) {
+            ++r.spills;
+          }
           // Make room as a program would: drop about half of what this thread holds.
           size_t drop = (live.size() + 1) / 2;
           for (size_t k = 0; k < drop && !live.empty(); ++k) free_at(rng() % live.size());
@@ -416,9 +434,14 @@ void RunThread(Shared& sh, int index, uint64_t ops, size_t max_live, ThreadResul
         }
         const uint64_t id = next_id++;
         ++r.allocs;
-        const bool bump =
-            !scopes.empty() && scopes.back().stream == s && n <= scopes.back().max_request;
+        const bool spilled =
+            arena_request && scopes.back().scope->summary().spills != spills_before;
+        if (spilled && scopes.back().scope->summary().spills != spills_before + 1) {
+          sh.Fail(absl::StrCat("allocate(", n, ") counted more than one spill"));
+        }
+        const bool bump = arena_request && !spilled;
         r.bumps += bump ? 1 : 0;
+        r.spills += spilled ? 1 : 0;
         sh.Insert(p, n, id);
         FillPattern(p, n, id);
         live.push_back({p, n, id, s});
@@ -586,9 +609,10 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   EXPECT_EQ(model.pending(), 0u) << "pending frees never completed";
 
   int64_t allocs = 0, frees = 0, ooms = 0, records = 0, validates = 0, handed_off = 0;
-  int64_t bumps = 0, scopes = 0;
+  int64_t bumps = 0, scopes = 0, spills = 0;
   for (const ThreadResult& r : results) {
     bumps += r.bumps;
+    spills += r.spills;
     scopes += r.scopes;
     allocs += r.allocs;
     frees += r.frees;
@@ -601,7 +625,8 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
             << " record_streams=" << records << " validates="
             << validates
             << " pending_completed=" << model.completed()
-            << " handed_off=" << handed_off << " bumps=" << bumps << " scopes=" << scopes
+            << " handed_off=" << handed_off << " bumps=" << bumps << " spills=" << spills
+            << " scopes=" << scopes
             << " events=" << model.events() << std::endl;
   if (!sh.failed) {
     // The run exercised what it claims to.
@@ -624,14 +649,17 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   // chunks; the arenas counted exactly the bumps the test predicted. Every scope
   // closed, nothing is live in them.
   const ArenaReport arena_report = t->arena_report();
-  int64_t arena_bumps = 0, chunk_allocs = 0, scopes_closed = 0;
+  int64_t arena_bumps = 0, chunk_allocs = 0, scopes_closed = 0, arena_spills = 0;
   for (const ArenaStats& a : arena_report.arenas) {
     arena_bumps += a.allocations;
+    arena_spills += a.spills;
     chunk_allocs += a.pool_chunk_allocs;
     scopes_closed += a.scopes_closed;
     EXPECT_EQ(a.open_scopes, 0) << a.name;
   }
   EXPECT_EQ(arena_bumps, bumps);
+  EXPECT_EQ(arena_spills, spills);
+  if (conf.find("arena_max_waste:0") != std::string::npos) EXPECT_EQ(spills, 0);
   EXPECT_EQ(scopes_closed, scopes);
   EXPECT_EQ(arena_report.live_bytes, 0);
   const int64_t pool_allocs = allocs - bumps + chunk_allocs;
@@ -701,6 +729,14 @@ TEST(CachingAllocatorRandomTest, TwoThreadsArenaScopes) {
   ThreadsThreeStreams(
       "sim_capacity:256MiB", 0x5eed000b,
       testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 4, 2, /*arenas=*/true);
+}
+
+// The same with the waste bound off: every request the innermost scope may serve is a
+// bump (allocator/arena.h's rules without "Waste").
+TEST(CachingAllocatorRandomTest, TwoThreadsArenaScopesWasteBoundOff) {
+  ThreadsThreeStreams(
+      "sim_capacity:256MiB,arena_max_waste:0", 0x5eed000c,
+      testutil::EnvOr("DEVMEM_TEST_RANDOM_OPS", kDefaultOpsPerThread) / 8, 2, /*arenas=*/true);
 }
 
 TEST(CachingAllocatorRandomTest, TwoThreadsExpandableSegments) {

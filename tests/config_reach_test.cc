@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/stack_sampler.h"
+#include "allocator/arena.h"
 #include "allocator/backend.h"
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
@@ -209,6 +210,31 @@ const std::vector<ReachCase>& Cases() {
          EXPECT_TRUE(stack_sampler::LiveStacks(off.get()).empty());
          off->free(q);
          stack_sampler::SetMeanBytes(kDefaultStackSampleBytes);
+       }},
+      {"arena_max_waste",
+       [] {
+         // A scope whose every 64 KiB chunk keeps one 512 B buffer live among dead
+         // 16 KiB temporaries: with the default bound requests spill to the pool once
+         // a chunk's worth is dead; with 0 (off) the scope takes chunk after chunk.
+         auto spills = [](std::string_view conf) {
+           auto a = Allocator(std::string(kSim) + std::string(conf));
+           std::vector<void*> kept;
+           int64_t n = 0;
+           {
+             ArenaScope scope(*a, "step",
+                              ArenaOptions{.chunk_size = 64 * kKiB, .stream = {},
+                                           .max_waste_fraction = {}});
+             for (int i = 0; i < 8; ++i) {
+               kept.push_back(a->allocate(512));
+               for (int j = 0; j < 4; ++j) a->free(a->allocate(16 * kKiB));
+             }
+             n = scope.summary().spills;
+           }
+           for (void* p : kept) a->free(p);
+           return n;
+         };
+         EXPECT_GT(spills(""), 0);
+         EXPECT_EQ(spills(",arena_max_waste:0"), 0);
        }},
       {"per_process_memory_fraction",
        [] {

@@ -180,6 +180,9 @@ TEST(ParseConfigTest, EveryKeyWithGoodValues) {
       {"oom_dump_dir:\" edge \\\" \\\\ \"",
        [](const Config& c) { return c.oom_dump_dir == " edge \" \\ "; }},
       {"site_top_k:1", [](const Config& c) { return c.site_top_k == 1; }},
+      {"arena_max_waste:0", [](const Config& c) { return c.arena_max_waste == 0; }},
+      {"arena_max_waste:0.25", [](const Config& c) { return c.arena_max_waste == 0.25; }},
+      {"arena_max_waste:1e6", [](const Config& c) { return c.arena_max_waste == 1e6; }},
       {"site_top_k:1000", [](const Config& c) { return c.site_top_k == 1000; }},
       {"flight_recorder:/tmp/devmem.flight",
        [](const Config& c) { return c.flight_recorder == "/tmp/devmem.flight"; }},
@@ -328,6 +331,10 @@ TEST(ParseConfigTest, EveryKeyRejectsBadValuesNamingKeyAndValue) {
       {"http", "user@host:80", "character"},
       {"http_allow_remote", "nah", "is not a boolean"},
       {"flight_recorder", "/tmp/dir/", "names a directory"},
+      {"arena_max_waste", "-0.1", "out of range (0 <= x <= 1e6; 0 = off)"},
+      {"arena_max_waste", "2e6", "out of range"},
+      {"arena_max_waste", "inf", "not a finite number"},
+      {"arena_max_waste", "tenth", "is not a number"},
       {"site_top_k", "0", "out of range (1 .. 1000)"},
       {"site_top_k", "1001", "out of range (1 .. 1000)"},
       {"site_top_k", "-1", "is negative"},
@@ -528,7 +535,8 @@ TEST(ToStringTest, DefaultsInCanonicalForm) {
             "expandable_segments:auto,expandable_recycle_threshold:0.25,"
             "per_process_memory_fraction:1,thread_cache:true,"
             "thread_cache_max_size:32KiB,thread_cache_max_bytes:4MiB,"
-            "thread_cache_max_blocks:256,trace_entries:131072,stack_sample_bytes:256MiB,"
+            "thread_cache_max_blocks:256,arena_max_waste:0.1,"
+            "trace_entries:131072,stack_sample_bytes:256MiB,"
             "http:,http_token_file:,http_allow_remote:false,http_allowed_hosts:,"
             "http_metrics_token:false,oom_dump_dir:,flight_recorder:,site_top_k:10");
 }
@@ -602,6 +610,7 @@ TEST(ToStringTest, RoundTripsRandomValidConfigs) {
     c.thread_cache_max_size = uniform(1, 2048) * 512;
     c.thread_cache_max_bytes = uniform(512, kGiB);
     c.thread_cache_max_blocks = uniform(1, 65536);
+    c.arena_max_waste = i % 3 == 0 ? 0 : 10 * real();
     c.trace_entries = uniform(0, 100'000'000);
     c.http = addresses[uniform(0, addresses.size() - 1)];
     c.http_token_file = random_string();
@@ -829,6 +838,7 @@ TEST(ConfigKeysTest, DocumentedDefaultsAreTheDefaults) {
   base.thread_cache_max_size = 512;
   base.thread_cache_max_bytes = 512;
   base.thread_cache_max_blocks = 1;
+  base.arena_max_waste = 0;
   base.trace_entries = 1;
   base.stack_sample_bytes = 1;
   base.http = "localhost:1";

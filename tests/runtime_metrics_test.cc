@@ -126,6 +126,7 @@ const std::vector<FamilySpec>& Families() {
       {"devmem_arena_allocated_bytes_total", "counter", {"device", "arena"}},
       {"devmem_arena_escapes_total", "counter", {"device", "arena"}},
       {"devmem_arena_pool_chunks_total", "counter", {"device", "arena"}},
+      {"devmem_arena_spills_total", "counter", {"device", "arena"}},
       {"devmem_arena_retained_bytes", "gauge", {"device"}},
       {"devmem_arena_chunks_returned_total", "counter", {"device"}},
   };

@@ -200,7 +200,7 @@ TEST_P(FakeCudaRetireTest, ARetainedArenaChunkDoesNotServeTheNewStream) {
   BusyStream old(alloc_->backend());
   void* buffer = nullptr;
   {
-    ArenaScope scope(*alloc_, "step", ArenaOptions{kMiB, old.stream()});
+    ArenaScope scope(*alloc_, "step", ArenaOptions{kMiB, old.stream(), {}});
     buffer = alloc_->allocate(64 * kKiB, old.stream());
     alloc_->free(buffer);
   }
@@ -211,14 +211,14 @@ TEST_P(FakeCudaRetireTest, ARetainedArenaChunkDoesNotServeTheNewStream) {
   const Stream fresh = NewStream();
   ASSERT_EQ(fresh, old.stream());
   {
-    ArenaScope scope(*alloc_, "step", ArenaOptions{kMiB, fresh});
+    ArenaScope scope(*alloc_, "step", ArenaOptions{kMiB, fresh, {}});
     ExpectRefused(64 * kKiB, fresh);
   }
   ExpectValid();
   old.release();
   alloc_->process_events();
   {
-    ArenaScope scope(*alloc_, "step", ArenaOptions{kMiB, fresh});
+    ArenaScope scope(*alloc_, "step", ArenaOptions{kMiB, fresh, {}});
     void* p = alloc_->allocate(64 * kKiB, fresh);
     EXPECT_NE(p, nullptr);
     alloc_->free(p);

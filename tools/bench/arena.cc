@@ -79,7 +79,7 @@ ArenaFigures MeasureArena(const Config& base) {
 
 ArenaFigures MeasureArena(const Config& base, size_t chunk_size) {
   const Config config = SimBenchConfig(base);
-  const ArenaOptions options{.chunk_size = chunk_size, .stream = {}};
+  const ArenaOptions options{.chunk_size = chunk_size, .stream = {}, .max_waste_fraction = {}};
   const std::vector<size_t> pair_sizes = devbench::LogUniformSizes(512, 32 * kKiB, 11, kPairs);
   const std::vector<size_t> step_sizes = devbench::LogUniformSizes(512, kMiB, 12, 4096);
   ArenaFigures f;

@@ -233,7 +233,8 @@ int Main(int argc, char** argv) {
     // chunk sized to hold the activations (4x the largest, say) doubles the peak: the
     // fourth activation plus the step's small temporaries overflow the first chunk, and
     // the second chunk is a whole one (allocator/arena.h, "Chunk size").
-    options.step_arena = ArenaOptions{.chunk_size = arena_chunk_size, .stream = {}};
+    options.step_arena =
+        ArenaOptions{.chunk_size = arena_chunk_size, .stream = {}, .max_waste_fraction = {}};
     std::printf("%5s %9s %9s %12s %12s %8s %7s\n", "epoch", "loss", "best", "allocated",
                 "reserved", "allocs", "slices");
     result = RunTrainingLoop(options, [](const EpochReport& e) {

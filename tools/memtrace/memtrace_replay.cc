@@ -96,6 +96,8 @@ nlohmann::json ArenaJson(const ReplayResult& r, const ArenaReplay& arenas, const
       {"peak_chunk_bytes", a.peak_chunk_bytes},
       {"pool_chunk_allocs", a.pool_chunk_allocs},
       {"chunk_reuses", a.chunk_reuses},
+      {"spills", a.spills},
+      {"spill_bytes", a.spill_bytes},
   };
   if (m != nullptr) {
     j["min_capacity_bytes"] = m->bytes;
@@ -271,6 +273,9 @@ int RunReplay(const std::string& path, const std::string& conf, const std::strin
                 static_cast<long long>(a.peak_chunks), FormatBytes(a.peak_chunk_bytes).c_str(),
                 static_cast<long long>(a.pool_chunk_allocs),
                 static_cast<long long>(a.chunk_reuses));
+    std::printf("spills             %lld (%s) to the pool's path by the waste bound "
+                "(arena_max_waste)\n",
+                static_cast<long long>(a.spills), FormatBytes(a.spill_bytes).c_str());
     if (min_capacity) {
       std::printf("min capacity       %s (%.3fx peak requested; without arenas %.3fx)%s\n",
                   FormatBytes(ma.bytes).c_str(), ma.over_peak_requested, m.over_peak_requested,

@@ -323,7 +323,8 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
   std::optional<ArenaScope> scope;
   auto open_step = [&] {
     scope.emplace(alloc, "replay step",
-                  ArenaOptions{.chunk_size = arenas.chunk_size, .stream = {}});
+                  ArenaOptions{.chunk_size = arenas.chunk_size, .stream = {},
+                               .max_waste_fraction = {}});
     ++arena_figures.steps;
   };
   auto close_step = [&] {
@@ -342,6 +343,8 @@ ReplayResult Replay(const Trace& trace, const Config& policy, uint64_t capacity,
     arena_figures.bump_bytes += s.bytes;
     arena_figures.pool_chunk_allocs += s.pool_chunk_allocs;
     arena_figures.chunk_reuses += s.chunks - s.pool_chunk_allocs;
+    arena_figures.spills += s.spills;
+    arena_figures.spill_bytes += s.spill_bytes;
     scope.reset();
   };
   if (arenas.enabled) open_step();

@@ -151,6 +151,8 @@ struct ReplayResult {
     int64_t peak_chunk_bytes = 0;  // most bytes of chunks at a step's end
     int64_t pool_chunk_allocs = 0; // chunks taken from the pool
     int64_t chunk_reuses = 0;      // chunks reused without a pool call
+    int64_t spills = 0;            // requests the waste bound (arena_max_waste) sent to
+    int64_t spill_bytes = 0;       // the pool's path, and their bytes
   } arenas;
 };
 
