@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "allocator/arena.h"
@@ -185,6 +186,70 @@ TEST(Arena, ChunksWhoseBuffersDiedAreReusedInsideTheScope) {
   for (int i = 0; i < 100; ++i) t->free(t->allocate(kMiB));
   EXPECT_LE(arena.summary().pool_chunk_allocs, 2);
   EXPECT_VALID(*t);
+}
+
+// Long-lived buffers interleaved with short ones: every 64 KiB chunk keeps one 512 B
+// buffer live among 64 KiB of dead temporaries, so without the waste bound the scope
+// holds a chunk per round. With it (arena.h, "Waste"), a request that needs a new chunk
+// takes the pool's path once the dead bytes exceed max(chunk_size, 0.1 x live), and the
+// chunks stay within live + that bound + the current chunk + the tail a request did not
+// fit (under chunk_size / 4).
+TEST(Arena, WasteBoundSpillsInterleavedLifetimesToThePool) {
+  constexpr size_t kChunk = 64 * kKiB;
+  constexpr int kRounds = 64;
+  auto run = [](double fraction, int64_t* max_excess, int64_t* spills) {
+    SimAllocator t = MakeSimAllocator("sim_capacity:256MiB");
+    std::vector<void*> kept;
+    int64_t kept_bumped = 0;  // bytes of kept buffers the arena serves
+    int64_t spill_bytes = 0;
+    *max_excess = 0;
+    {
+      ArenaScope arena(*t, "step",
+                       ArenaOptions{.chunk_size = kChunk, .stream = {},
+                                    .max_waste_fraction = fraction});
+      // One request; a spilled one is an ordinary pool block, a bump an arena buffer.
+      auto allocate = [&](size_t n, const char* tag) {
+        const int64_t before = arena.summary().spills;
+        void* p = t->allocate(n, {}, Site(tag));
+        const bool spilled = arena.summary().spills != before;
+        EXPECT_EQ(ArenaOf(*t, p), spilled ? "" : "step");
+        if (spilled) spill_bytes += static_cast<int64_t>(n);
+        return std::pair{p, !spilled};
+      };
+      for (int i = 0; i < kRounds; ++i) {
+        auto [keep, bumped] = allocate(512, "long");
+        kept.push_back(keep);
+        kept_bumped += bumped ? 512 : 0;
+        for (int j = 0; j < 4; ++j) t->free(allocate(16 * kKiB, "short").first);
+        const ArenaReport r = t->arena_report();
+        const ArenaStats* s = Find(r, "step");
+        ASSERT_NE(s, nullptr);
+        EXPECT_EQ(s->live_bytes, kept_bumped);
+        const int64_t bound =
+            std::max<int64_t>(kChunk, static_cast<int64_t>(fraction * s->live_bytes));
+        *max_excess = std::max(*max_excess, s->chunk_bytes - s->live_bytes - bound);
+      }
+      EXPECT_VALID(*t);
+      *spills = arena.summary().spills;
+      EXPECT_EQ(arena.summary().spill_bytes, spill_bytes);
+    }
+    const ArenaReport r = t->arena_report();
+    const ArenaStats* s = Find(r, "step");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->spills, *spills);  // counted per name at close
+    EXPECT_EQ(s->spill_bytes, spill_bytes);
+    for (void* p : kept) t->free(p);
+    EXPECT_VALID(*t);
+    t->empty_cache();
+    EXPECT_EQ(t->stats().allocated_bytes[kAggregatePool].current, 0);
+  };
+  int64_t excess = 0, spills = 0;
+  run(0.1, &excess, &spills);
+  EXPECT_GT(spills, kRounds);
+  EXPECT_LE(excess, static_cast<int64_t>(kChunk + kChunk / 4)) << "the bound did not hold";
+  run(0, &excess, &spills);  // off: a chunk per round
+  EXPECT_EQ(spills, 0);
+  EXPECT_GT(excess, static_cast<int64_t>(kRounds / 2 * kChunk)) << "nothing to bound";
 }
 
 TEST(Arena, EscapedBufferStaysValidAndPinsItsChunkUntilFreed) {
