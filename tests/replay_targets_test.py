@@ -8,9 +8,8 @@ workload to run).
 
 With --arenas the figures are those of the replay with a scoped arena per inferred
 step (`memtrace replay --arenas`, the arenas' own smallest capacity): the same targets,
-except where replay_table.py's ARENA_EXCEPTIONS names a trace (the real PyTorch traces at
-the default chunk size, with the reason there); with --arena-chunk-size every trace
-must meet the plain targets.
+at the default chunk size (with the arenas' waste bound, arena_max_waste) and with
+--arena-chunk-size.
 
 The targets are tools/replay/replay_table.py's (imported from there, so the README's table
 and this test cannot disagree). One trace has a looser capacity target, named in its
