@@ -31,9 +31,9 @@ struct LineAllocator {
     if (n > (SIZE_MAX - kCacheLine) / sizeof(T)) throw std::bad_array_new_length();
     return static_cast<T*>(::operator new(Rounded(n), std::align_val_t{kCacheLine}));
   }
-  void deallocate(T* p, size_t n) {
-    ::operator delete(p, Rounded(n), std::align_val_t{kCacheLine});
-  }
+  // The unsized aligned delete: the sized one is declared only with sized deallocation
+  // on (clang before 19 leaves it off by default, and the fuzz build uses clang 16).
+  void deallocate(T* p, size_t /*n*/) { ::operator delete(p, std::align_val_t{kCacheLine}); }
   template <typename U>
   bool operator==(const LineAllocator<U>&) const {
     return true;
