@@ -435,15 +435,8 @@ class SnapshotWriter {
     out_ += '}';
   }
 
-  void Block(const BlockInfo& b, int64_t now_ns) {  // as BlockToJson
-    out_ += "{\"addr\":";
-    Uint(b.addr);
-    Key("size");
-    Uint(b.size);
-    Key("requested");
-    Uint(b.requested);
-    Key("state");
-    Name(BlockStateName(b.state));
+  // The fields a block and a live buffer end with alike: stream, site, age, stack.
+  void Placement(const BlockInfo& b, int64_t now_ns) {
     Key("stream");
     Uint(b.stream.handle);
     Key("site");
@@ -453,6 +446,18 @@ class SnapshotWriter {
       Key("stack");
       Uint(b.stack);
     }
+  }
+
+  void Block(const BlockInfo& b, int64_t now_ns) {  // as BlockToJson
+    out_ += "{\"addr\":";
+    Uint(b.addr);
+    Key("size");
+    Uint(b.size);
+    Key("requested");
+    Uint(b.requested);
+    Key("state");
+    Name(BlockStateName(b.state));
+    Placement(b, now_ns);
     out_ += '}';
   }
 
@@ -464,15 +469,7 @@ class SnapshotWriter {
     Uint(b.size);
     Key("requested");
     Uint(b.requested);
-    Key("stream");
-    Uint(b.stream.handle);
-    Key("site");
-    Uint(b.site);
-    Age(b, now_ns);
-    if (b.stack != kNoStack) {
-      Key("stack");
-      Uint(b.stack);
-    }
+    Placement(b, now_ns);
     Annotation(b.addr, annotations);
     out_ += '}';
   }
