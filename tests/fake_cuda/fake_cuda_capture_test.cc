@@ -15,26 +15,23 @@
 
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "allocator/backend.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/config.h"
 #include "allocator/errors.h"
 #include "allocator/pool_id.h"
-#include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_cuda/fake_cuda.h"
+#include "tests/fake_cuda/fake_cuda_test_util.h"
 
 namespace devmem {
 namespace {
 
-size_t Live(const char* what) { return devmem_fake_cuda_live(what); }
+using fake_cuda_test::Live;
 
 cudaStream_t ToCuda(Stream s) { return reinterpret_cast<cudaStream_t>(s.handle); }
 
@@ -48,7 +45,9 @@ cudaStreamCaptureStatus CaptureStatus(cudaStream_t s) {
 cudaError_t EndCapture(cudaStream_t s) {
   cudaGraph_t graph = nullptr;
   const cudaError_t err = cudaStreamEndCapture(s, &graph);
-  if (graph != nullptr) EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  if (graph != nullptr) {
+    EXPECT_EQ(cudaGraphDestroy(graph), cudaSuccess);
+  }
   cudaGetLastError();
   return err;
 }
@@ -159,28 +158,19 @@ TEST_F(FakeCudaCaptureModelTest, SynchronizingACapturingStreamInvalidatesTheCapt
 
 constexpr PoolId kPool{1, 0};
 
-class FakeCudaGraphPoolTest : public ::testing::TestWithParam<const char*> {
+class FakeCudaGraphPoolTest : public fake_cuda_test::CudaAllocatorTest {
  protected:
   void SetUp() override {
-    Config base;
-    base.backend = BackendKind::kCuda;
-    absl::StatusOr<Config> config = ParseConfig(GetParam(), base);
-    ASSERT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(0);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    alloc_.emplace(std::move(*backend), *config);
-    absl::StatusOr<Stream> s = alloc_->backend().create_stream();
-    absl::StatusOr<Stream> eager = alloc_->backend().create_stream();
-    ASSERT_TRUE(s.ok() && eager.ok());
-    s_ = *s;
-    eager_ = *eager;
+    CudaAllocatorTest::SetUp();
+    if (HasFatalFailure()) return;
+    s_ = NewStream();
+    eager_ = NewStream();
+    ASSERT_FALSE(HasFailure());
     baseline_ = Live("used_bytes");
   }
   void TearDown() override {
     if (!alloc_) return;
-    EXPECT_TRUE(alloc_->validate().ok()) << alloc_->validate();
-    alloc_->empty_cache();
-    EXPECT_EQ(alloc_->stats().reserved_bytes[kAggregatePool].current, 0);
+    ExpectValidAndEmptied();
     alloc_->backend().destroy_stream(s_);
     alloc_->backend().destroy_stream(eager_);
     alloc_.reset();
@@ -198,7 +188,6 @@ class FakeCudaGraphPoolTest : public ::testing::TestWithParam<const char*> {
     EXPECT_EQ(EndCapture(ToCuda(s_)), cudaSuccess) << "the capture was broken";
     alloc_->end_allocate_to_pool(kPool);
   }
-  std::optional<CachingAllocator> alloc_;
   Stream s_;
   Stream eager_;
   size_t baseline_ = 0;
@@ -352,14 +341,8 @@ TEST_P(FakeCudaGraphPoolTest, MisuseIsAnErrorNamingThePool) {
   EXPECT_TRUE(alloc_->validate().ok()) << alloc_->validate();
 }
 
-INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaGraphPoolTest,
-                         ::testing::Values("expandable_segments:false",
-                                           "expandable_segments:true"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(absl::StrContains(info.param, "true")
-                                                  ? "expandable"
-                                                  : "regular");
-                         });
+INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaGraphPoolTest, fake_cuda_test::SegmentKinds(),
+                         fake_cuda_test::SegmentKindName);
 
 }  // namespace
 }  // namespace devmem

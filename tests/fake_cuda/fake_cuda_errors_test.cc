@@ -44,13 +44,8 @@ namespace {
 
 constexpr const char* kAssertText = "device-side assert triggered (cudaErrorAssert";
 
+using fake_cuda_test::CudaBackend;
 using fake_cuda_test::InChild;  // a fresh process per case
-
-std::unique_ptr<Backend> Cuda() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(0);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return backend.ok() ? std::move(*backend) : nullptr;
-}
 
 cudaStream_t ToCuda(Stream s) { return reinterpret_cast<cudaStream_t>(s.handle); }
 
@@ -75,7 +70,7 @@ void ExpectDriverError(const std::function<void()>& what,
 
 TEST(FakeCudaStickyBackendTest, CallsAfterAFaultThrowNamingTheCallAndTheError) {
   InChild([] {
-    auto backend = Cuda();
+    auto backend = CudaBackend();
     ASSERT_TRUE(backend);
     absl::StatusOr<void*> p = backend->allocate_segment(kMiB);
     ASSERT_TRUE(p.ok());
@@ -118,7 +113,7 @@ class FakeCudaStickyAllocatorTest : public ::testing::TestWithParam<const char*>
     absl::StatusOr<Config> config =
         ParseConfig(absl::StrCat(GetParam(), ",thread_cache:false"), base);
     ASSERT_TRUE(config.ok()) << config.status();
-    auto owned = std::make_unique<testutil::HookedBackend>(Cuda());
+    auto owned = std::make_unique<testutil::HookedBackend>(CudaBackend());
     w.hooks = owned.get();
     w.alloc.emplace(std::move(owned), *config);
     Backend& b = w.alloc->backend();
@@ -229,13 +224,7 @@ TEST_P(FakeCudaStickyAllocatorTest, OutOfMemoryRetry) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaStickyAllocatorTest,
-                         ::testing::Values("expandable_segments:false",
-                                           "expandable_segments:true"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return absl::StrContains(info.param, "true")
-                                      ? std::string("expandable")
-                                      : std::string("regular");
-                         });
+                         fake_cuda_test::SegmentKinds(), fake_cuda_test::SegmentKindName);
 
 }  // namespace
 }  // namespace devmem

@@ -28,7 +28,6 @@
 #include "absl/strings/match.h"
 #include "allocator/backend.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/config.h"
 #include "allocator/ipc.h"
 #include "allocator/types.h"
 #include "cuda/cuda_backend.h"
@@ -39,21 +38,11 @@
 namespace devmem {
 namespace {
 
-using fake_cuda_test::InChild;
+using fake_cuda_test::CudaAllocator;
 using fake_cuda_test::DriverFn;
+using fake_cuda_test::InChild;
 
 constexpr size_t kG = size_t{2} << 20;
-
-std::unique_ptr<CachingAllocator> Allocator(const char* conf) {
-  Config base;
-  base.backend = BackendKind::kCuda;
-  absl::StatusOr<Config> config = ParseConfig(conf, base);
-  EXPECT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(0);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  if (!config.ok() || !backend.ok()) return nullptr;
-  return std::make_unique<CachingAllocator>(std::move(*backend), *config);
-}
 
 // The handle's plain part, as it crosses the socket; the fds go as SCM_RIGHTS.
 struct Wire {
@@ -151,7 +140,7 @@ TEST(FakeCudaIpcTest, TwoProcessesShareAnExpandableBlock) {
     close(sv[1]);
     {
       // auto: the fake's driver has POSIX file-descriptor handles, so expandable.
-      auto a = Allocator("expandable_segments:auto");
+      auto a = CudaAllocator(0, "expandable_segments:auto");
       ASSERT_TRUE(a);
       EXPECT_TRUE(a->backend().sharing().vmm_ipc);
       void* first = a->allocate(3 * kMiB);   // maps [0, 4 MiB) of the reservation
@@ -224,8 +213,8 @@ TEST(FakeCudaIpcModelTest, ExportNeedsThePosixFdTypeRequestedAtCreation) {
 TEST(FakeCudaIpcTest, WithoutPosixFdHandlesSegmentsAreRegular) {
   ::setenv("DEVMEM_FAKE_CUDA_NO_POSIX_FD", "1", 1);
   {
-    auto regular = Allocator("expandable_segments:auto");
-    auto asked = Allocator("expandable_segments:true");
+    auto regular = CudaAllocator(0, "expandable_segments:auto");
+    auto asked = CudaAllocator(0, "expandable_segments:true");
     ASSERT_TRUE(regular && asked);
     EXPECT_FALSE(regular->backend().sharing().vmm_ipc);
     EXPECT_TRUE(regular->backend().sharing().vmm_peer_access);

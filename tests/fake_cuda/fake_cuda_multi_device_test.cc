@@ -10,25 +10,20 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/backend.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/config.h"
 #include "allocator/types.h"
 #include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_cuda/fake_cuda.h"
+#include "tests/fake_cuda/fake_cuda_test_util.h"
 
 namespace devmem {
 namespace {
 
 constexpr size_t kDevice = size_t{1} << 30;  // the fake's default capacity
-
-std::unique_ptr<Backend> Cuda(int index) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(index);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return backend.ok() ? std::move(*backend) : nullptr;
-}
 
 int Current() {
   int d = -1;
@@ -46,15 +41,11 @@ class FakeCudaMultiDeviceTest : public ::testing::TestWithParam<const char*> {
 };
 
 TEST_P(FakeCudaMultiDeviceTest, EachAllocatorUsesItsDeviceWhateverIsCurrent) {
-  Config base;
-  base.backend = BackendKind::kCuda;
-  absl::StatusOr<Config> config = ParseConfig(GetParam(), base);
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto b0 = Cuda(0);
-  auto b1 = Cuda(1);
-  ASSERT_TRUE(b0 && b1);
-  CachingAllocator a0(std::move(b0), *config);
-  CachingAllocator a1(std::move(b1), *config);
+  auto allocator0 = fake_cuda_test::CudaAllocator(0, GetParam());
+  auto allocator1 = fake_cuda_test::CudaAllocator(1, GetParam());
+  ASSERT_TRUE(allocator0 && allocator1);
+  CachingAllocator& a0 = *allocator0;
+  CachingAllocator& a1 = *allocator1;
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
 
   absl::StatusOr<Stream> side = a0.backend().create_stream();  // a stream of device 0
@@ -92,14 +83,8 @@ TEST_P(FakeCudaMultiDeviceTest, EachAllocatorUsesItsDeviceWhateverIsCurrent) {
   EXPECT_EQ(Current(), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaMultiDeviceTest,
-                         ::testing::Values("expandable_segments:false",
-                                           "expandable_segments:true"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param) == "expandable_segments:true"
-                                      ? std::string("expandable")
-                                      : std::string("regular");
-                         });
+INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaMultiDeviceTest, fake_cuda_test::SegmentKinds(),
+                         fake_cuda_test::SegmentKindName);
 
 }  // namespace
 }  // namespace devmem

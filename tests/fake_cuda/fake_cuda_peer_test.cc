@@ -14,17 +14,14 @@
 // process (EXPECT_EXIT, threadsafe style), which exits 0 only if no expectation failed.
 #include <cuda_runtime_api.h>
 
-#include <cstdlib>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "allocator/backend.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/config.h"
 #include "allocator/driver_calls.h"
 #include "allocator/types.h"
 #include "cuda/cuda_backend.h"
@@ -35,18 +32,9 @@
 namespace devmem {
 namespace {
 
+using fake_cuda_test::CudaAllocator;
 using fake_cuda_test::InChild;
-
-std::unique_ptr<CachingAllocator> Allocator(int index, const char* conf) {
-  Config base;
-  base.backend = BackendKind::kCuda;
-  absl::StatusOr<Config> config = ParseConfig(conf, base);
-  EXPECT_TRUE(config.ok()) << config.status();
-  absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(index);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  if (!config.ok() || !backend.ok()) return nullptr;
-  return std::make_unique<CachingAllocator>(std::move(*backend), *config);
-}
+using fake_cuda_test::ScopedEnv;
 
 int64_t SetAccessCalls(const CachingAllocator& a) {
   return a.backend().driver_calls().calls[static_cast<int>(DriverCall::kSetAccess)];
@@ -64,8 +52,8 @@ void ExpectBytes(void* p, size_t n, unsigned char value) {
 TEST(FakeCudaPeerModelTest, PeerCopyIntoAnExpandableBlockWithoutAccessFaults) {
   InChild([] {
     {
-      auto a0 = Allocator(0, "expandable_segments:true");
-      auto a1 = Allocator(1, "expandable_segments:false");
+      auto a0 = CudaAllocator(0, "expandable_segments:true");
+      auto a1 = CudaAllocator(1, "expandable_segments:false");
       ASSERT_TRUE(a0 && a1);
       void* p = a0->allocate(4 * kMiB);
       void* q = a1->allocate(4 * kMiB);
@@ -88,8 +76,8 @@ TEST_P(FakeCudaPeerTest, PeerCopiesAndKernelsReachEveryBlockOnceEnabled) {
   const bool expandable = std::string(GetParam()) == "expandable_segments:true";
   InChild([&] {
     {
-      auto a0 = Allocator(0, GetParam());
-      auto a1 = Allocator(1, "expandable_segments:false");
+      auto a0 = CudaAllocator(0, GetParam());
+      auto a1 = CudaAllocator(1, "expandable_segments:false");
       ASSERT_TRUE(a0 && a1);
       // Before: a large block and a small one (two reservations when expandable).
       void* before = a0->allocate(6 * kMiB);
@@ -124,28 +112,11 @@ TEST_P(FakeCudaPeerTest, PeerCopiesAndKernelsReachEveryBlockOnceEnabled) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaPeerTest,
-                         ::testing::Values("expandable_segments:false",
-                                           "expandable_segments:true"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param) == "expandable_segments:true"
-                                      ? std::string("expandable")
-                                      : std::string("regular");
-                         });
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    ::setenv(name, value, 1);
-  }
-  ~ScopedEnv() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaPeerTest, fake_cuda_test::SegmentKinds(),
+                         fake_cuda_test::SegmentKindName);
 
 TEST(FakeCudaPeerErrorsTest, BadPeersAreErrorsNamingTheDeviceAndThePeer) {
-  auto a0 = Allocator(0, "expandable_segments:true");
+  auto a0 = CudaAllocator(0, "expandable_segments:true");
   ASSERT_TRUE(a0);
   void* p = a0->allocate(4 * kMiB);
   const int64_t calls = SetAccessCalls(*a0);

@@ -27,12 +27,11 @@
 #include "allocator/arena.h"
 #include "allocator/backend.h"
 #include "allocator/caching_allocator.h"
-#include "allocator/config.h"
 #include "allocator/errors.h"
 #include "allocator/types.h"
-#include "cuda/cuda_backend.h"
 #include "gtest/gtest.h"
 #include "tests/fake_cuda/fake_cuda.h"
+#include "tests/fake_cuda/fake_cuda_test_util.h"
 
 namespace devmem {
 namespace {
@@ -85,26 +84,12 @@ class BusyStream {
   bool released_ = false;
 };
 
-class FakeCudaRetireTest : public ::testing::TestWithParam<const char*> {
+class FakeCudaRetireTest : public fake_cuda_test::CudaAllocatorTest {
  protected:
-  void SetUp() override {
-    Config base;
-    base.backend = BackendKind::kCuda;
-    absl::StatusOr<Config> config = ParseConfig(GetParam(), base);
-    ASSERT_TRUE(config.ok()) << config.status();
-    absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(0);
-    ASSERT_TRUE(backend.ok()) << backend.status();
-    alloc_ = std::make_unique<CachingAllocator>(std::move(*backend), *config);
-  }
   void TearDown() override {
     alloc_.reset();
-    EXPECT_EQ(devmem_fake_cuda_live("events"), 0u);
-    EXPECT_EQ(devmem_fake_cuda_live("allocations"), 0u);
-  }
-  Stream NewStream() {
-    absl::StatusOr<Stream> s = alloc_->backend().create_stream();
-    EXPECT_TRUE(s.ok()) << s.status();
-    return s.ok() ? *s : Stream{};
+    EXPECT_EQ(fake_cuda_test::Live("events"), 0u);
+    EXPECT_EQ(fake_cuda_test::Live("allocations"), 0u);
   }
   // allocate(bytes, stream) must be refused with an error naming the stream.
   void ExpectRefused(size_t bytes, Stream stream) {
@@ -119,11 +104,6 @@ class FakeCudaRetireTest : public ::testing::TestWithParam<const char*> {
       EXPECT_TRUE(absl::StrContains(e.what(), "release_stream")) << e.what();
     }
   }
-  void ExpectValid() {
-    absl::Status st = alloc_->validate();
-    EXPECT_TRUE(st.ok()) << st;
-  }
-  std::unique_ptr<CachingAllocator> alloc_;
 };
 
 // The use-after-free: a block freed on the old stream (stream-ordered: its kernel
@@ -291,14 +271,8 @@ TEST_P(FakeCudaRetireTest, BadInputIsRefusedNamingTheStream) {
   ExpectValid();
 }
 
-INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaRetireTest,
-                         ::testing::Values("expandable_segments:false",
-                                           "expandable_segments:true"),
-                         [](const auto& info) {
-                           return std::string(absl::StrContains(info.param, "true")
-                                                  ? "expandable"
-                                                  : "regular");
-                         });
+INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaRetireTest, fake_cuda_test::SegmentKinds(),
+                         fake_cuda_test::SegmentKindName);
 
 }  // namespace
 }  // namespace devmem

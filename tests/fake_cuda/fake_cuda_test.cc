@@ -39,7 +39,6 @@
 #include <future>
 #include <memory>
 #include <new>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -68,28 +67,9 @@ using std::chrono::milliseconds;
 
 constexpr size_t kG = 2 * kMiB;  // the fake's granularity
 
-// Sets an environment variable for the scope (the fake reads DEVMEM_FAKE_CUDA_FAIL,
-// _NO_VMM and _MISSING at every call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    ::setenv(name, value, /*overwrite=*/1);
-  }
-  ~ScopedEnv() { ::unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
-std::unique_ptr<Backend> Cuda(int index = 0) {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = NewCudaBackend(index);
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return backend.ok() ? std::move(*backend) : nullptr;
-}
-
-size_t Live(const char* what) { return devmem_fake_cuda_live(what); }
+using fake_cuda_test::CudaBackend;
+using fake_cuda_test::Live;
+using fake_cuda_test::ScopedEnv;
 
 // Nothing of the fake's is live (default streams aside).
 void ExpectNothingLive() {
@@ -147,8 +127,8 @@ TEST(FakeCudaTest, BackendFactoryPicksCudaWithVirtualMemory) {
 }
 
 TEST(FakeCudaTest, EachDeviceIsItsOwn) {
-  auto a = Cuda(0);
-  auto b = Cuda(1);
+  auto a = CudaBackend(0);
+  auto b = CudaBackend(1);
   ASSERT_TRUE(a && b);
   EXPECT_NE(a->info().uuid, b->info().uuid);
   EXPECT_EQ(NewCudaBackend(2).status().code(), absl::StatusCode::kInvalidArgument);
@@ -167,7 +147,7 @@ TEST(FakeCudaTest, BackendKeepsTheCallersCurrentDevice) {
     ~Restore() { cudaSetDevice(0); }  // for the tests after this one, even on failure
   } restore;
   ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
-  auto backend = Cuda(0);
+  auto backend = CudaBackend(0);
   ASSERT_TRUE(backend);
   auto current = [] {
     int d = -1;
@@ -211,7 +191,7 @@ TEST(FakeCudaTest, BackendKeepsTheCallersCurrentDevice) {
 }
 
 TEST(FakeCudaTest, FailedSegmentsLeaveNoLastError) {
-  auto backend = Cuda();
+  auto backend = CudaBackend();
   ASSERT_TRUE(backend);
   absl::StatusOr<void*> huge = backend->allocate_segment(size_t{2} << 30);
   EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
@@ -233,7 +213,7 @@ TEST(FakeCudaTest, FailedSegmentsLeaveNoLastError) {
 }
 
 TEST(FakeCudaTest, StreamAndHostFunctionFailuresAreErrors) {
-  auto backend = Cuda();
+  auto backend = CudaBackend();
   ASSERT_TRUE(backend);
   {
     ScopedEnv fail("DEVMEM_FAKE_CUDA_FAIL", "cudaStreamCreateWithFlags:1");
@@ -259,7 +239,7 @@ TEST(FakeCudaTest, StreamAndHostFunctionFailuresAreErrors) {
 // Was the end of the process (abort from inside the library); now an error that names
 // the call, and the event whose record failed is not leaked.
 TEST(FakeCudaTest, EventRecordFailureIsADriverError) {
-  auto backend = Cuda();
+  auto backend = CudaBackend();
   ASSERT_TRUE(backend);
   {
     ScopedEnv fail("DEVMEM_FAKE_CUDA_FAIL", "cudaEventRecord:1");
@@ -277,7 +257,7 @@ TEST(FakeCudaTest, EventRecordFailureIsADriverError) {
 
 // A driver failure at any step of map takes back what the call made.
 TEST(FakeCudaTest, MapFailuresUndoEverything) {
-  auto backend = Cuda();
+  auto backend = CudaBackend();
   ASSERT_TRUE(backend);
   absl::StatusOr<void*> r = backend->reserve_address(8 * kG);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -327,7 +307,7 @@ TEST(FakeCudaTest, MapFailuresUndoEverything) {
 }
 
 TEST(FakeCudaTest, ReserveFailuresAreErrors) {
-  auto backend = Cuda();
+  auto backend = CudaBackend();
   ASSERT_TRUE(backend);
   // More address space than the device has (the fake has 64 GiB).
   absl::StatusOr<void*> huge = backend->reserve_address(size_t{1} << 50);
@@ -343,7 +323,7 @@ TEST(FakeCudaTest, ReserveFailuresAreErrors) {
 // allocator (expandable_segments:auto) uses regular segments.
 TEST(FakeCudaTest, NoVirtualMemoryMeansRegularSegments) {
   ScopedEnv no_vmm("DEVMEM_FAKE_CUDA_NO_VMM", "1");
-  auto backend = Cuda();
+  auto backend = CudaBackend();
   ASSERT_TRUE(backend);
   EXPECT_FALSE(backend->caps().virtual_memory);
   EXPECT_EQ(backend->granularity(), 0u);
@@ -375,7 +355,7 @@ TEST(FakeCudaTest, NoVirtualMemoryMeansRegularSegments) {
 void ExpectNoVirtualMemoryBecause(const char* reason) {
   bool ok = true;
   {
-    auto backend = Cuda();
+    auto backend = CudaBackend();
     if (!backend) std::exit(2);
     ok = !backend->caps().virtual_memory && backend->granularity() == 0;
     const std::string why(backend->reserve_address(kG).status().message());
@@ -411,27 +391,14 @@ TEST(FakeCudaEntryPointTest, DriverOlderThanTheToolkitMeansNoVirtualMemory) {
 // FakeCudaAllocatorTest: CachingAllocator over the CUDA backend, with regular
 // ("expandable_segments:false") and expandable segments.
 
-class FakeCudaAllocatorTest : public ::testing::TestWithParam<const char*> {
+class FakeCudaAllocatorTest : public fake_cuda_test::CudaAllocatorTest {
  protected:
-  void SetUp() override {
-    Config base;
-    base.backend = BackendKind::kCuda;
-    absl::StatusOr<Config> config = ParseConfig(GetParam(), base);
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto backend = Cuda();
-    ASSERT_TRUE(backend);
-    alloc_.emplace(std::move(backend), *config);
-  }
   void TearDown() override {
     if (!alloc_) return;
-    EXPECT_TRUE(alloc_->validate().ok()) << alloc_->validate();
-    alloc_->empty_cache();
-    EXPECT_EQ(alloc_->stats().reserved_bytes[kAggregatePool].current, 0);
+    ExpectValidAndEmptied();
     alloc_.reset();
     ExpectNothingLive();
   }
-  bool Expandable() const { return absl::StrContains(GetParam(), "true"); }
-  std::optional<CachingAllocator> alloc_;
 };
 
 TEST_P(FakeCudaAllocatorTest, SegmentsFollowTheConfiguration) {
@@ -509,7 +476,7 @@ TEST_P(FakeCudaAllocatorTest, DriverErrorsAreNotOutOfMemory) {
 TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
   const Config config = alloc_->config();
   alloc_.reset();  // this test's allocator is the hooked one
-  auto owned = std::make_unique<testutil::HookedBackend>(Cuda());
+  auto owned = std::make_unique<testutil::HookedBackend>(CudaBackend());
   testutil::HookedBackend* hooks = owned.get();
   CachingAllocator alloc(std::move(owned), config);
   Backend& backend = alloc.backend();
@@ -533,14 +500,8 @@ TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
   backend.destroy_stream(*s);
 }
 
-INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaAllocatorTest,
-                         ::testing::Values("expandable_segments:false",
-                                           "expandable_segments:true"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           return absl::StrContains(info.param, "true")
-                                      ? std::string("expandable")
-                                      : std::string("regular");
-                         });
+INSTANTIATE_TEST_SUITE_P(Segments, FakeCudaAllocatorTest, fake_cuda_test::SegmentKinds(),
+                         fake_cuda_test::SegmentKindName);
 
 // ---------------------------------------------------------------------------------
 // FakeCudaSelfTest: the fake catches what it promises to.
@@ -737,7 +698,7 @@ TEST(FakeCudaPinnedHostTest, HostTouchableMemoryCachedLikeAnyDevice) {
 // A staging buffer whose copy is still queued on a GPU stream is not handed out again:
 // the next copy's host-side fill would overwrite what the pending copy reads.
 TEST(FakeCudaPinnedHostTest, ReuseWaitsForTheGpuStreamsThatUsedTheBlock) {
-  std::unique_ptr<Backend> gpu = Cuda();
+  std::unique_ptr<Backend> gpu = CudaBackend();
   ASSERT_TRUE(gpu);
   absl::StatusOr<Stream> copies = gpu->create_stream();
   ASSERT_TRUE(copies.ok()) << copies.status();
@@ -811,7 +772,7 @@ TEST(FakeCudaVmmCostTest, ARecycledGranuleKeepsItsHandleForTheNextMap) {
     absl::StatusOr<Config> config =
         ParseConfig("expandable_segments:true,expandable_recycle_threshold:0", base);
     ASSERT_TRUE(config.ok()) << config.status();
-    auto backend = Cuda();
+    auto backend = CudaBackend();
     ASSERT_TRUE(backend);
     CachingAllocator alloc(std::move(backend), *config);
     std::vector<void*> all;
@@ -881,7 +842,7 @@ TEST(FakeCudaThreadCacheTest, ABlockCachedAfterARecycleEventIsNotUnmappedByIt) {
         "thread_cache_max_size:256KiB",
         base);
     ASSERT_TRUE(config.ok()) << config.status();
-    auto backend = Cuda();
+    auto backend = CudaBackend();
     ASSERT_TRUE(backend);
     CachingAllocator alloc(std::move(backend), *config);
     constexpr size_t kBlock = 256 * kKiB;  // cached (thread_cache_max_size)
