@@ -21,8 +21,20 @@
 #   scripts/gpu-check.sh
 #       THERE, from the repository root, with build-gpu/ carried along: through the
 #       device tool, `run` with carry ["build-gpu"] and command
-#       `bash scripts/gpu-check.sh` (timeout_s 540: the steps below are bounded to
-#       about 8 minutes in all; a machine without a GPU is done in seconds).
+#       `bash scripts/gpu-check.sh` (timeout_s 330: the budget below and the copy of
+#       the logs; a machine without a GPU is done in seconds).
+#       Time: the device lease is 15 minutes for every try together, the machine's
+#       start (minutes) included, so one run must leave room for a second. The whole
+#       run is capped at GPU_CHECK_BUDGET_S (default 300 s: a start and two capped runs
+#       take about 13 of the 15 minutes): each step's timeout is its own bound (the
+#       table `bound` below, 925 s in all: each at least 30 s and 3x the step's expected
+#       time) or what is left of the budget, whichever is less, and a step reached with under 10 s
+#       left is not run and fails the check, by name. Expected on an H200 machine:
+#       about 190 s in all (estimates from the CPU-side cost of each step measured on
+#       a development machine plus CUDA and PyTorch start-up; no GPU run has timed it
+#       yet: summary.txt's `times:` line does, per step). Should a GPU run come near
+#       the budget, trim first replay-bench (one trace instead of two),
+#       tensor-cuda-nocublas and demo-cuda-expandable.
 #       Steps, each logged under $OUT (build-gpu/out/ when OUT is unset):
 #         nvidia-smi.txt            nvidia-smi and the machine (glibc, libcuda found)
 #         gtest-cuda.log / .xml     devmem_tests --gtest_filter=
@@ -175,16 +187,66 @@ note() { echo "$*" | tee -a "$summary"; }
 failed=0
 root=$(pwd)
 
+# Each step's bound in seconds (at least 30 s and 3x its expected time on an H200
+# machine, in the comment: estimates until a GPU run's `times:` line says otherwise),
+# and the budget
+# that caps the whole run (the header says why). tests/gpu_check_offline_test.sh checks
+# that the header's sum is this table's.
+declare -A bound=(
+  [nvidia-smi]=40            # its two calls, half each; expect 2 s
+  [loader]=30                # the bundle's programs start here; expect 1 s
+  [gtest-cuda]=60            # expect 10 s (its cpu and sim cases: 4 s on a dev machine)
+  [policy-cuda]=60           # expect 15 s (51 cases on cuda:0)
+  [tensor-cuda]=60           # expect 20 s (the 3-epoch training loop twice)
+  [tensor-cuda-nocublas]=45  # expect 10 s
+  [demo-sim]=45              # expect 5 s (3.3 s of CPU on a dev machine)
+  [demo-cuda]=45             # expect 5 s
+  [demo-cuda-expandable]=45  # expect 5 s
+  [torch]=60                 # expect 10 s (import torch, CUDA start)
+  [cupy]=45                  # expect 10 s (2 s when CuPy is missing)
+  [torch-package]=60         # expect 15 s
+  [torch-step]=90            # expect 20 s (two processes: PyTorch's allocator, devmem)
+  [torch-graphs]=60          # expect 15 s
+  [peer]=30                  # expect 2 s
+  [ipc]=30                   # expect 3 s
+  [replay-bench]=120         # expect 40 s (2 traces x 4 allocators, a process each)
+)
+budget=${GPU_CHECK_BUDGET_S:-300}
+# At least 120 s, so that the first three steps (70 s at most before gtest-cuda) always
+# run and the verdict says whether there is a GPU.
+[[ $budget =~ ^[0-9]+$ ]] && ((budget >= 120)) ||
+  die "GPU_CHECK_BUDGET_S=$budget is not a whole number of seconds, at least 120"
+times=()
+# start_step NAME: sets $limit, the timeout for step NAME (its bound, or what is left
+# of the budget if less), and returns 0; or, with under 10 s left, notes that NAME is
+# not run, fails the check and returns 1. end_step records how long it took.
+start_step() {
+  step=$1
+  step_t0=$SECONDS
+  local left=$((budget - SECONDS))
+  if ((left < 10)); then
+    failed=1
+    note "$step: NOT RUN: $((left < 0 ? 0 : left)) s of the ${budget} s budget left (GPU_CHECK_BUDGET_S)"
+    return 1
+  fi
+  limit=${bound[$step]:-}
+  [[ -n $limit ]] || die "step $step has no bound in the table"
+  ((left < limit)) && limit=$left
+  return 0
+}
+end_step() { times+=("$step $((SECONDS - step_t0)) s"); }
+
 note "devmem gpu-check, $(date -u +%Y-%m-%dT%H:%M:%SZ), on $(hostname)"
 sed -n '1,3p' "$bundle/MANIFEST.txt" | sed 's/^/  bundle: /' | tee -a "$summary"
 
 # 1. The machine.
+start_step nvidia-smi
 {
   echo "== nvidia-smi"
-  if command -v nvidia-smi >/dev/null; then timeout 60 nvidia-smi 2>&1; else echo "not found"; fi
+  if command -v nvidia-smi >/dev/null; then timeout $((limit / 2)) nvidia-smi 2>&1; else echo "not found"; fi
   echo "== nvidia-smi --query-gpu"
   command -v nvidia-smi >/dev/null &&
-    timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
+    timeout $((limit / 2)) nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv 2>&1
   echo "== uname: $(uname -a)"
   echo "== glibc: $(ldd --version 2>&1 | head -1)"
   echo "== libcuda as the loader sees it"
@@ -193,12 +255,14 @@ sed -n '1,3p' "$bundle/MANIFEST.txt" | sed 's/^/  bundle: /' | tee -a "$summary"
 } >"$out/nvidia-smi.txt" 2>&1
 gpu_line=$(grep -m1 -E 'NVIDIA|No devices|not found|failed' "$out/nvidia-smi.txt" || true)
 note "nvidia-smi: ${gpu_line:-see nvidia-smi.txt}"
+end_step
 
 # 2. How to start the bundle's programs: with the machine's glibc when it is new enough
 #    (the usual case), else through the bundled glibc's loader.
+start_step loader
 lib_path="$root/$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 runner=(env "LD_LIBRARY_PATH=$lib_path")
-if ! probe=$("${runner[@]}" "$bundle/bin/devmem_tests" --gtest_list_tests 2>&1 >/dev/null); then
+if ! probe=$(timeout "$limit" "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_list_tests 2>&1 >/dev/null); then
   loader=$(find "$bundle/glibc" -name "ld-linux*" -print -quit)
   [[ -n "$loader" ]] || die "the bundle's programs do not start here and it has no loader: $probe"
   note "loader: the machine's glibc cannot run the bundle ($(echo "$probe" | head -1)); using the bundled glibc"
@@ -206,10 +270,12 @@ if ! probe=$("${runner[@]}" "$bundle/bin/devmem_tests" --gtest_list_tests 2>&1 >
 else
   note "loader: the machine's glibc, LD_LIBRARY_PATH=$bundle/lib"
 fi
+end_step
 
 # 3. The CUDA backend's conformance cases (and cpu/sim's, as a control).
 filter='AllBackends/BackendConformanceTest.*:BackendFactoryTest.*'
-timeout 240 "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_filter="$filter" \
+start_step gtest-cuda  # always runs: see the budget's minimum
+timeout "$limit" "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_filter="$filter" \
   --gtest_output="xml:$out/gtest-cuda.xml" >"$out/gtest-cuda.log" 2>&1
 rc=$?
 cuda_ran=$(grep -cE '^\[       OK \] .*/cuda ' "$out/gtest-cuda.log")
@@ -220,7 +286,7 @@ if [[ $rc -ne 0 ]]; then
   failed=1
   note "gtest: FAILED (exit status $rc); failing cases:"
   grep -E '^\[  FAILED  \] .*\(' "$out/gtest-cuda.log" | sed 's/^/  /' | tee -a "$summary"
-  [[ $rc -eq 124 ]] && note "  (timed out after 240 s)"
+  [[ $rc -eq 124 ]] && note "  (timed out after $limit s)"
 elif [[ $cuda_ran -eq 0 ]]; then
   no_device=1
   note "gtest: passed, but every cuda case was SKIPPED ($cuda_skipped): $(grep -m1 -A1 ': Skipped$' "$out/gtest-cuda.log" | tail -1)"
@@ -232,6 +298,7 @@ else
     note "  the virtual-memory cases (VirtualMemory*, ExpandableSegments*) ran on the GPU"
   fi
 fi
+end_step
 
 # 3a. The allocator policy suite on cuda:0 (tests/test_backend.h): the same cases as on
 #     the sim and the fake CUDA runtime (ctest fake_cuda.policy.*), on the GPU's driver.
@@ -240,8 +307,8 @@ policy_filter+=':CachingAllocatorGcTest.*:CachingAllocatorFractionTest.*:Caching
 policy_filter+=':CachingAllocatorStatsTest.*:CachingAllocatorObserverTest.*:CachingAllocatorExpandableTest.*'
 if [[ $no_device -eq 1 ]]; then
   note "policy-cuda: not run (no usable GPU: the conformance cases skipped)"
-else
-  DEVMEM_TEST_BACKEND=cuda timeout 90 "${runner[@]}" "$bundle/bin/devmem_tests" \
+elif start_step policy-cuda; then
+  DEVMEM_TEST_BACKEND=cuda timeout "$limit" "${runner[@]}" "$bundle/bin/devmem_tests" \
     --gtest_filter="$policy_filter" --gtest_output="xml:$out/policy-cuda.xml" \
     >"$out/policy-cuda.log" 2>&1
   rc=$?
@@ -251,10 +318,11 @@ else
     failed=1
     note "policy-cuda: FAILED (exit status $rc); failing cases:"
     grep -E '^\[  FAILED  \] .*\(' "$out/policy-cuda.log" | sed 's/^/  /' | tee -a "$summary"
-    [[ $rc -eq 124 ]] && note "  (timed out after 90 s)"
+    [[ $rc -eq 124 ]] && note "  (timed out after $limit s)"
   else
     note "policy-cuda: passed; $ran cases ran on cuda:0, $skipped skipped (sim-specific)"
   fi
+  end_step
 fi
 
 # 3b. Every tensor op on cuda:0 against the host kernels, and the training loop on
@@ -271,7 +339,8 @@ run_tensor() {
   local log=$1 filter=$2
   shift 2
   local rc=0
-  env "$@" timeout 150 "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_filter="$filter" \
+  start_step "${log%.log}" || return 0
+  env "$@" timeout "$limit" "${runner[@]}" "$bundle/bin/devmem_tests" --gtest_filter="$filter" \
     --gtest_output="xml:$out/${log%.log}.xml" >"$out/$log" 2>&1
   rc=$?
   local ran skipped
@@ -282,6 +351,7 @@ run_tensor() {
     note "$log: FAILED (exit status $rc); failing cases:"
     grep -E '^\[  FAILED  \] .*\(' "$out/$log" | sed 's/^/  /' | tee -a "$summary"
     grep -m3 -E 'Failure|bound|differ' "$out/$log" | sed 's/^/  /' | tee -a "$summary"
+    [[ $rc -eq 124 ]] && note "  (timed out after $limit s)"
   elif [[ $ran -eq 0 ]]; then
     note "$log: every case SKIPPED ($skipped): $(grep -m1 -A1 ': Skipped$' "$out/$log" | tail -1)"
     [[ $no_device -eq 1 ]] || { failed=1; note "  (but the backend's cuda cases ran: the kernels must too)"; }
@@ -289,6 +359,7 @@ run_tensor() {
     note "$log: passed; $ran cases ran on the GPU, $skipped skipped"
   fi
   grep -m2 -E '^devmem: ' "$out/$log" | sed 's/^/  stderr: /' | tee -a "$summary"
+  end_step
 }
 run_tensor tensor-cuda.log 'TensorCudaTest.*'
 run_tensor tensor-cuda-nocublas.log 'TensorCudaTest.Matmul*:TensorCudaTest.TheTrainingLoop*' \
@@ -299,10 +370,11 @@ run_tensor tensor-cuda-nocublas.log 'TensorCudaTest.Matmul*:TensorCudaTest.TheTr
 run_demo() {
   local log=$1 conf=$2
   local rc=0
+  start_step "${log%.log}" || return 0
   # (The braces keep bash's "Aborted" job notice out of the output: the demo aborts on
   # an uncaught exception, and its exit status says so.)
   {
-    DEVMEM_CONF=$conf timeout 120 "${runner[@]}" "$bundle/bin/devmem-demo" --epochs 2 \
+    DEVMEM_CONF=$conf timeout "$limit" "${runner[@]}" "$bundle/bin/devmem-demo" --epochs 2 \
       >"$out/$log" 2>&1
     rc=$?
   } 2>/dev/null
@@ -312,12 +384,13 @@ run_demo() {
     note "demo ($conf): no usable GPU here (exit status $rc): $(grep -m1 -iE 'cuda' "$out/$log")"
   else
     failed=1
-    note "demo ($conf): FAILED (exit status $rc): $(tail -1 "$out/$log")"
+    note "demo ($conf): FAILED (exit status $rc$([[ $rc -eq 124 ]] && echo ", timed out after $limit s")): $(tail -1 "$out/$log")"
   fi
   if grep -q 'needs virtual memory management' "$out/$log"; then
     note "  the allocator fell back to regular segments: $(grep -m1 'needs virtual memory management' "$out/$log")"
   fi
   grep -m3 -E '^devmem: ' "$out/$log" | sed 's/^/  stderr: /' | tee -a "$summary"
+  end_step
 }
 run_demo demo-sim.log backend:sim
 run_demo demo-cuda.log backend:cuda
@@ -350,15 +423,17 @@ run_framework() {
     note "$script: no python3 here"
     return
   fi
-  LD_LIBRARY_PATH=$lib_path timeout 180 python3 "tests/gpu/$script" \
+  start_step "${log%.log}" || return 0
+  LD_LIBRARY_PATH=$lib_path timeout "$limit" python3 "tests/gpu/$script" \
     "$root/$bundle/lib/libdevmem.so" >"$out/$log" 2>&1
   rc=$?
   if [[ $rc -eq 0 ]]; then
     note "$script: $(grep -m1 -E '^(SKIP|ok)' "$out/$log" || echo passed)"
   else
     failed=1
-    note "$script: FAILED (exit status $rc): $(tail -1 "$out/$log")"
+    note "$script: FAILED (exit status $rc$([[ $rc -eq 124 ]] && echo ", timed out after $limit s")): $(tail -1 "$out/$log")"
   fi
+  end_step
 }
 run_framework torch.log torch_pluggable.py
 run_framework cupy.log cupy_allocator.py
@@ -382,25 +457,27 @@ run_ipc_peer() {
     return
   fi
   ln -sf libdevmem.so "$bundle/lib/$(cat "$bundle/lib/libdevmem.soname")"
-  timeout 60 "${runner[@]}" "$bundle/bin/devmem_ipc_peer_check" "$mode" >"$out/$mode.log" 2>&1
+  start_step "$mode" || return 0
+  timeout "$limit" "${runner[@]}" "$bundle/bin/devmem_ipc_peer_check" "$mode" >"$out/$mode.log" 2>&1
   rc=$?
   if [[ $rc -eq 0 ]] && grep -qE '^(ok|SKIP): ' "$out/$mode.log"; then
     note "ipc_peer_check $mode: $(grep -m1 -E '^(ok|SKIP): ' "$out/$mode.log")"
   else
     failed=1
-    note "ipc_peer_check $mode: FAILED (exit status $rc$([[ $rc -eq 124 ]] && echo ', timed out after 60 s')): $(grep -m1 '^FAIL' "$out/$mode.log" || tail -1 "$out/$mode.log")"
+    note "ipc_peer_check $mode: FAILED (exit status $rc$([[ $rc -eq 124 ]] && echo ", timed out after $limit s")): $(grep -m1 '^FAIL' "$out/$mode.log" || tail -1 "$out/$mode.log")"
   fi
+  end_step
 }
 run_ipc_peer peer
 run_ipc_peer ipc
 
 # 6. The side-by-side replay benchmark: one synthetic and one real training trace,
 #    four allocators, one table (replay-bench.log) and one JSON.
-if command -v python3 >/dev/null; then
+if command -v python3 >/dev/null && start_step replay-bench; then
   # devmem on the GPU where there is one (backend:auto would fall back to sim quietly).
   bench_conf=${DEVMEM_CONF:-}
   [[ $no_device -eq 0 && -z "$bench_conf" ]] && bench_conf=backend:cuda
-  DEVMEM_CONF=$bench_conf LD_LIBRARY_PATH=$lib_path timeout 300 python3 tests/gpu/replay_bench.py \
+  DEVMEM_CONF=$bench_conf LD_LIBRARY_PATH=$lib_path timeout "$limit" python3 tests/gpu/replay_bench.py \
     --lib "$root/$bundle/lib/libdevmem.so" --json "$out/replay-bench.json" \
     tests/data/traces/training_loop.jsonl tests/data/traces/real/resnet18_train.jsonl.gz \
     >"$out/replay-bench.log" 2>&1
@@ -409,11 +486,14 @@ if command -v python3 >/dev/null; then
     note "replay_bench.py: done (table below; JSON in replay-bench.json)"
   else
     failed=1
-    note "replay_bench.py: FAILED (exit status $rc): $(tail -1 "$out/replay-bench.log")"
+    note "replay_bench.py: FAILED (exit status $rc$([[ $rc -eq 124 ]] && echo ", timed out after $limit s")): $(tail -1 "$out/replay-bench.log")"
   fi
   sed 's/^/  /' "$out/replay-bench.log" | tee -a "$summary" >/dev/null
   cat "$out/replay-bench.log"
+  end_step
 fi
+
+note "times: ${times[*]/%/,} ${SECONDS} s in all, of the ${budget} s budget"
 
 if [[ $failed -ne 0 ]]; then
   note "verdict: FAILED (logs in $out)"
