@@ -412,7 +412,7 @@ const std::array<KeySpec, 29>& Keys() {
        "figures (cuMemCreate 50 us, cuMemSetAccess 28 us, cuMemUnmap 18 us, cuMemMap "
        "1 us, cudaMalloc/cudaFree 50 us, ...); none: free; or overrides of those, e.g. "
        "create=193/unmap=26 (calls: malloc, free, address_reserve, address_free, create, "
-       "release, map, unmap, set_access).",
+       "release, map, unmap, set_access; the sim never exports or imports).",
        [](std::string_view v, Config* c) { return ParseSimDriverCosts(v, &c->sim_driver_cost); },
        [](const Config& c) { return FormatSimDriverCosts(c.sim_driver_cost); }},
       {"max_split_size_mb", "integer (MiB) or none", "none",

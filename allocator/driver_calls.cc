@@ -16,7 +16,7 @@ namespace {
 
 constexpr std::string_view kNames[kNumDriverCalls] = {
     "malloc", "free", "address_reserve", "address_free", "create",
-    "release", "map", "unmap", "set_access"};
+    "release", "map", "unmap", "set_access", "export", "import"};
 
 // Microseconds with up to three decimals ("7.6", "50"), for FormatSimDriverCosts.
 std::string FormatUs(uint64_t ns) {
@@ -82,13 +82,17 @@ std::string ParseSimDriverCosts(std::string_view text, SimDriverCosts* out) {
     }
     const std::string_view name = part.substr(0, eq);
     int call = -1;
-    for (int i = 0; i < kNumDriverCalls; ++i) {
+    for (int i = 0; i < kNumDriverCallsBeforeIpc; ++i) {
       if (kNames[i] == name) call = i;
     }
     if (call < 0) {
-      return absl::StrCat("names the call \"", Av(name),
-                          "\", not one of malloc, free, address_reserve, address_free, "
-                          "create, release, map, unmap, set_access");
+      return absl::StrCat(
+          "names the call \"", Av(name), "\", not one of ",
+          absl::StrJoin(kNames, kNames + kNumDriverCallsBeforeIpc, ", ",
+                        [](std::string* out, std::string_view n) { out->append(n); }),
+          Av(name == "export" || name == "import"
+                 ? " (the sim shares no memory: it never exports or imports)"
+                 : ""));
     }
     double us = 0;
     if (!absl::SimpleAtod(Av(part.substr(eq + 1)), &us) || !std::isfinite(us) || us < 0 ||

@@ -40,11 +40,17 @@ enum class DriverCall : int {
   kMap,              // cuMemMap (one handle)
   kUnmap,            // cuMemUnmap (one contiguous range)
   kSetAccess,        // cuMemSetAccess (one contiguous range, every device at once)
+  kExport,           // cuMemExportToShareableHandle (one granule; allocator/ipc.h)
+  kImport,           // cuMemImportFromShareableHandle (one granule)
 };
-inline constexpr int kNumDriverCalls = 9;
+inline constexpr int kNumDriverCalls = 11;
+// The kinds before kExport: what files written before IPC calls were counted hold, and
+// what the sim's driver cost model charges (the sim shares no memory, so it never
+// exports or imports). Readers take the later kinds as 0 when a file lacks them.
+inline constexpr int kNumDriverCallsBeforeIpc = static_cast<int>(DriverCall::kExport);
 
 // "malloc", "free", "address_reserve", "address_free", "create", "release", "map",
-// "unmap", "set_access": the metrics label and the JSON key.
+// "unmap", "set_access", "export", "import": the metrics label and the JSON key.
 std::string_view DriverCallName(DriverCall call);
 
 // One device's driver figures since its backend was made (never reset: counters).

@@ -926,8 +926,10 @@ class CudaBackend final : public Backend, public IpcBackend {
     for (auto it = granules_.lower_bound(first); it != granules_.end() && it->first < end;
          ++it) {
       int fd = -1;
-      if (CUresult r = Driver().mem_export(&fd, it->second,
-                                           CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+      if (CUresult r = Timed(DriverCall::kExport, [&] {
+            return Driver().mem_export(&fd, it->second,
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+          });
           r != CUDA_SUCCESS) {
         CloseIpcFds(h);
         const std::string what = absl::StrFormat(
@@ -972,9 +974,11 @@ class CudaBackend final : public Backend, public IpcBackend {
     absl::Status failed;
     for (size_t i = 0; i < h.fds.size() && failed.ok(); ++i) {
       CUmemGenericAllocationHandle handle = 0;
-      if (CUresult r = d.mem_import(&handle,
-                                    reinterpret_cast<void*>(static_cast<intptr_t>(h.fds[i])),
-                                    CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+      if (CUresult r = Timed(DriverCall::kImport, [&] {
+            return d.mem_import(&handle,
+                                reinterpret_cast<void*>(static_cast<intptr_t>(h.fds[i])),
+                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+          });
           r != CUDA_SUCCESS) {
         failed = CuStatus(name_, absl::StrFormat("%s: cuMemImportFromShareableHandle(fd %d)",
                                                  call, h.fds[i]), r);
@@ -984,7 +988,7 @@ class CudaBackend final : public Backend, public IpcBackend {
                              [&] { return d.mem_map(base + i * g, g, 0, handle, 0); });
           r != CUDA_SUCCESS) {
         ReportCu(name_, "cuMemRelease (undoing a failed ipc_import)",
-                 d.mem_release(handle));
+                 Timed(DriverCall::kRelease, [&] { return d.mem_release(handle); }));
         failed = CuStatus(name_, absl::StrFormat("%s: cuMemMap of granule %u", call, i), r);
         break;
       }
@@ -1092,7 +1096,8 @@ class CudaBackend final : public Backend, public IpcBackend {
                }));
     }
     for (CUmemGenericAllocationHandle handle : m.handles) {
-      ReportCu(name_, "cuMemRelease (an imported block)", d.mem_release(handle));
+      ReportCu(name_, "cuMemRelease (an imported block)",
+               Timed(DriverCall::kRelease, [&] { return d.mem_release(handle); }));
     }
     ReportCu(name_, "cuMemAddressFree (an imported block)",
              Timed(DriverCall::kAddressFree, [&] { return d.mem_address_free(m.base, m.bytes); }));

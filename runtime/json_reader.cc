@@ -296,6 +296,9 @@ DeviceStats StatsFrom(const object& v, const Path& path) {
     const object ns = ObjF(v, "driver_ns", path);
     for (int i = 0; i < kNumDriverCalls; ++i) {
       const std::string name(DriverCallName(static_cast<DriverCall>(i)));
+      // Kinds added later (export, import) are 0 in files written before them.
+      element unused;
+      if (i >= kNumDriverCallsBeforeIpc && !Find(calls, name.c_str(), &unused)) continue;
       stats.driver.calls[i] = I64F(calls, name.c_str(), pc);
       stats.driver.ns[i] = I64F(ns, name.c_str(), pn);
     }

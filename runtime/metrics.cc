@@ -359,7 +359,7 @@ std::vector<MetricFamily> MetricsCollector::Collect() const {
     Family calls("devmem_driver_calls_total", MetricType::Counter,
                  "Driver calls the backend made, by kind (call: malloc, free, "
                  "address_reserve, address_free, create, release, map, unmap, "
-                 "set_access).");
+                 "set_access, export, import).");
     Family seconds("devmem_driver_seconds_total", MetricType::Counter,
                    "Time in those driver calls: measured on cuda, the driver cost "
                    "model's estimate on sim (never slept).");

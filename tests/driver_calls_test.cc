@@ -182,6 +182,9 @@ TEST(DriverCallsTest, BadSimDriverCostsNameTheKeyAndThePart) {
       {"sim_driver_cost:create=-1", "\"-1\""},
       {"sim_driver_cost:create=abc", "\"abc\""},
       {"sim_driver_cost:create=2000000", "\"2000000\""},
+      // Driver calls the sim never makes (IPC: it shares no memory).
+      {"sim_driver_cost:export=5", "\"export\", not one of malloc"},
+      {"sim_driver_cost:import=5", "never exports or imports"},
   };
   for (const auto& [text, part] : cases) {
     absl::StatusOr<Config> c = ParseConfig(text);

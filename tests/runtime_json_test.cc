@@ -204,6 +204,32 @@ TEST_F(SnapshotJsonTest, RoundTripIsExactIncludingSites) {
   EXPECT_EQ(sites[site_a_].kind, SiteKind::kClone);
 }
 
+// A snapshot written before export/import were counted (driver_calls and driver_ns
+// without them) still reads, those two as 0 and every other kind as written.
+TEST_F(SnapshotJsonTest, DriverCallsWithoutTheIpcKindsReadAsZero) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  nlohmann::json j = nlohmann::json::parse(SnapshotToJson(snap));
+  for (const char* kind : {"export", "import"}) {
+    for (const char* table : {"driver_calls", "driver_ns"}) {
+      ASSERT_EQ(j["devices"][0]["stats"][table].erase(kind), 1u) << table << "." << kind;
+    }
+  }
+  SiteMap sites;
+  absl::StatusOr<RuntimeSnapshot> back = SnapshotFromJson(j.dump(), &sites, nullptr);
+  ASSERT_TRUE(back.ok()) << back.status();
+  DriverCallStats want = snap.devices[0].stats.driver;
+  for (DriverCall c : {DriverCall::kExport, DriverCall::kImport}) {
+    want.calls[static_cast<int>(c)] = 0;
+    want.ns[static_cast<int>(c)] = 0;
+  }
+  EXPECT_EQ(back->devices[0].stats.driver, want);
+  // An older kind missing is still an error naming it.
+  j["devices"][0]["stats"]["driver_calls"].erase("map");
+  absl::StatusOr<RuntimeSnapshot> bad = SnapshotFromJson(j.dump(), &sites, nullptr);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("map"), std::string_view::npos) << bad.status();
+}
+
 TEST_F(SnapshotJsonTest, DocumentShape) {
   const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
   const nlohmann::json j = nlohmann::json::parse(SnapshotToJson(snap));

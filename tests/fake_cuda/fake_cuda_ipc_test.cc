@@ -6,6 +6,8 @@
 //       (IpcExport) and sends the handle over a unix socket (the fds by SCM_RIGHTS);
 //       the child imports it, reads the parent's bytes and writes its own, which the
 //       parent then reads; both processes end with nothing leaked (the fake's check);
+//   FakeCudaIpcTest.ExportAndImportAreCountedWithTheOtherDriverCalls   export and
+//       import calls (and an import's undo) in the backend's driver-call stats;
 //   FakeCudaIpcModelTest   exporting a handle created without the POSIX FD type
 //       fails as CUDA does (CUDA_ERROR_INVALID_VALUE);
 //   FakeCudaIpcTest.WithoutPosixFdHandlesSegmentsAreRegular   a driver without POSIX
@@ -28,6 +30,7 @@
 #include "absl/strings/match.h"
 #include "allocator/backend.h"
 #include "allocator/caching_allocator.h"
+#include "allocator/driver_calls.h"
 #include "allocator/ipc.h"
 #include "allocator/types.h"
 #include "cuda/cuda_backend.h"
@@ -39,8 +42,11 @@ namespace devmem {
 namespace {
 
 using fake_cuda_test::CudaAllocator;
+using fake_cuda_test::CudaBackend;
 using fake_cuda_test::DriverFn;
 using fake_cuda_test::InChild;
+using fake_cuda_test::Live;
+using fake_cuda_test::ScopedEnv;
 
 constexpr size_t kG = size_t{2} << 20;
 
@@ -180,6 +186,68 @@ TEST(FakeCudaIpcTest, TwoProcessesShareAnExpandableBlock) {
     }
     close(sv[0]);
   });
+}
+
+// cuMemExportToShareableHandle and cuMemImportFromShareableHandle are counted (and
+// timed) with the other driver calls, one per granule, as are the calls an import and
+// its undo make around them; failed calls count too. (In one process: the fake imports
+// its own export as a new handle of the same memory.)
+TEST(FakeCudaIpcTest, ExportAndImportAreCountedWithTheOtherDriverCalls) {
+  auto a = CudaAllocator(0, "expandable_segments:true");
+  auto importer = CudaBackend(0);
+  ASSERT_TRUE(a && importer);
+  auto* ipc = dynamic_cast<IpcBackend*>(importer.get());
+  ASSERT_NE(ipc, nullptr);
+  void* block = a->allocate(5 * kMiB);  // three granules
+  auto delta = [](const DriverCallStats& before, const DriverCallStats& after,
+                  DriverCall c) { return after.count(c) - before.count(c); };
+
+  const DriverCallStats exporter0 = a->stats().driver;
+  absl::StatusOr<IpcHandle> h = IpcExport(*a, block);
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_EQ(h->fds.size(), 3u);
+  const DriverCallStats exporter1 = a->stats().driver;
+  EXPECT_EQ(delta(exporter0, exporter1, DriverCall::kExport), 3);
+  EXPECT_GE(exporter1.ns[static_cast<int>(DriverCall::kExport)],
+            exporter0.ns[static_cast<int>(DriverCall::kExport)]);
+  EXPECT_EQ(exporter1.total_ns() - exporter0.total_ns(),
+            exporter1.ns[static_cast<int>(DriverCall::kExport)] -
+                exporter0.ns[static_cast<int>(DriverCall::kExport)]);  // nothing else
+
+  const DriverCallStats i0 = importer->driver_calls();
+  absl::StatusOr<void*> p = ipc->ipc_import(*h);
+  ASSERT_TRUE(p.ok()) << p.status();
+  const DriverCallStats i1 = importer->driver_calls();
+  EXPECT_EQ(delta(i0, i1, DriverCall::kImport), 3);
+  EXPECT_EQ(delta(i0, i1, DriverCall::kAddressReserve), 1);
+  EXPECT_EQ(delta(i0, i1, DriverCall::kMap), 3);
+  EXPECT_EQ(delta(i0, i1, DriverCall::kSetAccess), 1);
+  ASSERT_EQ(ipc->ipc_close(*p), absl::OkStatus());
+  const DriverCallStats i2 = importer->driver_calls();
+  EXPECT_EQ(delta(i1, i2, DriverCall::kUnmap), 1);
+  EXPECT_EQ(delta(i1, i2, DriverCall::kRelease), 3);
+  EXPECT_EQ(delta(i1, i2, DriverCall::kAddressFree), 1);
+
+  {  // The second import fails: both attempts count, and the undo's calls.
+    ScopedEnv fail("DEVMEM_FAKE_CUDA_FAIL", "cuMemImportFromShareableHandle:2");
+    absl::StatusOr<void*> failed = ipc->ipc_import(*h);
+    EXPECT_FALSE(failed.ok());
+    EXPECT_TRUE(absl::StrContains(failed.status().message(),
+                                  "cuMemImportFromShareableHandle(fd "))
+        << failed.status();
+  }
+  const DriverCallStats i3 = importer->driver_calls();
+  EXPECT_EQ(delta(i2, i3, DriverCall::kImport), 2);
+  EXPECT_EQ(delta(i2, i3, DriverCall::kMap), 1);
+  EXPECT_EQ(delta(i2, i3, DriverCall::kUnmap), 1);
+  EXPECT_EQ(delta(i2, i3, DriverCall::kRelease), 1);
+  EXPECT_EQ(delta(i2, i3, DriverCall::kAddressFree), 1);
+  EXPECT_EQ(Live("mappings"), 3u);  // only the exporter's own granules
+
+  CloseIpcFds(*h);
+  a->free(block);
+  a->empty_cache();
+  EXPECT_EQ(Live("mappings"), 0u);
 }
 
 TEST(FakeCudaIpcModelTest, ExportNeedsThePosixFdTypeRequestedAtCreation) {
