@@ -748,6 +748,28 @@ std::function<void()> DeviceWork(State& st, const char* call, uintptr_t addr,
   };
 }
 
+// The bodies of copy work: the pieces of device memory, in address order, gathered
+// into the host bytes at `to`, or the host bytes at `from` scattered over them. The
+// caller keeps the host bytes alive until the work has run.
+std::function<void(const Pieces&)> GatherInto(char* to) {
+  return [to](const Pieces& pieces) {
+    size_t at = 0;
+    for (const auto& [p, n] : pieces) {
+      std::memcpy(to + at, p, n);
+      at += n;
+    }
+  };
+}
+std::function<void(const Pieces&)> ScatterFrom(const char* from) {
+  return [from](const Pieces& pieces) {
+    size_t at = 0;
+    for (const auto& [p, n] : pieces) {
+      std::memcpy(p, from + at, n);
+      at += n;
+    }
+  };
+}
+
 // --- the driver (reached through cudaGetDriverEntryPointByVersion) -------------------
 
 const char* CuErrorNameOf(CUresult r) {
@@ -870,14 +892,23 @@ CUresult NeedContext() {
   return t_context >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
-CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
-                                       CUdeviceptr addr, unsigned long long flags) {
-  Enter("cuMemAddressReserve");
+// What every cuMem* entry point checks first, in this order: it is not called from a
+// host function (misuse), the thread has a current context, the context has no sticky
+// error, and, for the calls a stream capture forbids (`capture_unsafe`), no capture
+// that forbids them is under way. CUDA_SUCCESS to go on, else the driver's error.
+CUresult EnterMemCall(const char* call, bool capture_unsafe = true) {
+  Enter(call);
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
   if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemAddressReserve") != cudaSuccess) {
+  if (capture_unsafe && fake_cuda::CheckUnsafeCall(call) != cudaSuccess) {
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment,
+                                       CUdeviceptr addr, unsigned long long flags) {
+  if (CUresult r = EnterMemCall("cuMemAddressReserve"); r != CUDA_SUCCESS) return r;
   // "The size and address parameters must be a multiple of the host page size and
   // the alignment must be a power of two or zero"; flags "must be zero".
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -897,12 +928,7 @@ CUresult CUDAAPI FakeMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t ali
 }
 
 CUresult CUDAAPI FakeMemAddressFree(CUdeviceptr ptr, size_t size) {
-  Enter("cuMemAddressFree");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemAddressFree") != cudaSuccess) {
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  if (CUresult r = EnterMemCall("cuMemAddressFree"); r != CUDA_SUCCESS) return r;
   if (int e = Injected("cuMemAddressFree")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -927,12 +953,7 @@ CUresult CUDAAPI FakeMemAddressFree(CUdeviceptr ptr, size_t size) {
 CUresult CUDAAPI FakeMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
                                const CUmemAllocationProp* prop,
                                unsigned long long flags) {
-  Enter("cuMemCreate");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemCreate") != cudaSuccess) {
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  if (CUresult r = EnterMemCall("cuMemCreate"); r != CUDA_SUCCESS) return r;
   if (handle == nullptr || flags != 0 || size == 0 || size % kGranularity != 0) {
     return CUDA_ERROR_INVALID_VALUE;
   }
@@ -979,12 +1000,7 @@ void MaybeFreeHandle(State& st, CUmemGenericAllocationHandle h) {
 }
 
 CUresult CUDAAPI FakeMemRelease(CUmemGenericAllocationHandle handle) {
-  Enter("cuMemRelease");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemRelease") != cudaSuccess) {
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  if (CUresult r = EnterMemCall("cuMemRelease"); r != CUDA_SUCCESS) return r;
   if (int e = Injected("cuMemRelease")) return static_cast<CUresult>(e);
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
@@ -1003,12 +1019,7 @@ CUresult CUDAAPI FakeMemRelease(CUmemGenericAllocationHandle handle) {
 CUresult CUDAAPI FakeMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             CUmemGenericAllocationHandle handle,
                             unsigned long long flags) {
-  Enter("cuMemMap");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemMap") != cudaSuccess) {
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  if (CUresult r = EnterMemCall("cuMemMap"); r != CUDA_SUCCESS) return r;
   // "offset ... currently must be zero", flags "must be zero now"; ptr and size
   // multiples of the minimum granularity.
   if (offset != 0 || flags != 0 || size == 0 || ptr % kGranularity != 0 ||
@@ -1076,12 +1087,7 @@ std::map<uintptr_t, Mapping>::iterator WholeMappings(State& st, const char* call
 
 CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
                                   const CUmemAccessDesc* desc, size_t count) {
-  Enter("cuMemSetAccess");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemSetAccess") != cudaSuccess) {
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  if (CUresult r = EnterMemCall("cuMemSetAccess"); r != CUDA_SUCCESS) return r;
   if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
   for (size_t i = 0; i < count; ++i) {
     if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE) {
@@ -1112,12 +1118,7 @@ CUresult CUDAAPI FakeMemSetAccess(CUdeviceptr ptr, size_t size,
 }
 
 CUresult CUDAAPI FakeMemUnmap(CUdeviceptr ptr, size_t size) {
-  Enter("cuMemUnmap");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
-  if (fake_cuda::CheckUnsafeCall("cuMemUnmap") != cudaSuccess) {
-    return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-  }
+  if (CUresult r = EnterMemCall("cuMemUnmap"); r != CUDA_SUCCESS) return r;
   State& st = Global();
   std::lock_guard<std::mutex> lock(st.mu);
   // "The range must be the entire contiguous address range that was mapped to":
@@ -1152,9 +1153,10 @@ CUresult CUDAAPI FakeMemExportToShareableHandle(void* shareable,
                                                 CUmemGenericAllocationHandle handle,
                                                 CUmemAllocationHandleType type,
                                                 unsigned long long flags) {
-  Enter("cuMemExportToShareableHandle");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = EnterMemCall("cuMemExportToShareableHandle", /*capture_unsafe=*/false);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
   if (shareable == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   if (int e = Injected("cuMemExportToShareableHandle")) return static_cast<CUresult>(e);
@@ -1174,9 +1176,10 @@ CUresult CUDAAPI FakeMemExportToShareableHandle(void* shareable,
 CUresult CUDAAPI FakeMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle,
                                                   void* os_handle,
                                                   CUmemAllocationHandleType type) {
-  Enter("cuMemImportFromShareableHandle");
-  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
-  if (CUresult r = StickyCu(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = EnterMemCall("cuMemImportFromShareableHandle", /*capture_unsafe=*/false);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
   if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
   if (int e = Injected("cuMemImportFromShareableHandle")) return static_cast<CUresult>(e);
@@ -1370,27 +1373,11 @@ cudaError_t MemcpyPeer(const char* call, void* dst, int dst_device, const void* 
     }
     const int device = s->device;
     auto buffer = std::make_shared<std::vector<char>>(count);
-    std::function<void()> read = DeviceWork(
-        st, call, from, count,
-        [buffer](const Pieces& pieces) {
-          size_t at = 0;
-          for (const auto& [p, n] : pieces) {
-            std::memcpy(buffer->data() + at, p, n);
-            at += n;
-          }
-        },
-        device, Reach::kCopy);
-    std::function<void()> write = DeviceWork(
-        st, call, d, count,
-        [buffer](const Pieces& pieces) {
-          size_t at = 0;
-          for (const auto& [p, n] : pieces) {
-            std::memcpy(p, buffer->data() + at, n);
-            at += n;
-          }
-        },
-        device, Reach::kCopy);
-    std::function<void()> work = [read, write, device] {
+    std::function<void()> read =
+        DeviceWork(st, call, from, count, GatherInto(buffer->data()), device, Reach::kCopy);
+    std::function<void()> write =
+        DeviceWork(st, call, d, count, ScatterFrom(buffer->data()), device, Reach::kCopy);
+    std::function<void()> work = [read, write, device, buffer] {  // buffer: kept alive
       read();
       if (Sticky(device) == cudaSuccess) write();  // a faulted read writes nothing
     };
@@ -1959,31 +1946,21 @@ cudaError_t CUDARTAPI cudaMemcpy(void* dst, const void* src, size_t count,
     s = FindStream(st, nullptr, "cudaMemcpy");
     if (cudaError_t e = Sticky(s->device)) return Fail(e);
     if (int e = Injected("cudaMemcpy")) return Fail(static_cast<cudaError_t>(e));
-  if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaMemcpy"); e != cudaSuccess) return Fail(e);
+    if (cudaError_t e = fake_cuda::CheckUnsafeCall("cudaMemcpy"); e != cudaSuccess) {
+      return Fail(e);
+    }
     if (kind == cudaMemcpyDeviceToHost) {
       auto* to = static_cast<char*>(dst);
-      seq = Enqueue(
-          st, s,
-          DeviceWork(st, "cudaMemcpy (device to host)", reinterpret_cast<uintptr_t>(src),
-                     count, [to](const Pieces& pieces) {
-                       size_t at = 0;
-                       for (const auto& [p, n] : pieces) {
-                         std::memcpy(to + at, p, n);
-                         at += n;
-                       }
-                     }, s->device, Reach::kCopy));
+      seq = Enqueue(st, s,
+                    DeviceWork(st, "cudaMemcpy (device to host)",
+                               reinterpret_cast<uintptr_t>(src), count, GatherInto(to),
+                               s->device, Reach::kCopy));
     } else {
       const auto* from = static_cast<const char*>(src);
-      seq = Enqueue(
-          st, s,
-          DeviceWork(st, "cudaMemcpy (host to device)", reinterpret_cast<uintptr_t>(dst),
-                     count, [from](const Pieces& pieces) {
-                       size_t at = 0;
-                       for (const auto& [p, n] : pieces) {
-                         std::memcpy(p, from + at, n);
-                         at += n;
-                       }
-                     }, s->device, Reach::kCopy));
+      seq = Enqueue(st, s,
+                    DeviceWork(st, "cudaMemcpy (host to device)",
+                               reinterpret_cast<uintptr_t>(dst), count, ScatterFrom(from),
+                               s->device, Reach::kCopy));
     }
   }
   WaitFor(s, seq);  // synchronous for pageable host memory
