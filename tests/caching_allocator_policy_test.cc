@@ -52,6 +52,7 @@ constexpr const char* kDeviceFigures =
     "the OOM report's device figures are the device's, which only the sim sizes to "
     "sim_capacity";
 
+using testutil::CatchOom;
 using testutil::CountSegments;
 using testutil::FindBlock;
 using testutil::FindSegment;
@@ -76,18 +77,6 @@ size_t BlockSize(const CachingAllocator& a, const void* p) {
   std::optional<BlockInfo> b = a.find_allocation(p);
   EXPECT_TRUE(b.has_value()) << "no allocated block at " << p;
   return b.has_value() ? b->size : 0;
-}
-
-template <typename F>
-std::optional<OomReport> CatchOom(F&& f) {
-  try {
-    f();
-  } catch (const OutOfMemoryError& e) {
-    return e.report();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "unexpected exception: " << e.what();
-  }
-  return std::nullopt;
 }
 
 // --- rounding and pool choice ---------------------------------------------------------

@@ -27,6 +27,7 @@
 namespace devmem {
 namespace {
 
+using testutil::CatchOom;
 using testutil::MakeSimAllocator;
 
 // Restores the process-wide rate a test changes.
@@ -256,12 +257,7 @@ TEST_F(StackSamplerTest, AnOomReportListsTheSampledStacksHoldingTheMost) {
     held.push_back(AllocateAtDepth(*a, depth, size_t(depth) << 20));  // 1 .. 7 MiB
   }
   held.push_back(HoldTheMost(*a));  // 24 MiB: 52 MiB held in all
-  std::optional<OomReport> report;
-  try {
-    a->allocate(64 << 20);
-  } catch (const OutOfMemoryError& e) {
-    report = e.report();
-  }
+  std::optional<OomReport> report = CatchOom([&] { a->allocate(64 << 20); });
   ASSERT_TRUE(report.has_value()) << "no OutOfMemoryError";
   EXPECT_EQ(report->stack_sample_bytes, 1u);
   ASSERT_EQ(report->top_stacks.size(), kOomTopStacks);
@@ -286,12 +282,7 @@ TEST_F(StackSamplerTest, AnOomReportListsTheSampledStacksHoldingTheMost) {
   stack_sampler::SetMeanBytes(0);
   for (void* p : held) a->free(p);
   held = {HoldTheMost(*a), HoldTheMost(*a)};
-  report.reset();
-  try {
-    a->allocate(64 << 20);
-  } catch (const OutOfMemoryError& e) {
-    report = e.report();
-  }
+  report = CatchOom([&] { a->allocate(64 << 20); });
   ASSERT_TRUE(report.has_value());
   EXPECT_TRUE(report->top_stacks.empty());
   EXPECT_NOT_CONTAINS(report->ToString(), "sampled stacks");
@@ -317,12 +308,7 @@ TEST_F(StackSamplerTest, AnOomReportBoundsEachEstimateByItsSitesExactBytes) {
   }
   ASSERT_NE(held, nullptr) << "no seed in 1 .. 2000 sampled the buffer";
   ASSERT_GT(stack_sampler::LiveStacks(a.get())[0].estimated_bytes, double(64 << 20));
-  std::optional<OomReport> report;
-  try {
-    a->allocate(8 << 20);
-  } catch (const OutOfMemoryError& e) {
-    report = e.report();
-  }
+  std::optional<OomReport> report = CatchOom([&] { a->allocate(8 << 20); });
   ASSERT_TRUE(report.has_value()) << "no OutOfMemoryError";
   ASSERT_EQ(report->top_stacks.size(), 1u);
   const SampledStack& s = report->top_stacks[0];

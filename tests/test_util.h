@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <exception>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -224,6 +225,20 @@ inline ::testing::AssertionResult StatIdentitiesHold(const DeviceStats& s) {
   std::string b = bad.str();
   if (b.empty()) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure() << "stat identities broken:" << b;
+}
+
+// The report of the OutOfMemoryError that `f` throws; nullopt (and a failure for any
+// other exception) when it throws none.
+template <typename F>
+std::optional<OomReport> CatchOom(F&& f) {
+  try {
+    f();
+  } catch (const OutOfMemoryError& e) {
+    return e.report();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "unexpected exception: " << e.what();
+  }
+  return std::nullopt;
 }
 
 // --- snapshot ---------------------------------------------------------------------
