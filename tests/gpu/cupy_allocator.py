@@ -17,7 +17,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import capi_bindings as capi  # noqa: E402
-from gpu_script import fail, skip  # noqa: E402
+from gpu_script import fail, load_devmem_on_cuda, skip  # noqa: E402
 
 
 def main():
@@ -37,15 +37,7 @@ def main():
     if not hasattr(cupy.cuda.memory, "CFunctionAllocator"):
         skip("this CuPy has no cupy.cuda.memory.CFunctionAllocator")
 
-    os.environ.setdefault("DEVMEM_CONF", "backend:cuda")
-    lib = capi.load(path)
-    raw = lib.devmem_stats_json(0)
-    if not raw:
-        error = capi.last_error(lib)
-        if "built without CUDA" in error:
-            skip("libdevmem.so was built without the CUDA toolkit: " + error)
-        fail("devmem cannot use cuda:0 although CuPy can: " + error)
-    lib.devmem_string_free(raw)
+    lib = load_devmem_on_cuda(capi, path, "CuPy")
 
     # CuPy calls malloc as void*(void* param, size_t size, int device_id) and free as
     # void(void* param, void* ptr, int device_id); `lib` is the owner kept alive.

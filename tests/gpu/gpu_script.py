@@ -39,6 +39,23 @@ def import_torch_with_pluggable_allocator():
     return torch
 
 
+def load_devmem_on_cuda(capi, path, framework):
+    """libdevmem.so at `path` through tests/capi_bindings.py (`capi`), asked for the CUDA
+    backend so that a library built without the toolkit says so instead of quietly
+    using the simulated device: skips then, and fails when devmem cannot use cuda:0
+    although `framework` ("PyTorch", "CuPy") can."""
+    os.environ.setdefault("DEVMEM_CONF", "backend:cuda")
+    lib = capi.load(path)
+    raw = lib.devmem_stats_json(0)
+    if not raw:
+        error = capi.last_error(lib)
+        if "built without CUDA" in error:
+            skip("libdevmem.so was built without the CUDA toolkit: " + error)
+        fail("devmem cannot use cuda:0 although %s can: %s" % (framework, error))
+    lib.devmem_string_free(raw)
+    return lib
+
+
 def use_package(argv):
     """Puts python/ first on the path and points the devmem package at argv[1] when
     given (else it finds libdevmem.so itself); asks for the CUDA backend so that a

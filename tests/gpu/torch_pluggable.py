@@ -24,7 +24,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import capi_bindings as capi  # noqa: E402
-from gpu_script import fail, import_torch_with_pluggable_allocator, skip  # noqa: E402
+from gpu_script import fail, import_torch_with_pluggable_allocator, load_devmem_on_cuda  # noqa: E402
 
 
 def main():
@@ -32,17 +32,7 @@ def main():
                            os.path.join(HERE, "..", "..", "build", "lib", "libdevmem.so"))
     torch = import_torch_with_pluggable_allocator()
 
-    # devmem itself must run on CUDA: ask for it, so that a libdevmem.so built without
-    # the toolkit says so instead of quietly using the simulated device.
-    os.environ.setdefault("DEVMEM_CONF", "backend:cuda")
-    lib = capi.load(path)
-    raw = lib.devmem_stats_json(0)
-    if not raw:
-        error = capi.last_error(lib)
-        if "built without CUDA" in error:
-            skip("libdevmem.so was built without the CUDA toolkit: " + error)
-        fail("devmem cannot use cuda:0 although PyTorch can: " + error)
-    lib.devmem_string_free(raw)
+    lib = load_devmem_on_cuda(capi, path, "PyTorch")  # devmem itself must run on CUDA
 
     # The same path: PyTorch's ctypes.CDLL gets the handle loaded above, so both see one
     # devmem runtime.
