@@ -27,13 +27,16 @@
 #   the fuzz build of scripts/test.sh: clang-16 and its runtime libclang-rt-16-dev
 #     (libFuzzer); Debian's default clang (14) lacks __builtin_source_location, which
 #     <source_location> (allocator/site.h) needs;
-#   the demo: nothing beyond the build.
+#   the demo: nothing beyond the build;
+#   libbenchmark-dev (Google Benchmark): installed as one of the project's declared
+#     dependencies; no target builds against it today (devmem-bench and
+#     tensor/bench_kernels.cc time their loops themselves).
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git python3 ccache
   libjemalloc-dev libmimalloc-dev libabsl-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev googletest
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
   nlohmann-json3-dev libsimdjson-dev libcli11-dev zlib1g-dev
   libcivetweb-dev prometheus
   chromium clang-16 libclang-rt-16-dev
