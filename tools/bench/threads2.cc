@@ -1,0 +1,206 @@
+// tools/bench/threads2.cc: see threads2.h.
+#include "tools/bench/threads2.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_format.h"
+#include "tools/bench/bench_util.h"
+#include "tools/bench/shipped_path.h"
+
+namespace devmem::devbench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One spin of a busy wait: tells the core (and an SMT sibling) that this is one.
+inline void Pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// What one worker measured in one pass.
+struct WorkerPass {
+  Clock::time_point begin, end;
+  int64_t cpu_ns = 0;  // its thread CPU time between the two
+  double wall_ns() const { return std::chrono::duration<double, std::nano>(end - begin).count(); }
+  double off_cpu_ns() const { return std::max(0.0, wall_ns() - static_cast<double>(cpu_ns)); }
+};
+
+// The two workers and the passes they run on request. Nothing but `alloc` is shared
+// between the workers' pair loops: the pass control below is touched only at a pass's
+// start (the barrier) and end.
+class Workers {
+ public:
+  Workers(CachingAllocator& alloc, const std::vector<size_t>& a, const std::vector<size_t>& b)
+      : ops_{alloc}, streams_{&a, &b} {
+    for (size_t t = 0; t < 2; ++t) threads_[t] = std::thread([this, t] { run(t); });
+  }
+  ~Workers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& w : threads_) w.join();
+  }
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+
+  // Runs one pass on workers 0 .. n-1 (n is 1 or 2) and returns what each measured.
+  std::vector<WorkerPass> pass(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    active_ = n;
+    done_ = 0;
+    arrived_.store(0, std::memory_order_relaxed);  // ordered before the workers by mu_
+    ++generation_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return done_ == n; });
+    return std::vector<WorkerPass>(result_, result_ + n);
+  }
+
+  size_t pairs(size_t t) const { return streams_[t]->size() * kThreadsRounds; }
+
+ private:
+  void run(size_t t) {
+    uint64_t seen = 0;
+    for (;;) {
+      size_t n = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || (generation_ != seen && t < active_); });
+        if (stop_) return;
+        seen = generation_;
+        n = active_;
+      }
+      // The spin barrier: a worker woken late (its vCPU halted, or preempted) holds the
+      // other back instead of letting it run its pass alone. Spinning keeps this
+      // worker's CPU awake and ready; a yield now and then gives way to whatever else
+      // the machine runs while the other worker is not scheduled.
+      arrived_.fetch_add(1, std::memory_order_acq_rel);
+      for (uint32_t spin = 1; arrived_.load(std::memory_order_acquire) < n; ++spin) {
+        Pause();
+        if (spin % 4096 == 0) std::this_thread::yield();
+      }
+      WorkerPass& r = result_[t];
+      const int64_t cpu_start = ThreadCpuNs();
+      r.begin = Clock::now();
+      for (int round = 0; round < kThreadsRounds; ++round) {
+        RunPairs(
+            *streams_[t], [&](size_t bytes, size_t i) { return ops_.allocate(bytes, i); },
+            [&](void* p, size_t) { ops_.free(p); });
+      }
+      r.end = Clock::now();
+      r.cpu_ns = ThreadCpuNs() - cpu_start;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++done_;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  const ShippedOps ops_;
+  const std::vector<size_t>* const streams_[2];
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t generation_ = 0;  // a new pass (or the end, with stop_)
+  size_t active_ = 0;        // workers 0 .. active_-1 run this pass
+  size_t done_ = 0;
+  bool stop_ = false;
+  // The barrier's count, on a line of its own: the workers spin on it.
+  alignas(64) std::atomic<size_t> arrived_{0};
+  // Each worker's figures, on lines of their own (written by that worker only, read by
+  // pass() after done_).
+  struct alignas(64) Slot : WorkerPass {};
+  Slot result_[2];
+  std::thread threads_[2];
+};
+
+// The fraction of a two-thread pass during which both workers were on a CPU, bounded
+// from below: the intersection of their intervals less each one's time off the CPU,
+// over the pass (first start to last end).
+double Overlap(const WorkerPass& x, const WorkerPass& y) {
+  const double span = std::chrono::duration<double, std::nano>(std::max(x.end, y.end) -
+                                                               std::min(x.begin, y.begin))
+                          .count();
+  const double both = std::chrono::duration<double, std::nano>(std::min(x.end, y.end) -
+                                                               std::max(x.begin, y.begin))
+                          .count();
+  if (span <= 0) return 0;
+  return std::max(0.0, both - x.off_cpu_ns() - y.off_cpu_ns()) / span;
+}
+
+}  // namespace
+
+ThreadsFigures MeasureThreads2(CachingAllocator& alloc, const std::vector<size_t>& a,
+                               const std::vector<size_t>& b) {
+  Workers workers(alloc, a, b);
+  // Warm-up: both caches filled at once, until a pass allocates no segment.
+  WarmUp([&] { workers.pass(2); }, [&] { return alloc.stats().num_device_alloc; });
+  const int64_t before = alloc.stats().num_device_alloc;
+  ThreadsFigures f;
+  std::vector<double> one, two, one_cpu, two_cpu, overlap, overlap_all, skew;
+  const auto enough = static_cast<size_t>(kRepetitions);
+  while ((one.size() < enough || two.size() < enough) &&
+         f.two_thread_passes < kMaxThreadsPasses) {
+    {
+      const WorkerPass w = workers.pass(1)[0];
+      ++f.one_thread_passes;
+      if (static_cast<double>(w.cpu_ns) >= kMinOverlap * w.wall_ns()) {
+        ++f.one_thread_counted;
+        one.push_back(static_cast<double>(workers.pairs(0)) / (w.wall_ns() * 1e-9));
+        one_cpu.push_back(static_cast<double>(w.cpu_ns) / static_cast<double>(workers.pairs(0)));
+      }
+    }
+    const std::vector<WorkerPass> w = workers.pass(2);
+    ++f.two_thread_passes;
+    const double o = Overlap(w[0], w[1]);
+    overlap_all.push_back(o);
+    if (o < kMinOverlap) continue;
+    ++f.two_thread_counted;
+    overlap.push_back(o);
+    const double span_s =
+        std::chrono::duration<double>(std::max(w[0].end, w[1].end) - std::min(w[0].begin, w[1].begin))
+            .count();
+    two.push_back(static_cast<double>(workers.pairs(0) + workers.pairs(1)) / span_s);
+    two_cpu.push_back((static_cast<double>(w[0].cpu_ns) / static_cast<double>(workers.pairs(0)) +
+                       static_cast<double>(w[1].cpu_ns) / static_cast<double>(workers.pairs(1))) /
+                      2);
+    skew.push_back(std::chrono::duration<double, std::nano>(
+                       w[0].begin > w[1].begin ? w[0].begin - w[1].begin : w[1].begin - w[0].begin)
+                       .count());
+  }
+  f.timed_segment_allocs = alloc.stats().num_device_alloc - before;
+  f.overlap_all = Median(overlap_all);
+  if (!overlap.empty()) {
+    f.overlap = Median(overlap);
+    f.start_skew_ns = Median(skew);
+    f.two_threads_pairs_per_s = Median(two);
+    f.two_threads_cpu_ns_per_pair = Median(two_cpu);
+  }
+  if (!one.empty()) {
+    f.one_thread_pairs_per_s = Median(one);
+    f.one_thread_cpu_ns_per_pair = Median(one_cpu);
+  }
+  if (f.two_thread_counted >= kMinCountedPasses && f.one_thread_counted >= kMinCountedPasses) {
+    f.speedup = f.two_threads_pairs_per_s / f.one_thread_pairs_per_s;
+  } else {
+    f.why = absl::StrFormat(
+        "%d of %d two-thread passes had both threads on a CPU for %.0f%% of the pass "
+        "(median overlap %.2f), %d of %d one-thread passes its thread; %d of each are "
+        "needed: the machine did not run the two threads at once (busy? try chrt -f 1)",
+        f.two_thread_counted, f.two_thread_passes, kMinOverlap * 100, f.overlap_all,
+        f.one_thread_counted, f.one_thread_passes, kMinCountedPasses);
+  }
+  return f;
+}
+
+}  // namespace devmem::devbench
