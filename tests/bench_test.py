@@ -9,7 +9,8 @@
     ratio_tcache_mimalloc is their quotient), threads2_speedup with each thread's CPU ns
     per pair alone and beside the other (or, where no pass ran both threads at once,
     none of the three and a note saying so: the machine decides, see check_threads2),
-    the threads2 passes and those that counted, tensor_create_ns,
+    the threads2 passes and those that counted, and the same through mimalloc when it
+    ran at once, tensor_create_ns,
     intern_256_sites_ns; steady_maps_2streams a count >= 0; instructions_per_pair a
     positive number where perf_event_open is allowed, else absent with a note on
     stderr. No figure is compared with its target: speed is not a test's business;
@@ -65,6 +66,16 @@ def check_threads2(out, stderr, figures, where):
     elif any(k in out for k in figures) or "no threads2_speedup" not in stderr:
         fail("%s: no threads2_speedup: expected none of %s and a note saying why"
              % (where, figures))
+    # The same harness through mimalloc (the machine's reference): all three or none
+    # (no mimalloc, or with a note).
+    mi = ["threads2_speedup_mimalloc", "threads2_cpu_ns_per_pair_1_mimalloc",
+          "threads2_cpu_ns_per_pair_2_mimalloc"]
+    if "threads2_speedup_mimalloc" in out:
+        for k in mi:
+            if not isinstance(out.get(k), (int, float)) or out[k] <= 0:
+                fail("%s: %s: expected a positive number, got %r" % (where, k, out.get(k)))
+    elif any(k in out for k in mi):
+        fail("%s: %s without threads2_speedup_mimalloc" % (where, mi))
 
 
 def run(conf, args=("--json",)):

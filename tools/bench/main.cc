@@ -100,10 +100,21 @@ void PrintThreads(const ThreadsFigures& t) {
               "threads2: overlap", t.overlap.value_or(0), ">= 0.9", t.two_thread_counted,
               t.two_thread_passes, t.overlap_all, t.start_skew_ns, t.one_thread_counted,
               t.one_thread_passes);
+  if (!t.mimalloc) return;
+  const Scaling& m = *t.mimalloc;
+  if (m.speedup) {
+    std::printf("%-36s %12.3f %12s   (the machine's reference, same passes: CPU ns per pair "
+                "%.1f alone, %.1f both running; %d of %d passes counted)\n",
+                "threads2 through mimalloc", *m.speedup, "", m.one_thread_cpu_ns_per_pair,
+                m.two_threads_cpu_ns_per_pair, m.two_thread_counted, m.two_thread_passes);
+  } else {
+    std::printf("%-36s %12s %12s   (%s)\n", "threads2 through mimalloc", "n/a", "",
+                m.why.c_str());
+  }
 }
 
-// The threads2 keys of --json: the speedup and the CPU ns only when measured (else a
-// note on stderr says why), the passes always.
+// The threads2 keys of --json: the speedups and CPU ns only when measured (else a note
+// on stderr says why), the passes always.
 void AddThreads(JsonOut& out, const ThreadsFigures& t) {
   if (t.speedup) {
     out.add("threads2_speedup", *t.speedup, "%.3f");
@@ -115,6 +126,14 @@ void AddThreads(JsonOut& out, const ThreadsFigures& t) {
   if (t.overlap) out.add("threads2_overlap", *t.overlap, "%.3f");
   out.add_int("threads2_passes", t.two_thread_passes);
   out.add_int("threads2_passes_counted", t.two_thread_counted);
+  if (t.mimalloc && t.mimalloc->speedup) {
+    out.add("threads2_speedup_mimalloc", *t.mimalloc->speedup, "%.3f");
+    out.add("threads2_cpu_ns_per_pair_1_mimalloc", t.mimalloc->one_thread_cpu_ns_per_pair);
+    out.add("threads2_cpu_ns_per_pair_2_mimalloc", t.mimalloc->two_threads_cpu_ns_per_pair);
+  } else if (t.mimalloc) {
+    std::fprintf(stderr, "devmem-bench: note: no threads2_speedup_mimalloc: %s\n",
+                 t.mimalloc->why.c_str());
+  }
 }
 
 int Main(int argc, char** argv) {

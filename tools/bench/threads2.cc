@@ -6,10 +6,12 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
 #include "tools/bench/bench_util.h"
+#include "tools/bench/host_allocators.h"
 #include "tools/bench/shipped_path.h"
 
 namespace devmem::devbench {
@@ -34,13 +36,22 @@ struct WorkerPass {
   double off_cpu_ns() const { return std::max(0.0, wall_ns() - static_cast<double>(cpu_ns)); }
 };
 
-// The two workers and the passes they run on request. Nothing but `alloc` is shared
-// between the workers' pair loops: the pass control below is touched only at a pass's
-// start (the barrier) and end.
+// mimalloc's pair, for the reference run.
+struct MimallocOps {
+  MimallocApi api;  // a copy: the loop does not reload the pointers
+  void* allocate(size_t n, size_t) const { return api.malloc(n); }
+  void free(void* p) const { api.free(p); }
+};
+
+// The two workers and the passes they run on request, each pair through `Ops`
+// (ShippedOps, MimallocOps). Nothing but the allocator is shared between the workers'
+// pair loops: the pass control below is touched only at a pass's start (the barrier)
+// and end.
+template <typename Ops>
 class Workers {
  public:
-  Workers(CachingAllocator& alloc, const std::vector<size_t>& a, const std::vector<size_t>& b)
-      : ops_{alloc}, streams_{&a, &b} {
+  Workers(Ops ops, const std::vector<size_t>& a, const std::vector<size_t>& b)
+      : ops_(ops), streams_{&a, &b} {
     for (size_t t = 0; t < 2; ++t) threads_[t] = std::thread([this, t] { run(t); });
   }
   ~Workers() {
@@ -107,7 +118,7 @@ class Workers {
     }
   }
 
-  const ShippedOps ops_;
+  const Ops ops_;
   const std::vector<size_t>* const streams_[2];
   std::mutex mu_;
   std::condition_variable cv_;
@@ -138,68 +149,100 @@ double Overlap(const WorkerPass& x, const WorkerPass& y) {
   return std::max(0.0, both - x.off_cpu_ns() - y.off_cpu_ns()) / span;
 }
 
+// One allocator's passes, as they are run (the loop below), and its figures.
+class Series {
+ public:
+  template <typename Ops>
+  void one_thread_pass(Workers<Ops>& workers) {
+    const WorkerPass w = workers.pass(1)[0];
+    ++f_.one_thread_passes;
+    if (static_cast<double>(w.cpu_ns) < kMinOverlap * w.wall_ns()) return;  // preempted
+    ++f_.one_thread_counted;
+    const auto pairs = static_cast<double>(workers.pairs(0));
+    one_.push_back(pairs / (w.wall_ns() * 1e-9));
+    one_cpu_.push_back(static_cast<double>(w.cpu_ns) / pairs);
+  }
+  template <typename Ops>
+  void two_thread_pass(Workers<Ops>& workers) {
+    const std::vector<WorkerPass> w = workers.pass(2);
+    ++f_.two_thread_passes;
+    const double o = Overlap(w[0], w[1]);
+    overlap_all_.push_back(o);
+    if (o < kMinOverlap) return;  // not at the same time: said, not averaged in
+    ++f_.two_thread_counted;
+    overlap_.push_back(o);
+    const double span_s = std::chrono::duration<double>(std::max(w[0].end, w[1].end) -
+                                                        std::min(w[0].begin, w[1].begin))
+                              .count();
+    const auto pairs0 = static_cast<double>(workers.pairs(0));
+    const auto pairs1 = static_cast<double>(workers.pairs(1));
+    two_.push_back((pairs0 + pairs1) / span_s);
+    two_cpu_.push_back((static_cast<double>(w[0].cpu_ns) / pairs0 +
+                        static_cast<double>(w[1].cpu_ns) / pairs1) / 2);
+    skew_.push_back(std::chrono::duration<double, std::nano>(
+                        w[0].begin > w[1].begin ? w[0].begin - w[1].begin : w[1].begin - w[0].begin)
+                        .count());
+  }
+  bool enough() const {
+    return f_.one_thread_counted >= kRepetitions && f_.two_thread_counted >= kRepetitions;
+  }
+  int two_thread_passes() const { return f_.two_thread_passes; }
+
+  Scaling figures() const {
+    Scaling f = f_;
+    if (!overlap_all_.empty()) f.overlap_all = Median(overlap_all_);
+    if (!overlap_.empty()) {
+      f.overlap = Median(overlap_);
+      f.start_skew_ns = Median(skew_);
+      f.two_threads_pairs_per_s = Median(two_);
+      f.two_threads_cpu_ns_per_pair = Median(two_cpu_);
+    }
+    if (!one_.empty()) {
+      f.one_thread_pairs_per_s = Median(one_);
+      f.one_thread_cpu_ns_per_pair = Median(one_cpu_);
+    }
+    if (f.two_thread_counted >= kMinCountedPasses && f.one_thread_counted >= kMinCountedPasses) {
+      f.speedup = f.two_threads_pairs_per_s / f.one_thread_pairs_per_s;
+    } else {
+      f.why = absl::StrFormat(
+          "%d of %d two-thread passes had both threads on a CPU for %.0f%% of the pass "
+          "(median overlap %.2f), %d of %d one-thread passes its thread; %d of each are "
+          "needed: the machine did not run the two threads at once (busy? try chrt -f 1)",
+          f.two_thread_counted, f.two_thread_passes, kMinOverlap * 100, f.overlap_all,
+          f.one_thread_counted, f.one_thread_passes, kMinCountedPasses);
+    }
+    return f;
+  }
+
+ private:
+  Scaling f_;  // the counts
+  std::vector<double> one_, two_, one_cpu_, two_cpu_, overlap_, overlap_all_, skew_;
+};
+
 }  // namespace
 
 ThreadsFigures MeasureThreads2(CachingAllocator& alloc, const std::vector<size_t>& a,
                                const std::vector<size_t>& b) {
-  Workers workers(alloc, a, b);
+  Workers<ShippedOps> dm(ShippedOps{alloc}, a, b);
+  std::optional<Workers<MimallocOps>> mi;
+  if (HaveMimalloc()) mi.emplace(MimallocOps{Mimalloc()}, a, b);
   // Warm-up: both caches filled at once, until a pass allocates no segment.
-  WarmUp([&] { workers.pass(2); }, [&] { return alloc.stats().num_device_alloc; });
+  WarmUp([&] { dm.pass(2); }, [&] { return alloc.stats().num_device_alloc; });
+  if (mi) mi->pass(2);
   const int64_t before = alloc.stats().num_device_alloc;
-  ThreadsFigures f;
-  std::vector<double> one, two, one_cpu, two_cpu, overlap, overlap_all, skew;
-  const auto enough = static_cast<size_t>(kRepetitions);
-  while ((one.size() < enough || two.size() < enough) &&
-         f.two_thread_passes < kMaxThreadsPasses) {
-    {
-      const WorkerPass w = workers.pass(1)[0];
-      ++f.one_thread_passes;
-      if (static_cast<double>(w.cpu_ns) >= kMinOverlap * w.wall_ns()) {
-        ++f.one_thread_counted;
-        one.push_back(static_cast<double>(workers.pairs(0)) / (w.wall_ns() * 1e-9));
-        one_cpu.push_back(static_cast<double>(w.cpu_ns) / static_cast<double>(workers.pairs(0)));
-      }
+  Series dm_series, mi_series;
+  while (!dm_series.enough() && dm_series.two_thread_passes() < kMaxThreadsPasses) {
+    dm_series.one_thread_pass(dm);
+    dm_series.two_thread_pass(dm);
+    if (mi) {
+      mi_series.one_thread_pass(*mi);
+      mi_series.two_thread_pass(*mi);
     }
-    const std::vector<WorkerPass> w = workers.pass(2);
-    ++f.two_thread_passes;
-    const double o = Overlap(w[0], w[1]);
-    overlap_all.push_back(o);
-    if (o < kMinOverlap) continue;
-    ++f.two_thread_counted;
-    overlap.push_back(o);
-    const double span_s =
-        std::chrono::duration<double>(std::max(w[0].end, w[1].end) - std::min(w[0].begin, w[1].begin))
-            .count();
-    two.push_back(static_cast<double>(workers.pairs(0) + workers.pairs(1)) / span_s);
-    two_cpu.push_back((static_cast<double>(w[0].cpu_ns) / static_cast<double>(workers.pairs(0)) +
-                       static_cast<double>(w[1].cpu_ns) / static_cast<double>(workers.pairs(1))) /
-                      2);
-    skew.push_back(std::chrono::duration<double, std::nano>(
-                       w[0].begin > w[1].begin ? w[0].begin - w[1].begin : w[1].begin - w[0].begin)
-                       .count());
   }
+  ThreadsFigures f;
   f.timed_segment_allocs = alloc.stats().num_device_alloc - before;
-  f.overlap_all = Median(overlap_all);
-  if (!overlap.empty()) {
-    f.overlap = Median(overlap);
-    f.start_skew_ns = Median(skew);
-    f.two_threads_pairs_per_s = Median(two);
-    f.two_threads_cpu_ns_per_pair = Median(two_cpu);
-  }
-  if (!one.empty()) {
-    f.one_thread_pairs_per_s = Median(one);
-    f.one_thread_cpu_ns_per_pair = Median(one_cpu);
-  }
-  if (f.two_thread_counted >= kMinCountedPasses && f.one_thread_counted >= kMinCountedPasses) {
-    f.speedup = f.two_threads_pairs_per_s / f.one_thread_pairs_per_s;
-  } else {
-    f.why = absl::StrFormat(
-        "%d of %d two-thread passes had both threads on a CPU for %.0f%% of the pass "
-        "(median overlap %.2f), %d of %d one-thread passes its thread; %d of each are "
-        "needed: the machine did not run the two threads at once (busy? try chrt -f 1)",
-        f.two_thread_counted, f.two_thread_passes, kMinOverlap * 100, f.overlap_all,
-        f.one_thread_counted, f.one_thread_passes, kMinCountedPasses);
-  }
+  static_cast<Scaling&>(f) = dm_series.figures();
+  if (mi) f.mimalloc = mi_series.figures();
   return f;
 }
 

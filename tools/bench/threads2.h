@@ -40,7 +40,8 @@ inline constexpr double kMinOverlap = 0.9;       // of a pass, both workers on a
 inline constexpr int kMinCountedPasses = 3;      // of each kind, for a figure at all
 inline constexpr int kMaxThreadsPasses = 40;     // of each kind, counted or not
 
-struct ThreadsFigures {
+// One allocator's figures from one harness.
+struct Scaling {
   // Passes run and passes that counted, of each kind.
   int one_thread_passes = 0;
   int one_thread_counted = 0;
@@ -57,18 +58,27 @@ struct ThreadsFigures {
   double one_thread_pairs_per_s = 0;
   double two_threads_pairs_per_s = 0;  // aggregate
   // Each worker's thread CPU time per pair, alone and beside the other (the mean of
-  // the two), over counted passes: their ratio is what sharing the allocator costs a
-  // thread while both run at once.
+  // the two), over counted passes: their ratio is what sharing the allocator (and the
+  // machine: caches, memory, SMT siblings on a VM's host) costs a thread while both
+  // run at once.
   double one_thread_cpu_ns_per_pair = 0;
   double two_threads_cpu_ns_per_pair = 0;
   std::string why;
+};
+
+// devmem's, and beside it mimalloc's (mi_malloc/mi_free, thread-local heaps: nothing
+// shared) from the same harness, streams and passes, interleaved: what the machine
+// gives two threads at that moment, to read devmem's figure against. Absent without
+// mimalloc (host_allocators.h).
+struct ThreadsFigures : Scaling {
+  std::optional<Scaling> mimalloc;
   int64_t timed_segment_allocs = 0;
 };
 
 // Worker t runs `streams[t]` ((a, b)) on `alloc`'s default stream; one-thread passes
-// run `a`. One-thread and two-thread passes alternate (so that drift in machine load
-// hits both alike) until kRepetitions of each counted, or kMaxThreadsPasses of each
-// ran.
+// run `a`. One-thread and two-thread passes alternate, devmem's and mimalloc's (so
+// that drift in machine load hits all alike), until kRepetitions of each of devmem's
+// counted, or kMaxThreadsPasses of each ran.
 ThreadsFigures MeasureThreads2(CachingAllocator& alloc, const std::vector<size_t>& a,
                                const std::vector<size_t>& b);
 
