@@ -22,6 +22,10 @@
 // was on a CPU for kMinOverlap of it (a preempted one-thread pass would inflate the
 // speedup). Passes that do not count are said (the counts), never averaged in; without
 // kMinCountedPasses of each kind there is no speedup figure, and `why` says so.
+// "On a CPU" is the guest kernel's view: where the hypervisor deschedules a vCPU
+// without steal-time accounting (as on the development VM), that time reads as CPU
+// time. That, and what else the machine shares between its cores, is what the
+// mimalloc run beside devmem's reads (ThreadsFigures::mimalloc).
 //
 // Thread-safety: call from one thread at a time; it starts and joins its two workers.
 #pragma once
