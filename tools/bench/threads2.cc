@@ -12,6 +12,7 @@
 #include "absl/strings/str_format.h"
 #include "tools/bench/bench_util.h"
 #include "tools/bench/host_allocators.h"
+#include "tools/bench/pass_overlap.h"
 #include "tools/bench/shipped_path.h"
 
 namespace devmem::devbench {
@@ -27,14 +28,6 @@ inline void Pause() {
   asm volatile("yield");
 #endif
 }
-
-// What one worker measured in one pass.
-struct WorkerPass {
-  Clock::time_point begin, end;
-  int64_t cpu_ns = 0;  // its thread CPU time between the two
-  double wall_ns() const { return std::chrono::duration<double, std::nano>(end - begin).count(); }
-  double off_cpu_ns() const { return std::max(0.0, wall_ns() - static_cast<double>(cpu_ns)); }
-};
 
 // mimalloc's pair, for the reference run.
 struct MimallocOps {
@@ -135,20 +128,6 @@ class Workers {
   std::thread threads_[2];
 };
 
-// The fraction of a two-thread pass during which both workers were on a CPU, bounded
-// from below: the intersection of their intervals less each one's time off the CPU,
-// over the pass (first start to last end).
-double Overlap(const WorkerPass& x, const WorkerPass& y) {
-  const double span = std::chrono::duration<double, std::nano>(std::max(x.end, y.end) -
-                                                               std::min(x.begin, y.begin))
-                          .count();
-  const double both = std::chrono::duration<double, std::nano>(std::min(x.end, y.end) -
-                                                               std::max(x.begin, y.begin))
-                          .count();
-  if (span <= 0) return 0;
-  return std::max(0.0, both - x.off_cpu_ns() - y.off_cpu_ns()) / span;
-}
-
 // One allocator's passes, as they are run (the loop below), and its figures.
 class Series {
  public:
@@ -156,7 +135,7 @@ class Series {
   void one_thread_pass(Workers<Ops>& workers) {
     const WorkerPass w = workers.pass(1)[0];
     ++f_.one_thread_passes;
-    if (static_cast<double>(w.cpu_ns) < kMinOverlap * w.wall_ns()) return;  // preempted
+    if (!RanUnpreempted(w)) return;  // said (the counts), not averaged in
     ++f_.one_thread_counted;
     const auto pairs = static_cast<double>(workers.pairs(0));
     one_.push_back(pairs / (w.wall_ns() * 1e-9));
@@ -168,7 +147,7 @@ class Series {
     ++f_.two_thread_passes;
     const double o = Overlap(w[0], w[1]);
     overlap_all_.push_back(o);
-    if (o < kMinOverlap) return;  // not at the same time: said, not averaged in
+    if (!RanTogether(w[0], w[1])) return;  // not at the same time: said, not averaged in
     ++f_.two_thread_counted;
     overlap_.push_back(o);
     const double span_s = std::chrono::duration<double>(std::max(w[0].end, w[1].end) -

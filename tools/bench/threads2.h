@@ -15,9 +15,10 @@
 // 1.03 and 1.72 in three idle runs when passes of under a millisecond started on a
 // condition variable). So each pass starts at a spin barrier (every active worker
 // announces it is running, then spins until all are, then starts its clock), and each
-// pass's overlap is measured: the fraction of the pass during which both workers were
-// on a CPU, bounded from below by the intersection of their wall-clock intervals less
-// each one's time off the CPU (wall time minus its thread CPU time). A two-thread pass
+// pass's overlap is measured (pass_overlap.h): the fraction of the pass during which
+// both workers were on a CPU, bounded from below by the intersection of their
+// wall-clock intervals less each one's time off the CPU (wall time minus its thread
+// CPU time). A two-thread pass
 // counts when its overlap is at least kMinOverlap; a one-thread pass when its worker
 // was on a CPU for kMinOverlap of it (a preempted one-thread pass would inflate the
 // speedup). Passes that do not count are said (the counts), never averaged in; without
@@ -36,11 +37,11 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "tools/bench/pass_overlap.h"  // kMinOverlap, Overlap
 
 namespace devmem::devbench {
 
 inline constexpr int kThreadsRounds = 4;         // a pass: each stream this many times
-inline constexpr double kMinOverlap = 0.9;       // of a pass, both workers on a CPU
 inline constexpr int kMinCountedPasses = 3;      // of each kind, for a figure at all
 inline constexpr int kMaxThreadsPasses = 40;     // of each kind, counted or not
 
