@@ -18,11 +18,11 @@
 // pass's overlap is measured (pass_overlap.h): the fraction of the pass during which
 // both workers were on a CPU, bounded from below by the intersection of their
 // wall-clock intervals less each one's time off the CPU (wall time minus its thread
-// CPU time). A two-thread pass
-// counts when its overlap is at least kMinOverlap; a one-thread pass when its worker
-// was on a CPU for kMinOverlap of it (a preempted one-thread pass would inflate the
-// speedup). Passes that do not count are said (the counts), never averaged in; without
-// kMinCountedPasses of each kind there is no speedup figure, and `why` says so.
+// CPU time). A two-thread pass counts when its overlap is at least kMinOverlap; a
+// one-thread pass when its worker was on a CPU for kMinOverlap of it (a preempted
+// one-thread pass would inflate the speedup). Passes that do not count are said (the
+// counts), never averaged in; without kMinCountedPasses of each kind there is no
+// speedup figure, and `why` says so.
 // "On a CPU" is the guest kernel's view: where the hypervisor deschedules a vCPU
 // without steal-time accounting (as on the development VM), that time reads as CPU
 // time. That, and what else the machine shares between its cores, is what the
