@@ -7,7 +7,10 @@
     timed_segment_allocs 0 (every timed pair a cache hit); the shipped-path figures
     (tcache_pair_ns beside jemalloc, and mimalloc when the bench was built with it: then
     ratio_tcache_mimalloc is their quotient), threads2_speedup with each thread's CPU ns
-    per pair alone and beside the other, tensor_create_ns,
+    per pair alone and beside the other (or, where no pass ran both threads at once,
+    none of the three and a note saying so: the machine decides, see check_threads2),
+    the threads2 passes and those that counted, and the same through mimalloc when it
+    ran at once, tensor_create_ns,
     intern_256_sites_ns; steady_maps_2streams a count >= 0; instructions_per_pair a
     positive number where perf_event_open is allowed, else absent with a note on
     stderr. No figure is compared with its target: speed is not a test's business;
@@ -27,19 +30,52 @@ bench = sys.argv[1]
 FIGURES = ["pair_ns_small", "jemalloc_pair_ns_small", "ratio_small", "pair_ns_mixed",
            "jemalloc_pair_ns_mixed", "ratio_mixed", "tensor_copy_ns", "slice_ns",
            "atomic_pair_ns", "untraced_pair_ns", "traced_pair_ns", "tracing_overhead_ratio",
-           "tcache_pair_ns", "jemalloc_pair_ns_tcache", "threads2_speedup", "tensor_create_ns",
+           "tcache_pair_ns", "jemalloc_pair_ns_tcache", "tensor_create_ns",
            "intern_256_sites_ns", "arena_pair_ns", "arena_pool_pair_ns", "arena_step_ns",
            "pool_step_ns", "unsampled_pair_ns", "sampled_pair_ns",
-           "sampled_stacks_overhead_ratio", "threads2_cpu_ns_per_pair_1",
-           "threads2_cpu_ns_per_pair_2"]
-THREADS2_FIGURES = ["threads2_speedup", "one_thread_pairs_per_s", "two_threads_pairs_per_s",
-                    "threads2_cpu_ns_per_pair_1", "threads2_cpu_ns_per_pair_2"]
+           "sampled_stacks_overhead_ratio"]
+# Present only when enough passes ran both threads at once (tools/bench/threads2.h).
+THREADS2_FIGURES = ["threads2_speedup", "threads2_cpu_ns_per_pair_1", "threads2_cpu_ns_per_pair_2"]
+THREADS2_ONLY_FIGURES = THREADS2_FIGURES + ["one_thread_pairs_per_s", "two_threads_pairs_per_s"]
 MIMALLOC_FIGURES = ["mimalloc_pair_ns_tcache", "ratio_tcache_mimalloc", "ratio_arena_mimalloc"]
 
 
 def fail(why):
     print("FAILED:", why)
     sys.exit(1)
+
+
+def check_threads2(out, stderr, figures, where):
+    """The threads2 keys of one --json object: whether the two threads ran at once is the
+    machine's doing, so either every figure is there with the passes that counted, or
+    none is and stderr says why; the pass counts are there either way."""
+    passes, counted = out.get("threads2_passes"), out.get("threads2_passes_counted")
+    if not isinstance(passes, int) or passes <= 0 or not isinstance(counted, int) \
+            or not 0 <= counted <= passes:
+        fail("%s: threads2_passes %r, threads2_passes_counted %r: expected counts, "
+             "0 <= counted <= passes > 0" % (where, passes, counted))
+    if counted > 0 and not 0.9 <= out.get("threads2_overlap", -1) <= 1.0:
+        fail("%s: threads2_overlap %r: expected the counted passes' overlap, 0.9 .. 1"
+             % (where, out.get("threads2_overlap")))
+    if "threads2_speedup" in out:
+        for k in figures:
+            if not isinstance(out.get(k), (int, float)) or out[k] <= 0:
+                fail("%s: %s: expected a positive number, got %r" % (where, k, out.get(k)))
+        if counted < 3:
+            fail("%s: a threads2_speedup from %d counted passes" % (where, counted))
+    elif any(k in out for k in figures) or "no threads2_speedup" not in stderr:
+        fail("%s: no threads2_speedup: expected none of %s and a note saying why"
+             % (where, figures))
+    # The same harness through mimalloc (the machine's reference): all three or none
+    # (no mimalloc, or with a note).
+    mi = ["threads2_speedup_mimalloc", "threads2_cpu_ns_per_pair_1_mimalloc",
+          "threads2_cpu_ns_per_pair_2_mimalloc"]
+    if "threads2_speedup_mimalloc" in out:
+        for k in mi:
+            if not isinstance(out.get(k), (int, float)) or out[k] <= 0:
+                fail("%s: %s: expected a positive number, got %r" % (where, k, out.get(k)))
+    elif any(k in out for k in mi):
+        fail("%s: %s without threads2_speedup_mimalloc" % (where, mi))
 
 
 def run(conf, args=("--json",)):
@@ -60,6 +96,7 @@ out = json.loads(r.stdout)
 for k in FIGURES:
     if not isinstance(out.get(k), (int, float)) or out[k] <= 0:
         fail("%s: expected a positive number, got %r" % (k, out.get(k)))
+check_threads2(out, r.stderr, THREADS2_FIGURES, "--json")
 if out.get("timed_segment_allocs") != 0:
     fail("timed_segment_allocs: expected 0, got %r" % out.get("timed_segment_allocs"))
 maps = out.get("steady_maps_2streams")
@@ -96,9 +133,7 @@ r = run(None, args=("--threads2", "--json"))
 if r.returncode != 0:
     fail("--threads2 --json: exit status %d" % r.returncode)
 t2 = json.loads(r.stdout)
-for k in THREADS2_FIGURES:
-    if not isinstance(t2.get(k), (int, float)) or t2[k] <= 0:
-        fail("--threads2: %s: expected a positive number, got %r" % (k, t2.get(k)))
+check_threads2(t2, r.stderr, THREADS2_ONLY_FIGURES, "--threads2 --json")
 if t2.get("timed_segment_allocs") != 0 or "pair_ns_small" in t2:
     fail("--threads2: expected timed_segment_allocs 0 and no other figure, got %r" % t2)
 r = run(None, args=("--threads2",))

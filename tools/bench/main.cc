@@ -17,10 +17,12 @@
 //                     512 B .. 32 KiB: tcache_pair_ns beside mimalloc (mi_malloc/mi_free)
 //                     and jemalloc on the same stream, ratio_tcache_mimalloc (target
 //                     <= 2.0), instructions_per_pair (perf_event_open; absent where not
-//                     allowed), threads2_speedup (2 long-lived threads each with its
-//                     own stream over 1 of them; target >= 1.8; --threads2 runs only
-//                     this), tensor_create_ns (empty({64}) on sim:0;
+//                     allowed), tensor_create_ns (empty({64}) on sim:0;
 //                     target <= 100) and intern_256_sites_ns (target <= 15).
+//   threads2.cc       threads2_speedup: 2 long-lived threads, each with its own stream
+//                     on the shipped path, over 1 of them, from passes in which both
+//                     ran at once (overlap checked and reported; target >= 1.8;
+//                     --threads2 runs only this).
 //   sampling.cc       sampled_stacks_overhead_ratio: mixed pairs with sampled stacks at
 //                     the default stack_sample_bytes over sampling off (target <= 1.05).
 //   flight_recorder.cc  flight_recorder_overhead_ratio: the same pairs with a flight
@@ -59,6 +61,7 @@
 #include "allocator/stack_sampler.h"
 #include "tools/bench/shipped_path.h"
 #include "tools/bench/steady_maps.h"
+#include "tools/bench/threads2.h"
 #include "tools/bench/tracing.h"
 
 namespace devmem::devbench {
@@ -81,13 +84,56 @@ class JsonOut {
 
 // The threads2 rows of the table.
 void PrintThreads(const ThreadsFigures& t) {
-  std::printf("%-36s %12.3f %12s   (%.2f M pairs/s on 1 thread, %.2f M on 2; %lld "
-              "segments allocated while timing)\n",
-              "threads2_speedup", t.speedup, ">= 1.8", t.one_thread_pairs_per_s / 1e6,
-              t.two_threads_pairs_per_s / 1e6, static_cast<long long>(t.timed_segment_allocs));
-  std::printf("%-36s %12.1f %12s   (CPU ns per pair of each thread: %.1f alone)\n",
-              "threads2: CPU ns/pair, both running", t.two_threads_cpu_ns_per_pair, "",
-              t.one_thread_cpu_ns_per_pair);
+  if (t.speedup) {
+    std::printf("%-36s %12.3f %12s   (%.2f M pairs/s on 1 thread, %.2f M on 2; %lld "
+                "segments allocated while timing)\n",
+                "threads2_speedup", *t.speedup, ">= 1.8", t.one_thread_pairs_per_s / 1e6,
+                t.two_threads_pairs_per_s / 1e6, static_cast<long long>(t.timed_segment_allocs));
+    std::printf("%-36s %12.1f %12s   (CPU ns per pair of each thread: %.1f alone)\n",
+                "threads2: CPU ns/pair, both running", t.two_threads_cpu_ns_per_pair, "",
+                t.one_thread_cpu_ns_per_pair);
+  } else {
+    std::printf("%-36s %12s %12s   (%s)\n", "threads2_speedup", "n/a", ">= 1.8", t.why.c_str());
+  }
+  std::printf("%-36s %12.3f %12s   (median of the %d of %d two-thread passes that counted; "
+              "of all: %.3f; start skew %.0f ns; %d of %d one-thread passes counted)\n",
+              "threads2: overlap", t.overlap.value_or(0), ">= 0.9", t.two_thread_counted,
+              t.two_thread_passes, t.overlap_all, t.start_skew_ns, t.one_thread_counted,
+              t.one_thread_passes);
+  if (!t.mimalloc) return;
+  const Scaling& m = *t.mimalloc;
+  if (m.speedup) {
+    std::printf("%-36s %12.3f %12s   (the machine's reference, same passes: CPU ns per pair "
+                "%.1f alone, %.1f both running; %d of %d passes counted)\n",
+                "threads2 through mimalloc", *m.speedup, "", m.one_thread_cpu_ns_per_pair,
+                m.two_threads_cpu_ns_per_pair, m.two_thread_counted, m.two_thread_passes);
+  } else {
+    std::printf("%-36s %12s %12s   (%s)\n", "threads2 through mimalloc", "n/a", "",
+                m.why.c_str());
+  }
+}
+
+// The threads2 keys of --json: the speedups and CPU ns only when measured (else a note
+// on stderr says why), the passes always.
+void AddThreads(JsonOut& out, const ThreadsFigures& t) {
+  if (t.speedup) {
+    out.add("threads2_speedup", *t.speedup, "%.3f");
+    out.add("threads2_cpu_ns_per_pair_1", t.one_thread_cpu_ns_per_pair);
+    out.add("threads2_cpu_ns_per_pair_2", t.two_threads_cpu_ns_per_pair);
+  } else {
+    std::fprintf(stderr, "devmem-bench: note: no threads2_speedup: %s\n", t.why.c_str());
+  }
+  if (t.overlap) out.add("threads2_overlap", *t.overlap, "%.3f");
+  out.add_int("threads2_passes", t.two_thread_passes);
+  out.add_int("threads2_passes_counted", t.two_thread_counted);
+  if (t.mimalloc && t.mimalloc->speedup) {
+    out.add("threads2_speedup_mimalloc", *t.mimalloc->speedup, "%.3f");
+    out.add("threads2_cpu_ns_per_pair_1_mimalloc", t.mimalloc->one_thread_cpu_ns_per_pair);
+    out.add("threads2_cpu_ns_per_pair_2_mimalloc", t.mimalloc->two_threads_cpu_ns_per_pair);
+  } else if (t.mimalloc) {
+    std::fprintf(stderr, "devmem-bench: note: no threads2_speedup_mimalloc: %s\n",
+                 t.mimalloc->why.c_str());
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -152,11 +198,11 @@ int Main(int argc, char** argv) {
                                              LogUniformSizes(512, 32 * kKiB, 4));
     if (json) {
       JsonOut out;
-      out.add("threads2_speedup", t.speedup, "%.3f");
-      out.add("one_thread_pairs_per_s", t.one_thread_pairs_per_s, "%.0f");
-      out.add("two_threads_pairs_per_s", t.two_threads_pairs_per_s, "%.0f");
-      out.add("threads2_cpu_ns_per_pair_1", t.one_thread_cpu_ns_per_pair);
-      out.add("threads2_cpu_ns_per_pair_2", t.two_threads_cpu_ns_per_pair);
+      AddThreads(out, t);
+      if (t.speedup) {
+        out.add("one_thread_pairs_per_s", t.one_thread_pairs_per_s, "%.0f");
+        out.add("two_threads_pairs_per_s", t.two_threads_pairs_per_s, "%.0f");
+      }
       out.add_int("timed_segment_allocs", t.timed_segment_allocs);
       std::printf("%s\n", out.str().c_str());
     } else {
@@ -250,9 +296,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "devmem-bench: note: %s: no instructions_per_pair\n",
                    tcache.instructions_note.c_str());
     }
-    out.add("threads2_speedup", threads.speedup, "%.3f");
-    out.add("threads2_cpu_ns_per_pair_1", threads.one_thread_cpu_ns_per_pair);
-    out.add("threads2_cpu_ns_per_pair_2", threads.two_threads_cpu_ns_per_pair);
+    AddThreads(out, threads);
     out.add("tensor_create_ns", tensor_create_ns);
     out.add("intern_256_sites_ns", intern_ns, "%.2f");
     out.add_int("steady_maps_2streams", steady_maps);

@@ -7,7 +7,7 @@
 // Runtime::Init with SimConfig) so that what is timed is what ships, thread caches and
 // all once they exist. Figures are medians of kRepetitions passes after a warm-up.
 //
-// Thread-safety: call from one thread at a time (MeasureThreads2 starts its own).
+// Thread-safety: call from one thread at a time; ShippedOps from any thread.
 #pragma once
 
 #include <cstdint>
@@ -16,8 +16,20 @@
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/site.h"
+#include "tools/bench/bench_util.h"
 
 namespace devmem::devbench {
+
+// The shipped path's pair: a site interned per allocation, request i from Sites()
+// i % kNumSites (tools/bench/threads2.cc runs it on two threads).
+struct ShippedOps {
+  CachingAllocator& alloc;
+  void* allocate(size_t n, size_t i) const {
+    return alloc.allocate(n, {}, InternSite(Sites()[i % kNumSites], SiteKind::kAlloc));
+  }
+  void free(void* p) const { alloc.free(p); }
+};
 
 struct ShippedPairFigures {
   double devmem_ns = 0;                  // tcache_pair_ns
@@ -31,25 +43,6 @@ struct ShippedPairFigures {
 // `sizes` through `alloc` (sites from Sites() in rotation), mimalloc and jemalloc,
 // interleaved per pass.
 ShippedPairFigures MeasureShippedPairs(CachingAllocator& alloc, const std::vector<size_t>& sizes);
-
-struct ThreadsFigures {
-  double one_thread_pairs_per_s = 0;
-  double two_threads_pairs_per_s = 0;  // aggregate
-  double speedup = 0;                  // two over one
-  // Each worker's thread CPU time per pair, alone and beside the other (the mean of
-  // the two): their ratio is what sharing costs a thread while both run at once, a
-  // figure that machine load dilutes (time the threads do not overlap) but does not
-  // inflate the way it does wall-clock throughput.
-  double one_thread_cpu_ns_per_pair = 0;
-  double two_threads_cpu_ns_per_pair = 0;
-  int64_t timed_segment_allocs = 0;
-};
-
-// Aggregate throughput of two threads, each with its own size stream (`a`, `b`) on
-// `alloc`'s default stream, over that of one thread running `a`. The two threads are
-// started once and keep their caches across passes (warm, as a program's threads).
-ThreadsFigures MeasureThreads2(CachingAllocator& alloc, const std::vector<size_t>& a,
-                               const std::vector<size_t>& b);
 
 // ns to create and destroy `empty({64})` on sim:0 through the tensor layer.
 double MeasureTensorCreateNs();
