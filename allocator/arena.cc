@@ -317,16 +317,26 @@ bool Arenas::over_waste_bound(const ArenaFrame* f, size_t size) const {
 ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
   // 1. One of the scope's own chunks whose buffers all died: only the scope's
   //    reference is left, so no other thread can touch it but to find its slots empty.
+  //    The largest: which one costs nothing in footprint (the scope holds them all),
+  //    and a scope whose chunks grew would otherwise go back to its first 64 KiB one
+  //    and change chunks every few bumps (each change a slow allocation, and the
+  //    frees of the window of buffers still live in the old chunk slow frees).
+  size_t best = f->chunks.size();
   for (size_t i = 0; i < f->chunks.size(); ++i) {
-    ArenaChunk* c = f->chunks[i];
+    const ArenaChunk* c = f->chunks[i];
     if (c->size >= bytes && c->live_total() == LivePack(1, 0) &&
-        !c->stream_used.load(std::memory_order_relaxed)) {
-      c->used.store(0, std::memory_order_relaxed);
-      f->chunks.erase(f->chunks.begin() + static_cast<ptrdiff_t>(i));
-      f->chunks.push_back(c);
-      f->current = c;
-      return c;
+        !c->stream_used.load(std::memory_order_relaxed) &&
+        (best == f->chunks.size() || c->size > f->chunks[best]->size)) {
+      best = i;
     }
+  }
+  if (best != f->chunks.size()) {
+    ArenaChunk* c = f->chunks[best];
+    c->used.store(0, std::memory_order_relaxed);
+    f->chunks.erase(f->chunks.begin() + static_cast<ptrdiff_t>(best));
+    f->chunks.push_back(c);
+    f->current = c;
+    return c;
   }
   f->chunks.reserve(f->chunks.size() + 1);  // nothing below may be undone by a throw
   // The new chunk's size: the scope's chunks grow from 64 KiB, doubling up to
@@ -405,25 +415,34 @@ bool Arenas::release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) cons
   const uint64_t slot = off % kSlot == 0
                             ? c->slots[off / kSlot].exchange(0, std::memory_order_acq_rel)
                             : 0;
-  if (slot == 0) {
-    throw InvalidArgumentError(absl::StrFormat(
-        "devmem: free(%p) on %s: no live buffer of arena '%s' starts there (it lies %u "
-        "bytes into the chunk at 0x%x): freed twice, or an interior pointer",
-        ptr, device_.ToString(), names_[c->name.load(std::memory_order_relaxed)].name,
-        off, c->begin));
-  }
+  if (slot == 0) throw_not_a_buffer(c, addr, ptr);
   const uint64_t drop = LivePack(1, SlotUnits(slot));
   return c->live.fetch_sub(drop, std::memory_order_acq_rel) == drop;
 }
 
+void Arenas::throw_not_a_buffer(const ArenaChunk* c, uintptr_t addr, const void* ptr) const {
+  throw InvalidArgumentError(absl::StrFormat(
+      "devmem: free(%p) on %s: no live buffer of arena '%s' starts there (it lies %u "
+      "bytes into the chunk at 0x%x): freed twice, or an interior pointer",
+      ptr, device_.ToString(), names_[c->name.load(std::memory_order_relaxed)].name,
+      addr - c->begin, c->begin));
+}
+
 bool Arenas::free_slow(void* ptr) {
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  // This thread's own current chunks first: held by an open scope, so they cannot go
-  // away, and no lock is needed to find them.
+  // The chunks this thread's open scopes hold first, newest first (a buffer is most
+  // often freed soon after it was bumped): they cannot go away, no lock is needed to
+  // find them, and the free is a local one (owner_release). A buffer of the chunk
+  // before the current one (a window of live temporaries across a chunk change) is
+  // the common case.
   for (ArenaFrame* f = t_arena_top; f != nullptr; f = f->below) {
-    if (f->arenas == this && f->current != nullptr && f->current->contains(addr)) {
-      release_buffer(f->current, addr, ptr);  // never the last reference: held
-      return true;
+    if (f->arenas != this) continue;
+    const size_t n = f->chunks.size();
+    for (size_t i = n; i > 0 && i + kLocalFreeChunks > n; --i) {
+      ArenaChunk* c = f->chunks[i - 1];
+      if (!c->contains(addr)) continue;
+      if (!owner_release(c, addr)) throw_not_a_buffer(c, addr, ptr);
+      return true;  // never the last reference: the scope holds the chunk
     }
   }
   if (!maybe_in_chunk(addr)) return false;

@@ -8,8 +8,8 @@
 //               live buffers plus one while an open scope holds the chunk. It is the
 //               sum, modulo 2^64, of two words (mimalloc's local and thread frees):
 //               `owner_live`, which only the thread whose scope holds the chunk
-//               changes (bumps and its own frees of its current chunk: plain loads and
-//               stores, no read-modify-write), and `live`, which every other free
+//               changes (bumps and its own frees of buffers in the chunk: plain loads
+//               and stores, no read-modify-write), and `live`, which every other free
 //               decrements atomically. Scope exit folds owner_live into live; from then
 //               on live alone is the figure, and whoever brings it to 0 (the last free,
 //               or the close) disposes of the chunk. While held, live alone never
@@ -155,20 +155,8 @@ class Arenas final : public ArenaPoolHook {
     ArenaFrame* f = t_arena_top;
     if (f != nullptr && f->arenas == this && f->current != nullptr &&
         f->current->contains(addr)) {
-      ArenaChunk* c = f->current;
-      const uintptr_t off = addr - c->begin;
-      // A racing double free of one buffer from two threads is not caught here (as
-      // in any allocator, it is a data race in the program); a second free is.
-      const uint64_t slot = off % ArenaChunk::kSlotBytes == 0
-                                ? c->slots[off / ArenaChunk::kSlotBytes].load(
-                                      std::memory_order_relaxed)
-                                : 0;
-      if (slot == 0) [[unlikely]] return free_slow(ptr);  // throws, naming the pointer
-      c->slots[off / ArenaChunk::kSlotBytes].store(0, std::memory_order_relaxed);
-      c->owner_live.store(
-          c->owner_live.load(std::memory_order_relaxed) - LivePack(1, slot >> 32),
-          std::memory_order_relaxed);
-      return true;
+      if (owner_release(f->current, addr)) [[likely]] return true;
+      return free_slow(ptr);  // throws, naming the pointer
     }
     return free_slow(ptr);
   }
@@ -213,6 +201,30 @@ class Arenas final : public ArenaPoolHook {
     return reinterpret_cast<void*>(c->begin + at);
   }
   bool free_slow(void* ptr);
+  // The local free (mimalloc's): a free by the thread whose open scope holds `c`, of
+  // a buffer in `c`. Clears the slot and lowers owner_live, which only that thread
+  // writes, with plain loads and stores: no read-modify-write, no lock. A racing
+  // double free of one buffer from two threads is not caught here (as in any
+  // allocator, it is a data race in the program); a second free is. False, changing
+  // nothing, when no live buffer starts at `addr` (the caller throws).
+  static bool owner_release(ArenaChunk* c, uintptr_t addr) {
+    const uintptr_t off = addr - c->begin;
+    if (off % ArenaChunk::kSlotBytes != 0) [[unlikely]] return false;
+    std::atomic<uint64_t>& s = c->slots[off / ArenaChunk::kSlotBytes];
+    const uint64_t slot = s.load(std::memory_order_relaxed);
+    if (slot == 0) [[unlikely]] return false;
+    s.store(0, std::memory_order_relaxed);
+    c->owner_live.store(
+        c->owner_live.load(std::memory_order_relaxed) - LivePack(1, slot >> 32),
+        std::memory_order_relaxed);
+    return true;
+  }
+  // How many of a scope's most recent chunks free_slow checks for a local free before
+  // it looks in the chunk table (a frame may hold hundreds of chunks; the walk also
+  // runs for every free of an ordinary block while a scope is open).
+  static constexpr size_t kLocalFreeChunks = 4;
+  [[noreturn]] void throw_not_a_buffer(const ArenaChunk* c, uintptr_t addr,
+                                       const void* ptr) const;
   // Clears the slot of `addr` in `c` and drops its live count; true when the chunk
   // is now empty and retired (the caller disposes of it, holding no table lock).
   bool release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) const;
