@@ -35,7 +35,9 @@
 // buffers interleaved with short ones pin chunks full of dead space. When a request
 // does not fit the current chunk and no chunk of the scope is empty, the scope checks
 // the waste of every arena of its allocator (bytes in held chunks, less live bytes,
-// less the current chunk's unbumped tail; retained chunks do not count): above
+// less the current chunk's unbumped tail; retained chunks do not count; from running
+// figures, O(1) however many chunks: other threads' open scopes count as of their last
+// chunk change): above
 // max(chunk_size, max_waste_fraction x the arenas' live bytes) the request takes the
 // pool's normal path (a "spill", counted in ArenaStats::spills) instead of a new
 // chunk, whose best fit reuses freed space piecemeal. The bump fast path never checks.

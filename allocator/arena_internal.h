@@ -110,6 +110,12 @@ struct ArenaFrame {
   ArenaChunk* current = nullptr;
   std::vector<ArenaChunk*> chunks;    // every chunk it holds, `current` last
   ArenaScope::Summary summary;
+  // The arenas' live bytes (Arenas::live_bytes_, for the waste bound) are summary.bytes
+  // (bumped) less local_freed (freed by this thread in chunks the scope holds: local
+  // frees) less what other frees subtracted there themselves; `folded` of this scope's
+  // own share is already in Arenas::live_bytes_. Owner thread only.
+  int64_t local_freed = 0;
+  int64_t folded = 0;
   std::string label;                  // "arena 'step' on sim:0" for messages
 };
 
@@ -155,7 +161,7 @@ class Arenas final : public ArenaPoolHook {
     ArenaFrame* f = t_arena_top;
     if (f != nullptr && f->arenas == this && f->current != nullptr &&
         f->current->contains(addr)) {
-      if (owner_release(f->current, addr)) [[likely]] return true;
+      if (owner_release(f, f->current, addr)) [[likely]] return true;
       return free_slow(ptr);  // throws, naming the pointer
     }
     return free_slow(ptr);
@@ -207,7 +213,7 @@ class Arenas final : public ArenaPoolHook {
   // double free of one buffer from two threads is not caught here (as in any
   // allocator, it is a data race in the program); a second free is. False, changing
   // nothing, when no live buffer starts at `addr` (the caller throws).
-  static bool owner_release(ArenaChunk* c, uintptr_t addr) {
+  static bool owner_release(ArenaFrame* f, ArenaChunk* c, uintptr_t addr) {
     const uintptr_t off = addr - c->begin;
     if (off % ArenaChunk::kSlotBytes != 0) [[unlikely]] return false;
     std::atomic<uint64_t>& s = c->slots[off / ArenaChunk::kSlotBytes];
@@ -217,6 +223,7 @@ class Arenas final : public ArenaPoolHook {
     c->owner_live.store(
         c->owner_live.load(std::memory_order_relaxed) - LivePack(1, slot >> 32),
         std::memory_order_relaxed);
+    f->local_freed += static_cast<int64_t>((slot >> 32) * ArenaChunk::kSlotBytes);
     return true;
   }
   // How many of a scope's most recent chunks free_slow checks for a local free before
@@ -227,15 +234,22 @@ class Arenas final : public ArenaPoolHook {
                                        const void* ptr) const;
   // Clears the slot of `addr` in `c` and drops its live count; true when the chunk
   // is now empty and retired (the caller disposes of it, holding no table lock).
-  bool release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) const;
+  bool release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr);
   // A chunk for `frame` with at least `bytes` free: one of its own that emptied,
   // a retained one, or a new pool block.
   ArenaChunk* next_chunk(ArenaFrame* frame, size_t bytes);
   // True when a request of `size` that does not fit f's current chunk should take the
   // pool's path: no chunk of f is empty and the arenas' waste exceeds f's bound
-  // (arena.h, "Waste"). The owning thread, on the slow path only; takes table_mu_
-  // (shared).
+  // (arena.h, "Waste"). The owning thread, on the slow path only. O(1) in the chunks:
+  // the running held_bytes_ and live_bytes_ (plus this thread's scopes' unfolded
+  // shares), no lock.
   bool over_waste_bound(const ArenaFrame* f, size_t size) const;
+  // Adds f's unfolded share of the live bytes to live_bytes_ (owner thread: at each
+  // chunk change and at close), so other threads' waste checks see it.
+  void fold_live(ArenaFrame* f);
+  static int64_t unfolded_live(const ArenaFrame& f) {
+    return f.summary.bytes - f.local_freed - f.folded;
+  }
   void dispose(ArenaChunk* c);
   void unregister_locked(ArenaChunk* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ArenaScope::Summary finish_close(ArenaFrame* frame);
@@ -282,6 +296,16 @@ class Arenas final : public ArenaPoolHook {
   const std::unique_ptr<std::atomic<uintptr_t>[]> filter_end_;
   // Lookups that took table_mu_ (ArenaReport::table_lookups).
   mutable std::atomic<int64_t> table_lookups_{0};
+  // The waste bound's running figures (over_waste_bound), so that its check does not
+  // scan the chunk table. held_bytes_: bytes of the chunks not retained (held by a
+  // scope or pinned by escapes), changed under mu_ where a chunk changes state.
+  // live_bytes_: bytes of live arena buffers, except each open scope's unfolded share
+  // (its bumps less its local frees since its last chunk change: ArenaFrame::folded);
+  // frees that are not local subtract here themselves, next to their read-modify-write
+  // of the chunk's `live` (on the line table_lookups_, which they also write, is on).
+  // validate() checks both against the chunks.
+  std::atomic<int64_t> live_bytes_{0};
+  std::atomic<int64_t> held_bytes_{0};
 };
 
 }  // namespace devmem::internal
