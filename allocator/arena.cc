@@ -192,6 +192,7 @@ void Arenas::close_or_abandon(ArenaFrame* frame) noexcept {
 ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
   // Only the owning thread gets here, with `frame` at the top of its stack.
   t_arena_top = frame->below;
+  fold_live(frame);  // from here on, frees of its buffers are not local
   std::vector<ArenaChunk*> give_back;
   ArenaScope::Summary& s = frame->summary;
   {
@@ -222,6 +223,7 @@ ArenaScope::Summary Arenas::finish_close(ArenaFrame* frame) {
       c->owner_live.store(0, std::memory_order_relaxed);
       const uint64_t prev = c->live.fetch_add(delta, std::memory_order_acq_rel);
       if (prev + delta != 0) continue;  // escaped: the last free disposes of it
+      held_bytes_.fetch_sub(static_cast<int64_t>(c->size), std::memory_order_relaxed);
       if (c->stream_used.load(std::memory_order_relaxed)) {
         unregister_locked(c);
         give_back.push_back(c);
@@ -270,6 +272,7 @@ void* Arenas::allocate_slow(size_t bytes, Stream stream, SiteId site) {
   ArenaChunk* c = f->current;
   size_t at = c != nullptr ? c->used.load(std::memory_order_relaxed) : 0;
   if (c == nullptr || at + size > c->size) {
+    fold_live(f);
     if (f->waste_fraction > 0 && over_waste_bound(f, size)) {
       ++f->summary.spills;
       f->summary.spill_bytes += static_cast<int64_t>(size);
@@ -279,6 +282,13 @@ void* Arenas::allocate_slow(size_t bytes, Stream stream, SiteId site) {
     at = 0;
   }
   return bump(f, c, at, size, site);
+}
+
+void Arenas::fold_live(ArenaFrame* f) {
+  const int64_t delta = unfolded_live(*f);
+  if (delta == 0) return;
+  live_bytes_.fetch_add(delta, std::memory_order_relaxed);
+  f->folded += delta;
 }
 
 bool Arenas::over_waste_bound(const ArenaFrame* f, size_t size) const {
@@ -292,17 +302,15 @@ bool Arenas::over_waste_bound(const ArenaFrame* f, size_t size) const {
   }
   // Arena-wide: the scopes of one allocator (a step's, an inner layer's) pin chunks
   // in the same pool. Retained chunks are empty and serve the next chunk request, so
-  // they are not waste. Other threads' frees race with this read; the figure is a
+  // they are not waste (held_bytes_ leaves them out). The running figures, not a scan
+  // of the chunk table: this thread's scopes add their unfolded shares (so a thread
+  // alone sees the exact figure), other threads' open scopes count as of their last
+  // chunk change, and other threads' frees race with this read; the figure is a
   // heuristic and only decides between two valid paths.
-  int64_t held = 0;
-  int64_t live = 0;
-  {
-    ReaderLock lock(&table_mu_);
-    for (const ArenaChunk* c : table_) {
-      if (c->state.load(std::memory_order_relaxed) == ChunkState::kRetained) continue;
-      held += static_cast<int64_t>(c->size);
-      live += LiveBytes(c->live_total());
-    }
+  int64_t held = held_bytes_.load(std::memory_order_relaxed);
+  int64_t live = live_bytes_.load(std::memory_order_relaxed);
+  for (const ArenaFrame* g = t_arena_top; g != nullptr; g = g->below) {
+    if (g->arenas == this) live += unfolded_live(*g);
   }
   if (f->current != nullptr) {  // its unbumped tail is free space, not waste
     held -= static_cast<int64_t>(f->current->size -
@@ -317,16 +325,26 @@ bool Arenas::over_waste_bound(const ArenaFrame* f, size_t size) const {
 ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
   // 1. One of the scope's own chunks whose buffers all died: only the scope's
   //    reference is left, so no other thread can touch it but to find its slots empty.
+  //    The largest: which one costs nothing in footprint (the scope holds them all),
+  //    and a scope whose chunks grew would otherwise go back to its first 64 KiB one
+  //    and change chunks every few bumps (each change a slow allocation, and the
+  //    frees of the window of buffers still live in the old chunk slow frees).
+  size_t best = f->chunks.size();
   for (size_t i = 0; i < f->chunks.size(); ++i) {
-    ArenaChunk* c = f->chunks[i];
+    const ArenaChunk* c = f->chunks[i];
     if (c->size >= bytes && c->live_total() == LivePack(1, 0) &&
-        !c->stream_used.load(std::memory_order_relaxed)) {
-      c->used.store(0, std::memory_order_relaxed);
-      f->chunks.erase(f->chunks.begin() + static_cast<ptrdiff_t>(i));
-      f->chunks.push_back(c);
-      f->current = c;
-      return c;
+        !c->stream_used.load(std::memory_order_relaxed) &&
+        (best == f->chunks.size() || c->size > f->chunks[best]->size)) {
+      best = i;
     }
+  }
+  if (best != f->chunks.size()) {
+    ArenaChunk* c = f->chunks[best];
+    c->used.store(0, std::memory_order_relaxed);
+    f->chunks.erase(f->chunks.begin() + static_cast<ptrdiff_t>(best));
+    f->chunks.push_back(c);
+    f->current = c;
+    return c;
   }
   f->chunks.reserve(f->chunks.size() + 1);  // nothing below may be undone by a throw
   // The new chunk's size: the scope's chunks grow from 64 KiB, doubling up to
@@ -354,6 +372,7 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
       c->live.store(LivePack(1, 0), std::memory_order_relaxed);
       c->owner_live.store(0, std::memory_order_relaxed);
       c->state.store(ChunkState::kHeld, std::memory_order_relaxed);
+      held_bytes_.fetch_add(static_cast<int64_t>(c->size), std::memory_order_relaxed);
       f->chunks.push_back(c);
       f->current = c;
       ++f->summary.chunks;
@@ -380,6 +399,7 @@ ArenaChunk* Arenas::next_chunk(ArenaFrame* f, size_t bytes) {
     table_.insert(at, chunk.get());
     chunk_count_.store(table_.size(), std::memory_order_release);
     publish_filter_locked();
+    held_bytes_.fetch_add(static_cast<int64_t>(want), std::memory_order_relaxed);
     c = chunk.release();
   } catch (...) {
     pool_->free(p);
@@ -400,30 +420,40 @@ ArenaChunk* Arenas::lookup_locked(uintptr_t addr) const {
   return c->contains(addr) ? c : nullptr;
 }
 
-bool Arenas::release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) const {
+bool Arenas::release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) {
   const uintptr_t off = addr - c->begin;
   const uint64_t slot = off % kSlot == 0
                             ? c->slots[off / kSlot].exchange(0, std::memory_order_acq_rel)
                             : 0;
-  if (slot == 0) {
-    throw InvalidArgumentError(absl::StrFormat(
-        "devmem: free(%p) on %s: no live buffer of arena '%s' starts there (it lies %u "
-        "bytes into the chunk at 0x%x): freed twice, or an interior pointer",
-        ptr, device_.ToString(), names_[c->name.load(std::memory_order_relaxed)].name,
-        off, c->begin));
-  }
+  if (slot == 0) throw_not_a_buffer(c, addr, ptr);
+  live_bytes_.fetch_sub(static_cast<int64_t>(SlotUnits(slot) * kSlot), std::memory_order_relaxed);
   const uint64_t drop = LivePack(1, SlotUnits(slot));
   return c->live.fetch_sub(drop, std::memory_order_acq_rel) == drop;
 }
 
+void Arenas::throw_not_a_buffer(const ArenaChunk* c, uintptr_t addr, const void* ptr) const {
+  throw InvalidArgumentError(absl::StrFormat(
+      "devmem: free(%p) on %s: no live buffer of arena '%s' starts there (it lies %u "
+      "bytes into the chunk at 0x%x): freed twice, or an interior pointer",
+      ptr, device_.ToString(), names_[c->name.load(std::memory_order_relaxed)].name,
+      addr - c->begin, c->begin));
+}
+
 bool Arenas::free_slow(void* ptr) {
   const auto addr = reinterpret_cast<uintptr_t>(ptr);
-  // This thread's own current chunks first: held by an open scope, so they cannot go
-  // away, and no lock is needed to find them.
+  // The chunks this thread's open scopes hold first, newest first (a buffer is most
+  // often freed soon after it was bumped): they cannot go away, no lock is needed to
+  // find them, and the free is a local one (owner_release). A buffer of the chunk
+  // before the current one (a window of live temporaries across a chunk change) is
+  // the common case.
   for (ArenaFrame* f = t_arena_top; f != nullptr; f = f->below) {
-    if (f->arenas == this && f->current != nullptr && f->current->contains(addr)) {
-      release_buffer(f->current, addr, ptr);  // never the last reference: held
-      return true;
+    if (f->arenas != this) continue;
+    const size_t n = f->chunks.size();
+    for (size_t i = n; i > 0 && i + kLocalFreeChunks > n; --i) {
+      ArenaChunk* c = f->chunks[i - 1];
+      if (!c->contains(addr)) continue;
+      if (!owner_release(f, c, addr)) throw_not_a_buffer(c, addr, ptr);
+      return true;  // never the last reference: the scope holds the chunk
     }
   }
   if (!maybe_in_chunk(addr)) return false;
@@ -445,6 +475,7 @@ void Arenas::dispose(ArenaChunk* c) {
   bool give_back = false;
   {
     MutexLock lock(&mu_);
+    held_bytes_.fetch_sub(static_cast<int64_t>(c->size), std::memory_order_relaxed);
     if (c->stream_used.load(std::memory_order_relaxed)) {
       unregister_locked(c);
       ++chunks_returned_;
@@ -727,6 +758,25 @@ absl::Status Arenas::validate(const AllocatorSnapshot& pool_view) const {
     return absl::InternalError(absl::StrFormat(
         "%u retained arena chunks on %s but %u are on the retained list", retained,
         device_.ToString(), retained_.size()));
+  }
+  // The waste bound's running figures. The live one leaves out open scopes' unfolded
+  // shares, which only their threads may read: checked while no scope is open.
+  int64_t held = 0, live = 0, open_scopes = 0;
+  for (const ArenaChunk* c : table_) {
+    if (c->state.load(std::memory_order_relaxed) == ChunkState::kRetained) continue;
+    held += static_cast<int64_t>(c->size);
+    live += LiveBytes(c->live_total());
+  }
+  for (size_t i = 0; i <= kMaxArenaNames; ++i) open_scopes += names_[i].totals.open_scopes;
+  if (held != held_bytes_.load(std::memory_order_relaxed)) {
+    return absl::InternalError(absl::StrFormat(
+        "arena chunks on %s not retained hold %d bytes, but the waste bound counts %d",
+        device_.ToString(), held, held_bytes_.load(std::memory_order_relaxed)));
+  }
+  if (open_scopes == 0 && live != live_bytes_.load(std::memory_order_relaxed)) {
+    return absl::InternalError(absl::StrFormat(
+        "arena buffers on %s hold %d live bytes, but the waste bound counts %d",
+        device_.ToString(), live, live_bytes_.load(std::memory_order_relaxed)));
   }
   return absl::OkStatus();
 }

@@ -35,7 +35,9 @@
 // buffers interleaved with short ones pin chunks full of dead space. When a request
 // does not fit the current chunk and no chunk of the scope is empty, the scope checks
 // the waste of every arena of its allocator (bytes in held chunks, less live bytes,
-// less the current chunk's unbumped tail; retained chunks do not count): above
+// less the current chunk's unbumped tail; retained chunks do not count; from running
+// figures, O(1) however many chunks: other threads' open scopes count as of their last
+// chunk change): above
 // max(chunk_size, max_waste_fraction x the arenas' live bytes) the request takes the
 // pool's normal path (a "spill", counted in ArenaStats::spills) instead of a new
 // chunk, whose best fit reuses freed space piecemeal. The bump fast path never checks.
@@ -44,13 +46,14 @@
 // peak reserved/requested went 1.081 -> 1.386.
 //
 // Free is O(1) from any thread: allocator.free(p) finds p's chunk (the thread's own
-// current chunk first, else a read-locked table of chunks by address; never the
-// device lock), clears p's slot in the chunk's side table (which is how a double or
-// interior free is caught: InvalidArgumentError naming the pointer and the arena) and
-// decrements the chunk's live count. A free by the scope's own thread of a buffer in
-// its current chunk does so with plain loads and stores (arena_internal.h): a double
-// free racing on two threads is not caught there, as in any allocator. Space inside a chunk is not reused piecemeal: a
-// chunk is reused as a whole once every buffer in it has died.
+// scopes' newest chunks first, else a read-locked table of chunks by address; never
+// the device lock), clears p's slot in the chunk's side table (which is how a double
+// or interior free is caught: InvalidArgumentError naming the pointer and the arena)
+// and decrements the chunk's live count. A free by the scope's own thread of a buffer
+// in a chunk its scope holds does so with plain loads and stores (arena_internal.h):
+// a double free racing on two threads is not caught there, as in any allocator. Space
+// inside a chunk is not reused piecemeal: a chunk is reused as a whole once every
+// buffer in it has died (a scope reuses the largest of its own such chunks first).
 //
 // Scope exit (close() or the destructor) has mimalloc's mi_heap_delete semantics, not
 // mi_heap_destroy's: nothing live is invalidated. Each chunk of the scope is retired;

@@ -8,8 +8,8 @@
 //               live buffers plus one while an open scope holds the chunk. It is the
 //               sum, modulo 2^64, of two words (mimalloc's local and thread frees):
 //               `owner_live`, which only the thread whose scope holds the chunk
-//               changes (bumps and its own frees of its current chunk: plain loads and
-//               stores, no read-modify-write), and `live`, which every other free
+//               changes (bumps and its own frees of buffers in the chunk: plain loads
+//               and stores, no read-modify-write), and `live`, which every other free
 //               decrements atomically. Scope exit folds owner_live into live; from then
 //               on live alone is the figure, and whoever brings it to 0 (the last free,
 //               or the close) disposes of the chunk. While held, live alone never
@@ -110,6 +110,12 @@ struct ArenaFrame {
   ArenaChunk* current = nullptr;
   std::vector<ArenaChunk*> chunks;    // every chunk it holds, `current` last
   ArenaScope::Summary summary;
+  // The arenas' live bytes (Arenas::live_bytes_, for the waste bound) are summary.bytes
+  // (bumped) less local_freed (freed by this thread in chunks the scope holds: local
+  // frees) less what other frees subtracted there themselves; `folded` of this scope's
+  // own share is already in Arenas::live_bytes_. Owner thread only.
+  int64_t local_freed = 0;
+  int64_t folded = 0;
   std::string label;                  // "arena 'step' on sim:0" for messages
 };
 
@@ -155,20 +161,8 @@ class Arenas final : public ArenaPoolHook {
     ArenaFrame* f = t_arena_top;
     if (f != nullptr && f->arenas == this && f->current != nullptr &&
         f->current->contains(addr)) {
-      ArenaChunk* c = f->current;
-      const uintptr_t off = addr - c->begin;
-      // A racing double free of one buffer from two threads is not caught here (as
-      // in any allocator, it is a data race in the program); a second free is.
-      const uint64_t slot = off % ArenaChunk::kSlotBytes == 0
-                                ? c->slots[off / ArenaChunk::kSlotBytes].load(
-                                      std::memory_order_relaxed)
-                                : 0;
-      if (slot == 0) [[unlikely]] return free_slow(ptr);  // throws, naming the pointer
-      c->slots[off / ArenaChunk::kSlotBytes].store(0, std::memory_order_relaxed);
-      c->owner_live.store(
-          c->owner_live.load(std::memory_order_relaxed) - LivePack(1, slot >> 32),
-          std::memory_order_relaxed);
-      return true;
+      if (owner_release(f, f->current, addr)) [[likely]] return true;
+      return free_slow(ptr);  // throws, naming the pointer
     }
     return free_slow(ptr);
   }
@@ -213,17 +207,49 @@ class Arenas final : public ArenaPoolHook {
     return reinterpret_cast<void*>(c->begin + at);
   }
   bool free_slow(void* ptr);
+  // The local free (mimalloc's): a free by the thread whose open scope holds `c`, of
+  // a buffer in `c`. Clears the slot and lowers owner_live, which only that thread
+  // writes, with plain loads and stores: no read-modify-write, no lock. A racing
+  // double free of one buffer from two threads is not caught here (as in any
+  // allocator, it is a data race in the program); a second free is. False, changing
+  // nothing, when no live buffer starts at `addr` (the caller throws).
+  static bool owner_release(ArenaFrame* f, ArenaChunk* c, uintptr_t addr) {
+    const uintptr_t off = addr - c->begin;
+    if (off % ArenaChunk::kSlotBytes != 0) [[unlikely]] return false;
+    std::atomic<uint64_t>& s = c->slots[off / ArenaChunk::kSlotBytes];
+    const uint64_t slot = s.load(std::memory_order_relaxed);
+    if (slot == 0) [[unlikely]] return false;
+    s.store(0, std::memory_order_relaxed);
+    c->owner_live.store(
+        c->owner_live.load(std::memory_order_relaxed) - LivePack(1, slot >> 32),
+        std::memory_order_relaxed);
+    f->local_freed += static_cast<int64_t>((slot >> 32) * ArenaChunk::kSlotBytes);
+    return true;
+  }
+  // How many of a scope's most recent chunks free_slow checks for a local free before
+  // it looks in the chunk table (a frame may hold hundreds of chunks; the walk also
+  // runs for every free of an ordinary block while a scope is open).
+  static constexpr size_t kLocalFreeChunks = 4;
+  [[noreturn]] void throw_not_a_buffer(const ArenaChunk* c, uintptr_t addr,
+                                       const void* ptr) const;
   // Clears the slot of `addr` in `c` and drops its live count; true when the chunk
   // is now empty and retired (the caller disposes of it, holding no table lock).
-  bool release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr) const;
+  bool release_buffer(ArenaChunk* c, uintptr_t addr, const void* ptr);
   // A chunk for `frame` with at least `bytes` free: one of its own that emptied,
   // a retained one, or a new pool block.
   ArenaChunk* next_chunk(ArenaFrame* frame, size_t bytes);
   // True when a request of `size` that does not fit f's current chunk should take the
   // pool's path: no chunk of f is empty and the arenas' waste exceeds f's bound
-  // (arena.h, "Waste"). The owning thread, on the slow path only; takes table_mu_
-  // (shared).
+  // (arena.h, "Waste"). The owning thread, on the slow path only. O(1) in the chunks:
+  // the running held_bytes_ and live_bytes_ (plus this thread's scopes' unfolded
+  // shares), no lock.
   bool over_waste_bound(const ArenaFrame* f, size_t size) const;
+  // Adds f's unfolded share of the live bytes to live_bytes_ (owner thread: at each
+  // chunk change and at close), so other threads' waste checks see it.
+  void fold_live(ArenaFrame* f);
+  static int64_t unfolded_live(const ArenaFrame& f) {
+    return f.summary.bytes - f.local_freed - f.folded;
+  }
   void dispose(ArenaChunk* c);
   void unregister_locked(ArenaChunk* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ArenaScope::Summary finish_close(ArenaFrame* frame);
@@ -270,6 +296,16 @@ class Arenas final : public ArenaPoolHook {
   const std::unique_ptr<std::atomic<uintptr_t>[]> filter_end_;
   // Lookups that took table_mu_ (ArenaReport::table_lookups).
   mutable std::atomic<int64_t> table_lookups_{0};
+  // The waste bound's running figures (over_waste_bound), so that its check does not
+  // scan the chunk table. held_bytes_: bytes of the chunks not retained (held by a
+  // scope or pinned by escapes), changed under mu_ where a chunk changes state.
+  // live_bytes_: bytes of live arena buffers, except each open scope's unfolded share
+  // (its bumps less its local frees since its last chunk change: ArenaFrame::folded);
+  // frees that are not local subtract here themselves, next to their read-modify-write
+  // of the chunk's `live` (on the line table_lookups_, which they also write, is on).
+  // validate() checks both against the chunks.
+  std::atomic<int64_t> live_bytes_{0};
+  std::atomic<int64_t> held_bytes_{0};
 };
 
 }  // namespace devmem::internal

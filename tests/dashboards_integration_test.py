@@ -10,7 +10,10 @@ process (Python standard library only).
 2. Starts Debian's prometheus (/usr/bin/prometheus, package `prometheus`) on a free
    127.0.0.1 port, with a temporary --storage.tsdb.path, scrape and rule evaluation
    intervals of 1 s, the demo as its only target, and dashboards/alerts.yml as its rule
-   file; waits until the target is up and has RATE_INTERVAL_SAMPLES samples.
+   file; waits until the target is up and has RATE_INTERVAL_SAMPLES samples, and until
+   the series of the demo's step arena have as many (the demo trains one epoch through
+   the pool alone first, for its comparison; under load that takes longer than the
+   first samples, and the arena panels were then empty).
 3. Resolves the dashboard's variables as Grafana would ($instance and $device through
    their label_values() queries, multi-value "All" = a regex of every value;
    $__rate_interval = 4s, Grafana's value for a 1 s scrape interval) and runs every
@@ -266,6 +269,16 @@ def run(demo_path, tmp, start, log):
             return r and min(float(s["value"][1]) for s in r) >= RATE_INTERVAL_SAMPLES
         wait_for(f"{RATE_INTERVAL_SAMPLES} samples of every series", enough_samples, start)
         log(f"{RATE_INTERVAL_SAMPLES} scrapes stored ({time.monotonic() - start:.1f} s)")
+
+        # The arena families have series once the demo's first step scope opened, after
+        # its epoch through the pool alone.
+        def arena_samples():
+            r = query(base, "count_over_time(devmem_arena_scopes_total[1m])")
+            return r and min(float(s["value"][1]) for s in r) >= RATE_INTERVAL_SAMPLES
+        wait_for(f"{RATE_INTERVAL_SAMPLES} samples of the demo's step arena", arena_samples,
+                 start)
+        log(f"the step arena's series have {RATE_INTERVAL_SAMPLES} samples "
+            f"({time.monotonic() - start:.1f} s)")
 
         # 3. The dashboard's variables, then its panels.
         problems = []
