@@ -327,6 +327,36 @@ TEST_F(SnapshotJsonTest, StraightWriterIsTheDomWriter) {
   alloc_.free(in_arena);
 }
 
+// WriteSnapshotJson (what /debug/snapshot streams) hands over SnapshotToJson's text in
+// pieces no longer than asked for, and stops at once when the sink says so.
+TEST_F(SnapshotJsonTest, PiecesMakeTheSameTextAndStopWhenTheSinkSaysSo) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  TraceEvent e;
+  e.action = AllocAction::kFree;
+  e.device = DeviceId{DeviceType::kSim, 0};
+  e.site = site_a_;
+  std::vector<TraceEvent> trace(300, e);  // ~40 KB of events
+  for (size_t i = 0; i < trace.size(); ++i) trace[i].seq = i + 1;
+  const std::string whole = SnapshotToJson(snap, &trace);
+  for (size_t piece_bytes : {size_t{256}, size_t{1000}, kSnapshotPieceBytes}) {
+    std::string joined;
+    size_t pieces = 0;
+    const bool ok = WriteSnapshotJson(snap, &trace, piece_bytes, [&](std::string_view piece) {
+      EXPECT_FALSE(piece.empty());
+      EXPECT_LE(piece.size(), piece_bytes);
+      joined.append(piece);
+      ++pieces;
+      return true;
+    });
+    EXPECT_TRUE(ok);
+    EXPECT_EQ(joined, whole) << "pieces of " << piece_bytes;
+    EXPECT_GE(pieces, whole.size() / piece_bytes) << "pieces of " << piece_bytes;
+  }
+  size_t calls = 0;
+  EXPECT_FALSE(WriteSnapshotJson(snap, &trace, 256, [&](std::string_view) { return ++calls < 2; }));
+  EXPECT_EQ(calls, 2u);
+}
+
 TEST_F(SnapshotJsonTest, OtherSchemasAreRefusedByName) {
   std::string text = SnapshotToJson(MakeSnapshot(site_a_, site_b_, alloc_));
   auto with_schema = [&](std::string_view schema) {
