@@ -327,6 +327,31 @@ TEST_F(SnapshotJsonTest, StraightWriterIsTheDomWriter) {
   alloc_.free(in_arena);
 }
 
+// The straight writer's numbers (its own decimal formatting) as the DOM writes them, at
+// every length and at the edges of its 8-digit parts.
+TEST_F(SnapshotJsonTest, NumbersOfEveryLengthAsTheDomWritesThem) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  std::vector<uint64_t> values = {0, UINT64_MAX, uint64_t{1} << 63};
+  for (uint64_t p = 1; p <= UINT64_MAX / 10; p *= 10) {
+    for (uint64_t v : {p - 1, p, p + 1, 9 * p, 2 * p - 1}) values.push_back(v);
+  }
+  std::vector<TraceEvent> trace;
+  for (uint64_t v : values) {
+    TraceEvent e;
+    e.action = AllocAction::kAlloc;
+    e.device = DeviceId{DeviceType::kSim, 0};
+    e.seq = v;
+    e.addr = v;
+    e.time_ns = static_cast<int64_t>(v);  // negative ones too, INT64_MIN among them
+    e.thread = v;
+    trace.push_back(e);
+  }
+  const std::string text = SnapshotToJson(snap, &trace);
+  nlohmann::ordered_json dom = nlohmann::ordered_json::parse(OomDumpToJson(snap, OomReport{}, &trace));
+  dom.erase("oom");
+  EXPECT_EQ(text, dom.dump());
+}
+
 // WriteSnapshotJson (what /debug/snapshot streams) hands over SnapshotToJson's text in
 // pieces no longer than asked for, and stops at once when the sink says so.
 TEST_F(SnapshotJsonTest, PiecesMakeTheSameTextAndStopWhenTheSinkSaysSo) {
