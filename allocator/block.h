@@ -71,18 +71,22 @@ class AtomicBlockState {
 // first and last line was also a neighbour's (false sharing on every hit of two
 // threads whose blocks were made next to each other, which blocks that circulate
 // through the pool are: see docs/architecture.md, "Thread caches").
+//
+// The first line holds every field a snapshot copies, with `next` (the walk under the
+// device lock reads one line per block: allocator/snapshot_walk.h).
 struct alignas(64) Block {
   uintptr_t addr = 0;
   size_t size = 0;
   size_t requested = 0;       // bytes the user asked for; 0 unless allocated
-  Segment* segment = nullptr;
   Block* prev = nullptr;      // the block just below in the same segment
   Block* next = nullptr;      // the block just above in the same segment
   Stream stream;              // the stream it was allocated on (== segment->stream)
   AtomicBlockState state = BlockState::kFree;
   SiteId site = kUnknownSite;
-  int pending_events = 0;     // events still to complete before it is free
   int64_t alloc_time_ns = 0;
+  // The second line.
+  Segment* segment = nullptr;
+  int pending_events = 0;     // events still to complete before it is free
   // Free blocks: the pool's free sequence number (BlockStates) when this memory last
   // entered the free sets (a thread-cached block: when its cache gave it back, not
   // when it last left them); no device work queued after that uses it. 0: never used since it was

@@ -3,13 +3,13 @@
 // Each takes the device lock (or runs under it, for the *_report and describe_*
 // helpers) and changes nothing but the statistics' peaks and totals when asked.
 #include <algorithm>
-#include <iterator>
 #include <vector>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "allocator/arena_internal.h"
 #include "allocator/device_pool.h"
+#include "allocator/snapshot_walk.h"
 
 namespace devmem::internal {
 
@@ -55,31 +55,24 @@ AllocatorSnapshot DevicePool::segments_for_validation() const {
   return snapshot_impl(/*drain=*/false);
 }
 
-// The device lock is held only for a flat copy: every block's fields into flat arrays
-// and each segment's header with its ranges of them, all allocated (and their pages
-// touched) before the lock is taken, sized by a brief first look under the lock. Blocks
-// made between the two looks grow the arrays under the lock (correct, slower; the slack
-// makes it rare). The segments' own vectors are built after the release. Why: the copy
-// of 10^5 blocks held the lock ~35 ms growing a vector block by block and faulting its
-// pages in; allocation stalls behind it (target <= 1 ms, scripts/bench_snapshot.sh).
+// The device lock is held only for a flat copy of the blocks' fields into arrays
+// allocated (and their pages touched) before the lock is taken, sized by a brief first
+// look under the lock. Blocks made between the two looks grow the arrays under the lock
+// (correct, slower; the slack makes it rare). The segments' own vectors are built after
+// the release. Why: the copy of 10^5 blocks held the lock ~35 ms growing a vector block
+// by block and faulting its pages in; allocation stalls behind it (target <= 1 ms,
+// scripts/bench_snapshot.sh).
 //
-// What remains under the lock is the walk of each segment's block list, bound by the
-// latency of one dependent load per block (~30 ns when the Blocks are not in cache).
-// Each segment is walked from both ends at once (head forward into `fwd`, tail backward
-// via `prev` into `bwd`), which keeps two loads in flight, until the two meet; the
-// backward half is reversed into place after the release.
+// What remains under the lock is the walk of the segments' block lists, one dependent
+// load per block: SnapshotWalk (allocator/snapshot_walk.h) cuts the lists at allocated
+// blocks taken from the allocated table and walks the pieces round-robin, many loads
+// in flight at once.
 AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   AllocatorSnapshot snap;
   snap.device = device_;
   snap.info = backend_->info();
   // A driver call, made before taking the lock (backends are thread-safe).
   snap.mem_info = backend_->mem_info();
-  struct SegmentHead {
-    SegmentInfo info;  // without its blocks
-    // Its blocks: fwd[fwd_begin, fwd_end) in address order, then bwd[bwd_begin,
-    // bwd_end) reversed.
-    size_t fwd_begin = 0, fwd_end = 0, bwd_begin = 0, bwd_end = 0;
-  };
   size_t segment_hint = 0;
   size_t block_hint = 0;
   {
@@ -90,18 +83,9 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
     block_hint = static_cast<size_t>(acct_.stats().active[kAggregatePool].current) +
                  free_.size();
   }
-  // Each half gets at most a segment's blocks / 2 + 1 of each segment; the slack covers
-  // the rounding and blocks made since the first look. Zeroed: their pages touched now.
-  const size_t half = block_hint / 2 + segment_hint + block_hint / 16 + 256;
-  std::vector<SegmentHead> heads(segment_hint + segment_hint / 8 + 16);
-  std::vector<BlockInfo> fwd(half);
-  std::vector<BlockInfo> bwd(half);
-  size_t nsegments = 0, nfwd = 0, nbwd = 0;
-  auto copy = [](const Block* b, std::vector<BlockInfo>& to, size_t& n) {
-    if (n == to.size()) to.resize(to.size() * 2);
-    to[n++] = BlockInfo{b->addr,   b->size, b->requested,   b->state,
-                        b->stream, b->site, b->alloc_time_ns};
-  };
+  const size_t segment_room = segment_hint + segment_hint / 8 + 16;
+  SnapshotWalk walk(block_hint + block_hint / 16 + segment_hint + 256, segment_room);
+  snap.segments.reserve(segment_room);
   {
     MutexLock lock(&mu_);
     const int64_t locked_ns = NowNs();
@@ -117,45 +101,27 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
     snap.stats.driver = backend_->driver_calls();
     snap.time_ns = CoarseNowNs();
     for (const auto& [addr, s] : segments_) {
-      if (nsegments == heads.size()) heads.resize(heads.size() * 2);
-      SegmentHead& h = heads[nsegments++];
-      h.info.addr = s->addr;
-      h.info.size = s->size;
-      h.info.stream = s->stream;
-      h.info.small_pool = s->small_pool;
-      h.info.expandable = s->expandable();
-      if (s->private_pool != nullptr) h.info.private_pool = s->private_pool->id;
-      h.fwd_begin = nfwd;
-      h.bwd_begin = nbwd;
-      // f: the next block from below, b: the next from above; [f .. b] not copied yet.
-      const Block* f = s->head;
-      const Block* b = s->tail;
-      while (f != nullptr) {
-        if (f == b) {  // the last one
-          copy(f, fwd, nfwd);
-          break;
-        }
-        copy(f, fwd, nfwd);
-        copy(b, bwd, nbwd);
-        if (f->next == b) break;  // met: nothing between
-        f = f->next;
-        b = b->prev;
-      }
-      h.fwd_end = nfwd;
-      h.bwd_end = nbwd;
+      SegmentInfo& info = snap.segments.emplace_back();
+      info.addr = s->addr;
+      info.size = s->size;
+      info.stream = s->stream;
+      info.small_pool = s->small_pool;
+      info.expandable = s->expandable();
+      if (s->private_pool != nullptr) info.private_pool = s->private_pool->id;
+      walk.add_segment(s);
     }
+    // Entry points: the allocated table's first slots (blocks at random addresses).
+    size_t entries = 0;
+    for (const auto& [addr, b] : blocks_.allocated_table()) {
+      if (entries++ == SnapshotWalk::kMaxEntries) break;
+      walk.add_entry(addr, b);
+    }
+    walk.walk();
     note_snapshot_lock_hold(NowNs() - locked_ns, ThreadCpuNowNs() - locked_cpu_ns);
   }
-  snap.segments.reserve(nsegments);
-  for (size_t i = 0; i < nsegments; ++i) {
-    SegmentHead& h = heads[i];
-    SegmentInfo& si = snap.segments.emplace_back(std::move(h.info));
-    si.blocks.reserve((h.fwd_end - h.fwd_begin) + (h.bwd_end - h.bwd_begin));
-    si.blocks.insert(si.blocks.end(), fwd.begin() + static_cast<ptrdiff_t>(h.fwd_begin),
-                     fwd.begin() + static_cast<ptrdiff_t>(h.fwd_end));
-    si.blocks.insert(si.blocks.end(),
-                     std::make_reverse_iterator(bwd.begin() + static_cast<ptrdiff_t>(h.bwd_end)),
-                     std::make_reverse_iterator(bwd.begin() + static_cast<ptrdiff_t>(h.bwd_begin)));
+  std::vector<std::vector<BlockInfo>> blocks = walk.take();
+  for (size_t i = 0; i < snap.segments.size(); ++i) {
+    snap.segments[i].blocks = std::move(blocks[i]);
   }
   return snap;
 }

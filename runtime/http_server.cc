@@ -6,7 +6,8 @@
 // two steps: Route() computes the whole response (status, headers, body) while taking
 // allocator locks only inside Runtime::snapshot() / allocators() / the metrics
 // collector, each for as long as a copy takes; only then is the response written to
-// the client. A slow or broken client therefore only ever holds one civetweb worker
+// the client (large bodies, /debug/snapshot's and /debug/trace's, are written from
+// that copy while they are sent, in pieces). A slow or broken client therefore only ever holds one civetweb worker
 // thread, never a lock that allocation needs, and civetweb's request_timeout_ms bounds
 // how long it holds even that.
 //
@@ -91,10 +92,13 @@ struct Response {
   std::string body;
   // A streamed body instead of `body`: `stream_bytes` long, produced by `stream`, which
   // hands its pieces to `sink` in order and stops when the sink returns false (the
-  // client is gone). The pieces must add up to stream_bytes exactly (Content-Length).
+  // client is gone). The pieces must add up to stream_bytes exactly (Content-Length),
+  // unless `chunked`: then the length is not known in advance and the body is sent
+  // with Transfer-Encoding: chunked (only in answer to an HTTP/1.1 request).
   using Sink = std::function<bool(std::string_view)>;
   std::function<void(const Sink& sink)> stream;
   size_t stream_bytes = 0;
+  bool chunked = false;
 };
 
 const char* Reason(int status) {
@@ -526,8 +530,19 @@ struct HttpServer::Impl {
     if (!q.ok()) return Error(400, std::string(q.status().message()));
     Response r;
     r.content_type = "application/json";
-    r.body = SnapshotToJson(runtime->snapshot());
-    r.body.push_back('\n');
+    // Taken now (the only allocator locks), written as it is sent: in pieces
+    // (WriteSnapshotJson), so that the whole text of a large snapshot (~21 MB at 10^5
+    // live buffers) is never held, and the client reads while the rest is written.
+    auto snap = std::make_shared<const RuntimeSnapshot>(runtime->snapshot());
+    if (std::string_view(ri->http_version) == "1.0") {  // no chunked encoding there
+      r.body = SnapshotToJson(*snap);
+      r.body.push_back('\n');
+      return r;
+    }
+    r.stream = [snap](const Response::Sink& sink) {
+      if (WriteSnapshotJson(*snap, nullptr, kStreamPieceBytes, sink)) sink("\n");
+    };
+    r.chunked = true;
     return r;
   }
 
@@ -605,22 +620,57 @@ struct HttpServer::Impl {
   }
 
   // Writes a computed response. Holds no lock: only this worker waits on the client.
+  // A stream that throws ends the connection early: the client sees a body cut short
+  // of its Content-Length, or without its last chunk, never a complete-looking one.
   static void Write(mg_connection* conn, const Response& r) {
-    const size_t length = r.stream ? r.stream_bytes : r.body.size();
+    const bool chunked = r.stream && r.chunked;
     std::string head = absl::StrCat("HTTP/1.1 ", r.status, " ", Reason(r.status),
-                                    "\r\nContent-Type: ", r.content_type,
-                                    "\r\nContent-Length: ", length,
-                                    "\r\nCache-Control: no-store\r\nConnection: close\r\n");
+                                    "\r\nContent-Type: ", r.content_type);
+    if (chunked) {
+      head += "\r\nTransfer-Encoding: chunked";
+    } else {
+      absl::StrAppend(&head, "\r\nContent-Length: ", r.stream ? r.stream_bytes : r.body.size());
+    }
+    head += "\r\nCache-Control: no-store\r\nConnection: close\r\n";
     for (const auto& [name, value] : r.headers) absl::StrAppend(&head, name, ": ", value, "\r\n");
     head += "\r\n";
     if (mg_write(conn, head.data(), head.size()) <= 0) return;  // client gone
-    if (r.stream) {
-      r.stream([conn](std::string_view piece) {
-        return mg_write(conn, piece.data(), piece.size()) > 0;
-      });
-    } else if (!r.body.empty()) {
-      mg_write(conn, r.body.data(), r.body.size());
+    try {
+      if (chunked) {
+        WriteChunks(conn, r);
+      } else if (r.stream) {
+        r.stream([conn](std::string_view piece) {
+          return mg_write(conn, piece.data(), piece.size()) > 0;
+        });
+      } else if (!r.body.empty()) {
+        mg_write(conn, r.body.data(), r.body.size());
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "devmem: http: response cut short: %s\n", e.what());
     }
+  }
+
+  // r.stream's pieces as chunks (RFC 9112 7.1), framed into writes of at least
+  // kStreamPieceBytes each: small pieces join the next, and the last write carries the
+  // terminating chunk too, so no small write trails the body.
+  static void WriteChunks(mg_connection* conn, const Response& r) {
+    std::string pending;
+    bool ok = true;
+    r.stream([&](std::string_view piece) {
+      if (piece.empty()) return true;  // an empty chunk would end the body
+      if (pending.size() >= kStreamPieceBytes) {
+        ok = mg_write(conn, pending.data(), pending.size()) > 0;
+        pending.clear();
+        if (!ok) return false;
+      }
+      char size[24];
+      const int n = std::snprintf(size, sizeof(size), "%zx\r\n", piece.size());
+      pending.append(size, static_cast<size_t>(n)).append(piece).append("\r\n");
+      return true;
+    });
+    if (!ok) return;
+    pending += "0\r\n\r\n";
+    mg_write(conn, pending.data(), pending.size());
   }
 
   // Opens and closes one connection to the listener (see ~HttpServer).

@@ -6,7 +6,8 @@
 //   /metrics          Prometheus text format (runtime/metrics.h)
 //   /healthz          "ok"
 //   /debug/buffers    live buffers as JSON; ?device=sim:0&site=...&min_bytes=N&limit=N
-//   /debug/snapshot   the snapshot JSON (runtime/json.h)
+//   /debug/snapshot   the snapshot JSON (runtime/json.h), chunked (Transfer-Encoding) to
+//                     HTTP/1.1 clients: written while it is sent
 //   /debug/trace      trace events as JSON Lines; ?since=N (events with seq > N)&limit=N
 //                     (default 10,000, at most 100,000); headers X-Devmem-Next-Since
 //                     (the seq to ask after next), X-Devmem-More (1: more events were

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -283,226 +284,380 @@ ojson SnapshotObject(const RuntimeSnapshot& snap, const std::vector<TraceEvent>*
   return j;
 }
 
+// Decimal digits, faster than std::to_chars for the long numbers snapshots are made of
+// (addresses: 15 digits; ages: 10-12): 64-bit values are cut into 8-digit parts with
+// two divisions, and each part is written as digit pairs from a table with 32-bit
+// arithmetic (std::to_chars divides the 64-bit value by 100 once per pair, after a
+// loop that counts its digits).
+constexpr char kDigitPairs[] =
+    "00010203040506070809101112131415161718192021222324252627282930313233343536373839"
+    "40414243444546474849505152535455565758596061626364656667686970717273747576777879"
+    "8081828384858687888990919293949596979899";
+
+inline void PutPair(char* p, uint32_t n) { std::memcpy(p, &kDigitPairs[2 * n], 2); }
+
+// n < 10^8, as exactly 8 digits (leading zeros kept).
+inline char* Put8Digits(char* p, uint32_t n) {
+  const uint32_t hi = n / 10000, lo = n % 10000;
+  PutPair(p, hi / 100);
+  PutPair(p + 2, hi % 100);
+  PutPair(p + 4, lo / 100);
+  PutPair(p + 6, lo % 100);
+  return p + 8;
+}
+
+// n < 10^4, without leading zeros.
+inline char* PutUpTo4Digits(char* p, uint32_t n) {
+  if (n < 10) {
+    *p = static_cast<char>('0' + n);
+    return p + 1;
+  }
+  if (n < 100) {
+    PutPair(p, n);
+    return p + 2;
+  }
+  if (n < 1000) {
+    *p = static_cast<char>('0' + n / 100);
+    PutPair(p + 1, n % 100);
+    return p + 3;
+  }
+  PutPair(p, n / 100);
+  PutPair(p + 2, n % 100);
+  return p + 4;
+}
+
+// n < 10^8, without leading zeros.
+inline char* PutUpTo8Digits(char* p, uint32_t n) {
+  if (n < 10000) return PutUpTo4Digits(p, n);
+  p = PutUpTo4Digits(p, n / 10000);
+  const uint32_t lo = n % 10000;
+  PutPair(p, lo / 100);
+  PutPair(p + 2, lo % 100);
+  return p + 4;
+}
+
+// `v` in decimal at `p` (room for 20 characters); returns the end.
+inline char* PutDecimal(char* p, uint64_t v) {
+  constexpr uint64_t k8 = 100'000'000;
+  if (v < k8) return PutUpTo8Digits(p, static_cast<uint32_t>(v));
+  if (v < k8 * k8) {
+    p = PutUpTo8Digits(p, static_cast<uint32_t>(v / k8));
+    return Put8Digits(p, static_cast<uint32_t>(v % k8));
+  }
+  p = PutUpTo4Digits(p, static_cast<uint32_t>(v / (k8 * k8)));  // < 1845
+  p = Put8Digits(p, static_cast<uint32_t>(v / k8 % k8));
+  return Put8Digits(p, static_cast<uint32_t>(v % k8));
+}
+
+// The text of a file written in pieces: bounded writes go straight into a buffer through
+// a pointer (one room check each, no std::string append per token), and whenever the
+// buffer is full its text is handed to the sink, which sends it on (HTTP) or appends it
+// to a string. Stops writing, for good, once the sink returns false.
+class PieceOut {
+ public:
+  PieceOut(size_t piece_bytes, const JsonSink& sink)
+      : buf_(std::max<size_t>(piece_bytes, kMaxBounded)), sink_(sink) {
+    p_ = buf_.data();
+    end_ = p_ + buf_.size();
+  }
+
+  // The longest bounded write: a number, a key or a short name (device names, states).
+  static constexpr size_t kMaxBounded = 256;
+
+  bool ok() const { return ok_; }
+  // Hands what is buffered to the sink. False once the sink said stop.
+  bool flush() {
+    if (ok_ && p_ != buf_.data()) ok_ = sink_(std::string_view(buf_.data(), p_ - buf_.data()));
+    p_ = buf_.data();
+    return ok_;
+  }
+
+  void ch(char c) {
+    room(1);
+    *p_++ = c;
+  }
+  // A literal (keys, punctuation): its length is known at compile time.
+  template <size_t N>
+  void lit(const char (&s)[N]) {
+    static_assert(N - 1 <= kMaxBounded);
+    room(N - 1);
+    std::memcpy(p_, s, N - 1);
+    p_ += N - 1;
+  }
+  void u64(uint64_t v) {
+    room(20);
+    p_ = PutDecimal(p_, v);
+  }
+  void i64(int64_t v) {
+    room(21);
+    if (v < 0) {
+      *p_++ = '-';
+      p_ = PutDecimal(p_, ~static_cast<uint64_t>(v) + 1);  // also for INT64_MIN
+    } else {
+      p_ = PutDecimal(p_, static_cast<uint64_t>(v));
+    }
+  }
+  // Any text, already JSON (a dumped DOM, a quoted name): copied through the buffer.
+  void text(std::string_view s) {
+    while (!s.empty()) {
+      if (p_ == end_) flush();
+      const size_t n = std::min(s.size(), static_cast<size_t>(end_ - p_));
+      std::memcpy(p_, s.data(), n);
+      p_ += n;
+      s.remove_prefix(n);
+    }
+  }
+
+ private:
+  void room(size_t n) {
+    if (static_cast<size_t>(end_ - p_) < n) [[unlikely]] flush();
+  }
+
+  std::vector<char> buf_;
+  char* p_;
+  char* end_;
+  const JsonSink& sink_;
+  bool ok_ = true;
+};
+
+// The sites a straight writer names: ids below kDense in a byte map (site ids are
+// interned densely from 1, so this is one store a block), others in a hash set (a file
+// read back may carry any ids).
+class DenseSiteSet {
+ public:
+  void add(SiteId id) {
+    if (id < seen_.size()) [[likely]] {
+      seen_[id] = 1;
+    } else if (id < kDense) {
+      seen_.resize(std::max<size_t>(id + 1, seen_.size() * 2), 0);
+      seen_[id] = 1;
+    } else {
+      sparse_.add(id);
+    }
+  }
+  SiteSet all() const {
+    SiteSet set = sparse_;
+    for (size_t id = 0; id < seen_.size(); ++id) {
+      if (seen_[id]) set.add(static_cast<SiteId>(id));
+    }
+    return set;
+  }
+
+ private:
+  static constexpr SiteId kDense = SiteId{1} << 22;
+  std::vector<uint8_t> seen_;
+  SiteSet sparse_;
+};
+
 // SnapshotToJson's writer: the text SnapshotObject(...).dump() gives, written straight
-// into one string for the bulk (segments' blocks, live buffers, trace events: numbers
-// and names from fixed tables, which need no escaping) and through nlohmann for the
-// rest (stats, infos, annotations, arena buffers, stacks, sites: few, and with strings
-// to escape). Why: a DOM of 10^5 blocks and live buffers took ~1.4 s to build and dump
+// into pieces for the bulk (segments' blocks, live buffers, trace events: numbers and
+// names from fixed tables, which need no escaping) and through nlohmann for the rest
+// (stats, infos, annotations, arena buffers, stacks, sites: few, and with strings to
+// escape). Why: a DOM of 10^5 blocks and live buffers took ~1.4 s to build and dump
 // (target: /debug/snapshot served in <= 50 ms, scripts/bench_snapshot.sh). The DOM
 // writer stays for OOM dumps (indented; one per OOM); runtime_json_test.cc checks that
 // the two agree on every field.
 class SnapshotWriter {
  public:
-  SnapshotWriter(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace)
-      : snap_(snap), trace_(trace) {}
+  SnapshotWriter(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace,
+                 size_t piece_bytes, const JsonSink& sink)
+      : snap_(snap), trace_(trace), out_(piece_bytes, sink) {}
 
-  std::string Write() {
-    size_t blocks = 0;
-    for (const AllocatorSnapshot& d : snap_.devices) {
-      for (const SegmentInfo& seg : d.segments) blocks += seg.blocks.size();
-    }
-    // ~130 bytes a block and ~110 a live buffer; ~150 an event.
-    out_.reserve(4096 + blocks * 240 + (trace_ != nullptr ? trace_->size() * 150 : 0));
-    out_ += "{\"schema\":";
+  bool Write() {
+    out_.lit("{\"schema\":");
     Dom(kSnapshotSchema);
-    Key("time_ns");
-    Int(snap_.time_ns);
-    Key("unix_time_ns");
-    Int(snap_.unix_time_ns);
-    Key("devices");
-    out_ += '[';
-    for (size_t i = 0; i < snap_.devices.size(); ++i) {
-      if (i > 0) out_ += ',';
+    out_.lit(",\"time_ns\":");
+    out_.i64(snap_.time_ns);
+    out_.lit(",\"unix_time_ns\":");
+    out_.i64(snap_.unix_time_ns);
+    out_.lit(",\"devices\":[");
+    for (size_t i = 0; i < snap_.devices.size() && out_.ok(); ++i) {
+      if (i > 0) out_.ch(',');
       Device(snap_.devices[i],
              i < snap_.annotations.size() ? &snap_.annotations[i] : nullptr);
     }
-    out_ += ']';
+    out_.ch(']');
     if (trace_ != nullptr) {
-      Key("trace");
-      out_ += '[';
-      bool first = true;
-      for (const TraceEvent& e : *trace_) {
-        if (!first) out_ += ',';
-        first = false;
-        Event(e);
+      out_.lit(",\"trace\":[");
+      for (size_t i = 0; i < trace_->size() && out_.ok(); ++i) {
+        if (i > 0) out_.ch(',');
+        Event((*trace_)[i]);
       }
-      out_ += ']';
+      out_.ch(']');
     }
-    Key("sites");
-    out_ += SiteTableToJson(sites_).dump();
-    out_ += '}';
-    return std::move(out_);
+    out_.lit(",\"sites\":");
+    out_.text(SiteTableToJson(sites_.all()).dump());
+    out_.ch('}');
+    return out_.flush();
   }
 
  private:
-  // ,"key":  (the first key of an object is written with its brace by the caller)
-  void Key(std::string_view key) {
-    out_ += ",\"";
-    out_ += key;
-    out_ += "\":";
-  }
-  void Uint(uint64_t v) {
-    char buf[24];
-    out_.append(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
-  }
-  void Int(int64_t v) {
-    char buf[24];
-    out_.append(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
-  }
   // A name from a fixed table (block states, pools, actions, device names): letters,
-  // digits, '_' and ':' only, so no escaping.
+  // digits, '_' and ':' only, so no escaping; short (PieceOut::kMaxBounded).
   void Name(std::string_view name) {
-    out_ += '"';
-    out_ += name;
-    out_ += '"';
+    out_.ch('"');
+    out_.text(name);
+    out_.ch('"');
   }
-  void Dom(const ojson& j) { out_ += j.dump(); }
+  void Dom(const ojson& j) { out_.text(j.dump()); }
+  // Device names, formatted once per device rather than once per event.
+  const std::string& DeviceName(DeviceId d) {
+    if (!device_name_ || d != device_name_->first) device_name_.emplace(d, d.ToString());
+    return device_name_->second;
+  }
 
   void Age(const BlockInfo& b, int64_t now_ns) {  // as PutAge
     if (b.alloc_time_ns == 0) return;
-    Key("age_ns");
-    Int(now_ns - b.alloc_time_ns);
+    out_.lit(",\"age_ns\":");
+    out_.i64(now_ns - b.alloc_time_ns);
   }
   void Annotation(uintptr_t addr, const BufferAnnotations* annotations) {  // as PutAnnotation
     if (annotations == nullptr) return;
     auto it = annotations->find(addr);
     if (it == annotations->end()) return;
     const BufferAnnotation& a = it->second;
-    Key("tensor");
+    out_.lit(",\"tensor\":");
     Dom(ojson{{"refcount", a.refcount}, {"dtype", a.dtype}, {"shape", a.shape}});
   }
 
   void Device(const AllocatorSnapshot& d, const BufferAnnotations* annotations) {
-    out_ += "{\"device\":";
-    Name(d.device.ToString());
-    Key("time_ns");
-    Int(d.time_ns);
-    Key("info");
+    out_.lit("{\"device\":");
+    Name(DeviceName(d.device));
+    out_.lit(",\"time_ns\":");
+    out_.i64(d.time_ns);
+    out_.lit(",\"info\":");
     Dom(ojson{{"name", d.info.name}, {"uuid", d.info.uuid}, {"backend", d.info.backend}});
-    Key("mem_info");
+    out_.lit(",\"mem_info\":");
     Dom(ojson{{"free_bytes", static_cast<uint64_t>(d.mem_info.free_bytes)},
               {"total_bytes", static_cast<uint64_t>(d.mem_info.total_bytes)}});
-    Key("stats");
+    out_.lit(",\"stats\":");
     Dom(StatsToJson(d.stats));
-    Key("segments");
-    out_ += '[';
-    for (size_t i = 0; i < d.segments.size(); ++i) {
+    out_.lit(",\"segments\":[");
+    for (size_t i = 0; i < d.segments.size() && out_.ok(); ++i) {
       const SegmentInfo& s = d.segments[i];
-      if (i > 0) out_ += ',';
-      out_ += "{\"addr\":";
-      Uint(s.addr);
-      Key("size");
-      Uint(s.size);
-      Key("stream");
-      Uint(s.stream.handle);
-      Key("pool");
-      Name(s.small_pool ? "small" : "large");
-      Key("expandable");
-      out_ += s.expandable ? "true" : "false";
+      if (i > 0) out_.ch(',');
+      out_.lit("{\"addr\":");
+      out_.u64(s.addr);
+      out_.lit(",\"size\":");
+      out_.u64(s.size);
+      out_.lit(",\"stream\":");
+      out_.u64(s.stream.handle);
+      out_.lit(",\"pool\":");
+      if (s.small_pool) {
+        out_.lit("\"small\"");
+      } else {
+        out_.lit("\"large\"");
+      }
+      out_.lit(",\"expandable\":");
+      if (s.expandable) {
+        out_.lit("true");
+      } else {
+        out_.lit("false");
+      }
       if (!s.private_pool.is_default()) {  // as DeviceToJson
-        Key("private_pool");
+        out_.lit(",\"private_pool\":");
         Dom(ojson::array({s.private_pool.first, s.private_pool.second}));
       }
-      Key("blocks");
-      out_ += '[';
+      out_.lit(",\"blocks\":[");
       for (size_t k = 0; k < s.blocks.size(); ++k) {
         const BlockInfo& b = s.blocks[k];
-        if (k > 0) out_ += ',';
+        if (k > 0) out_.ch(',');
         Block(b, d.time_ns);
         sites_.add(b.site);
       }
-      out_ += "]}";
+      out_.lit("]}");
     }
-    out_ += ']';
-    Key("live_buffers");
-    out_ += '[';
+    out_.lit("],\"live_buffers\":[");
     bool first = true;
     for (const SegmentInfo& s : d.segments) {
+      if (!out_.ok()) break;
       for (const BlockInfo& b : s.blocks) {
         if (b.state != BlockState::kAllocated) continue;
-        if (!first) out_ += ',';
+        if (!first) out_.ch(',');
         first = false;
         LiveBuffer(b, d.time_ns, annotations);
       }
     }
-    out_ += ']';
-    Key("arena_buffers");
-    Dom(ArenaBuffersToJson(d, annotations, &sites_));
-    Key("stack_sample_bytes");
-    Uint(d.stack_sample_bytes);
-    Key("sampled_stacks");
-    Dom(SampledStacksToJson(d, &sites_));
-    out_ += '}';
+    out_.lit("],\"arena_buffers\":");
+    SiteSet arena_sites;
+    Dom(ArenaBuffersToJson(d, annotations, &arena_sites));
+    out_.lit(",\"stack_sample_bytes\":");
+    out_.u64(d.stack_sample_bytes);
+    out_.lit(",\"sampled_stacks\":");
+    Dom(SampledStacksToJson(d, &arena_sites));
+    for (SiteId id : arena_sites.sorted()) sites_.add(id);
+    out_.ch('}');
   }
 
   // The fields a block and a live buffer end with alike: stream, site, age, stack.
   void Placement(const BlockInfo& b, int64_t now_ns) {
-    Key("stream");
-    Uint(b.stream.handle);
-    Key("site");
-    Uint(b.site);
+    out_.lit(",\"stream\":");
+    out_.u64(b.stream.handle);
+    out_.lit(",\"site\":");
+    out_.u64(b.site);
     Age(b, now_ns);
     if (b.stack != kNoStack) {
-      Key("stack");
-      Uint(b.stack);
+      out_.lit(",\"stack\":");
+      out_.u64(b.stack);
     }
   }
 
   void Block(const BlockInfo& b, int64_t now_ns) {  // as BlockToJson
-    out_ += "{\"addr\":";
-    Uint(b.addr);
-    Key("size");
-    Uint(b.size);
-    Key("requested");
-    Uint(b.requested);
-    Key("state");
+    out_.lit("{\"addr\":");
+    out_.u64(b.addr);
+    out_.lit(",\"size\":");
+    out_.u64(b.size);
+    out_.lit(",\"requested\":");
+    out_.u64(b.requested);
+    out_.lit(",\"state\":");
     Name(BlockStateName(b.state));
     Placement(b, now_ns);
-    out_ += '}';
+    out_.ch('}');
   }
 
   void LiveBuffer(const BlockInfo& b, int64_t now_ns,
                   const BufferAnnotations* annotations) {  // as LiveBufferToJson
-    out_ += "{\"addr\":";
-    Uint(b.addr);
-    Key("size");
-    Uint(b.size);
-    Key("requested");
-    Uint(b.requested);
+    out_.lit("{\"addr\":");
+    out_.u64(b.addr);
+    out_.lit(",\"size\":");
+    out_.u64(b.size);
+    out_.lit(",\"requested\":");
+    out_.u64(b.requested);
     Placement(b, now_ns);
     Annotation(b.addr, annotations);
-    out_ += '}';
+    out_.ch('}');
   }
 
   void Event(const TraceEvent& e) {  // as TraceEventToObject
-    out_ += "{\"seq\":";
-    Uint(e.seq);
-    Key("time_ns");
-    Int(e.time_ns);
-    Key("action");
+    out_.lit("{\"seq\":");
+    out_.u64(e.seq);
+    out_.lit(",\"time_ns\":");
+    out_.i64(e.time_ns);
+    out_.lit(",\"action\":");
     Name(AllocActionName(e.action));
-    Key("device");
-    Name(e.device.ToString());
-    Key("stream");
-    Uint(e.stream.handle);
-    Key("addr");
-    Uint(e.addr);
-    Key("size");
-    Uint(e.size);
-    Key("requested");
-    Uint(e.requested);
-    Key("site");
-    Uint(e.site);
-    Key("thread");
-    Uint(e.thread);
-    out_ += '}';
+    out_.lit(",\"device\":");
+    Name(DeviceName(e.device));
+    out_.lit(",\"stream\":");
+    out_.u64(e.stream.handle);
+    out_.lit(",\"addr\":");
+    out_.u64(e.addr);
+    out_.lit(",\"size\":");
+    out_.u64(e.size);
+    out_.lit(",\"requested\":");
+    out_.u64(e.requested);
+    out_.lit(",\"site\":");
+    out_.u64(e.site);
+    out_.lit(",\"thread\":");
+    out_.u64(e.thread);
+    out_.ch('}');
     sites_.add(e.site);
   }
 
   const RuntimeSnapshot& snap_;
   const std::vector<TraceEvent>* trace_;
-  SiteSet sites_;
-  std::string out_;
+  DenseSiteSet sites_;
+  std::optional<std::pair<DeviceId, std::string>> device_name_;
+  PieceOut out_;
 };
 ojson OomToJson(const OomReport& r) {
   ojson j;
@@ -560,7 +715,24 @@ ojson OomToJson(const OomReport& r) {
 }  // namespace
 
 std::string SnapshotToJson(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace) {
-  return SnapshotWriter(snap, trace).Write();
+  size_t blocks = 0;
+  for (const AllocatorSnapshot& d : snap.devices) {
+    for (const SegmentInfo& seg : d.segments) blocks += seg.blocks.size();
+  }
+  // ~130 bytes a block and ~110 a live buffer; ~150 an event.
+  std::string text;
+  text.reserve(4096 + blocks * 240 + (trace != nullptr ? trace->size() * 150 : 0));
+  const JsonSink sink = [&text](std::string_view piece) {
+    text.append(piece);
+    return true;
+  };
+  WriteSnapshotJson(snap, trace, kSnapshotPieceBytes, sink);
+  return text;
+}
+
+bool WriteSnapshotJson(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace,
+                       size_t piece_bytes, const JsonSink& sink) {
+  return SnapshotWriter(snap, trace, piece_bytes, sink).Write();
 }
 
 std::string OomDumpToJson(const RuntimeSnapshot& snap, const OomReport& report,

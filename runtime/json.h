@@ -27,6 +27,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -55,6 +56,16 @@ using SiteMap = std::map<SiteId, SiteInfo>;
 // `trace` is given, its events.
 std::string SnapshotToJson(const RuntimeSnapshot& snap,
                            const std::vector<TraceEvent>* trace = nullptr);
+
+// Where a writer hands its text, piece by piece, in order; returns false to stop it
+// (a client gone).
+using JsonSink = std::function<bool(std::string_view)>;
+// The text SnapshotToJson returns, handed to `sink` in pieces of at most `piece_bytes`
+// (at least 256) as it is written, so that a server sends a large snapshot without
+// holding its whole text (/debug/snapshot). Returns false when the sink stopped it.
+inline constexpr size_t kSnapshotPieceBytes = 64 * 1024;
+bool WriteSnapshotJson(const RuntimeSnapshot& snap, const std::vector<TraceEvent>* trace,
+                       size_t piece_bytes, const JsonSink& sink);
 
 // One top site of an OOM dump's "oom" object, as the file carries it.
 struct OomRecordSite {

@@ -2,7 +2,9 @@
 # Times snapshots at their target sizes:
 # - served live: devmem-bench-snapshot fills sim:0 with 10^5 live buffers and 10^5 trace
 #   entries, GETs /debug/snapshot over loopback HTTP and prints the median served time
-#   (target <= 50 ms) and the longest device-lock hold (target <= 1 ms);
+#   (target <= 50 ms) with the server's and the client's CPU time per GET (the
+#   load-independent figures: wall time on a loaded machine is mostly waiting for a
+#   core), and the longest device-lock hold (target <= 1 ms), in wall and CPU time;
 # - read back: memtrace's readers on a snapshot with 10^6 live buffers (`buffers` and
 #   `diff` in <= 2 s each): generates two snapshots (tests/data/snapshots/generate.py
 #   --big; the second with a few sites grown), then prints the wall time of `memtrace

@@ -40,6 +40,7 @@
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
 #include "allocator/config.h"
+#include "runtime/json.h"
 #include "runtime/runtime.h"
 #include "runtime/trace.h"
 #include "tests/metrics_test_util.h"
@@ -79,7 +80,36 @@ int Connect(int port) {
   return fd;
 }
 
-// Sends `raw` as is and reads the response until the server closes.
+// Decodes a chunked body (RFC 9112 7.1) in `body`, strictly: each chunk's hexadecimal
+// size, CRLF, its bytes, CRLF, and at the end a zero-size chunk and an empty trailer,
+// with nothing after it. False, leaving `body` unspecified, when it is not that.
+bool Dechunk(std::string* body) {
+  std::string out;
+  size_t pos = 0;
+  for (;;) {
+    const size_t eol = body->find("\r\n", pos);
+    if (eol == std::string::npos || eol == pos) return false;
+    size_t size = 0;
+    for (size_t i = pos; i < eol; ++i) {
+      const char c = (*body)[i];
+      const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (digit < 0 || size > (size_t{1} << 40)) return false;
+      size = size * 16 + static_cast<size_t>(digit);
+    }
+    pos = eol + 2;
+    if (size == 0) {
+      const bool whole = body->compare(pos, std::string::npos, "\r\n") == 0;
+      *body = std::move(out);
+      return whole;
+    }
+    if (body->size() < pos + size + 2 || body->compare(pos + size, 2, "\r\n") != 0) return false;
+    out.append(*body, pos, size);
+    pos += size + 2;
+  }
+}
+
+// Sends `raw` as is and reads the response until the server closes; a chunked body is
+// decoded (strictly: a malformed one fails the test).
 HttpResponse RawRequest(int port, const std::string& raw) {
   HttpResponse r;
   const int fd = Connect(port);
@@ -115,6 +145,11 @@ HttpResponse RawRequest(int port, const std::string& raw) {
     line = eol + 2;
   }
   r.body = data.substr(end + 4);
+  if (auto te = r.headers.find("transfer-encoding");
+      te != r.headers.end() && te->second == "chunked" && !Dechunk(&r.body)) {
+    ADD_FAILURE() << "malformed chunked body";
+    r.status = 0;
+  }
   return r;
 }
 
@@ -360,6 +395,43 @@ TEST(HttpServerTest, DebugSnapshotIsJson) {
   EXPECT_EQ(r.headers["content-type"], "application/json");
   EXPECT_EQ(nlohmann::json::parse(r.body)["schema"], "devmem.snapshot/1");
   EXPECT_EQ(Get(server->port(), "/debug/snapshot?all=1").status, 400);
+}
+
+// /debug/snapshot is written while it is sent: chunked to an HTTP/1.1 client (no
+// Content-Length: the length is not known when the head goes out), whole with its
+// Content-Length to an HTTP/1.0 one, which cannot read chunks; the same JSON either way.
+TEST(HttpServerTest, DebugSnapshotIsChunkedToHttp11AndWholeToHttp10) {
+  Runtime& rt = FreshRuntime();
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  // Enough blocks for a body of many pieces (kSnapshotPieceBytes each).
+  std::vector<void*> held;
+  for (int i = 0; i < 3000; ++i) held.push_back(a->allocate(512 * (1 + i % 8), {}, TestSite(__LINE__)));
+  HttpResponse chunked = Get(server->port(), "/debug/snapshot");
+  ASSERT_EQ(chunked.status, 200);
+  EXPECT_EQ(chunked.headers["transfer-encoding"], "chunked");
+  EXPECT_EQ(chunked.headers.count("content-length"), 0u);
+  EXPECT_GT(chunked.body.size(), 4 * kSnapshotPieceBytes);
+  HttpResponse whole = RawRequest(server->port(),
+                                  "GET /debug/snapshot HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  ASSERT_EQ(whole.status, 200);
+  EXPECT_EQ(whole.headers.count("transfer-encoding"), 0u);
+  EXPECT_EQ(whole.headers["content-length"], std::to_string(whole.body.size()));
+  for (const HttpResponse* r : {&chunked, &whole}) {
+    ASSERT_FALSE(r->body.empty());
+    EXPECT_EQ(r->body.back(), '\n');
+    absl::StatusOr<RuntimeSnapshot> snap = SnapshotFromJson(r->body);
+    ASSERT_TRUE(snap.ok()) << snap.status();
+    size_t live = 0;
+    for (const AllocatorSnapshot& d : snap->devices) {
+      for (const SegmentInfo& s : d.segments) {
+        for (const BlockInfo& b : s.blocks) live += b.state == BlockState::kAllocated;
+      }
+    }
+    EXPECT_GE(live, held.size());
+  }
+  for (void* p : held) a->free(p);
 }
 
 TEST(HttpServerTest, DebugTraceServesEventsSinceN) {

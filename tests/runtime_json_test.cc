@@ -353,6 +353,61 @@ TEST_F(SnapshotJsonTest, StraightWriterIsTheDomWriter) {
   alloc_.free(in_arena);
 }
 
+// The straight writer's numbers (its own decimal formatting) as the DOM writes them, at
+// every length and at the edges of its 8-digit parts.
+TEST_F(SnapshotJsonTest, NumbersOfEveryLengthAsTheDomWritesThem) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  std::vector<uint64_t> values = {0, UINT64_MAX, uint64_t{1} << 63};
+  for (uint64_t p = 1; p <= UINT64_MAX / 10; p *= 10) {
+    for (uint64_t v : {p - 1, p, p + 1, 9 * p, 2 * p - 1}) values.push_back(v);
+  }
+  std::vector<TraceEvent> trace;
+  for (uint64_t v : values) {
+    TraceEvent e;
+    e.action = AllocAction::kAlloc;
+    e.device = DeviceId{DeviceType::kSim, 0};
+    e.seq = v;
+    e.addr = v;
+    e.time_ns = static_cast<int64_t>(v);  // negative ones too, INT64_MIN among them
+    e.thread = v;
+    trace.push_back(e);
+  }
+  const std::string text = SnapshotToJson(snap, &trace);
+  nlohmann::ordered_json dom = nlohmann::ordered_json::parse(OomDumpToJson(snap, OomReport{}, &trace));
+  dom.erase("oom");
+  EXPECT_EQ(text, dom.dump());
+}
+
+// WriteSnapshotJson (what /debug/snapshot streams) hands over SnapshotToJson's text in
+// pieces no longer than asked for, and stops at once when the sink says so.
+TEST_F(SnapshotJsonTest, PiecesMakeTheSameTextAndStopWhenTheSinkSaysSo) {
+  const RuntimeSnapshot snap = MakeSnapshot(site_a_, site_b_, alloc_);
+  TraceEvent e;
+  e.action = AllocAction::kFree;
+  e.device = DeviceId{DeviceType::kSim, 0};
+  e.site = site_a_;
+  std::vector<TraceEvent> trace(300, e);  // ~40 KB of events
+  for (size_t i = 0; i < trace.size(); ++i) trace[i].seq = i + 1;
+  const std::string whole = SnapshotToJson(snap, &trace);
+  for (size_t piece_bytes : {size_t{256}, size_t{1000}, kSnapshotPieceBytes}) {
+    std::string joined;
+    size_t pieces = 0;
+    const bool ok = WriteSnapshotJson(snap, &trace, piece_bytes, [&](std::string_view piece) {
+      EXPECT_FALSE(piece.empty());
+      EXPECT_LE(piece.size(), piece_bytes);
+      joined.append(piece);
+      ++pieces;
+      return true;
+    });
+    EXPECT_TRUE(ok);
+    EXPECT_EQ(joined, whole) << "pieces of " << piece_bytes;
+    EXPECT_GE(pieces, whole.size() / piece_bytes) << "pieces of " << piece_bytes;
+  }
+  size_t calls = 0;
+  EXPECT_FALSE(WriteSnapshotJson(snap, &trace, 256, [&](std::string_view) { return ++calls < 2; }));
+  EXPECT_EQ(calls, 2u);
+}
+
 TEST_F(SnapshotJsonTest, OtherSchemasAreRefusedByName) {
   std::string text = SnapshotToJson(MakeSnapshot(site_a_, site_b_, alloc_));
   auto with_schema = [&](std::string_view schema) {

@@ -1,9 +1,10 @@
 // tests/snapshot_copy_test.cc: DevicePool's snapshot copy (device_pool_introspection.cc):
 // each segment's blocks come back whole and in address order whatever their number
-// (the walk runs from both ends of the list and meets in the middle), and every
-// snapshot records how long it held the device lock (SnapshotLockStats).
+// (the lists are walked in chains cut at allocated blocks: allocator/snapshot_walk.h),
+// and every snapshot records how long it held the device lock (SnapshotLockStats).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -48,6 +49,37 @@ TEST(SnapshotCopy, EverySegmentComesBackWholeInAddressOrder) {
         if (p != nullptr) t->free(p);
       }
     }
+  }
+}
+
+// One expandable segment of thousands of blocks, more allocated ones than the walk takes
+// entry points (SnapshotWalk::kMaxEntries): cut into hundreds of chains, it comes back
+// as the allocator holds it.
+TEST(SnapshotCopy, ALongListComesBackWholeInAddressOrder) {
+  auto t = MakeSimAllocator("expandable_segments:true");
+  std::vector<void*> ptrs;
+  for (int i = 0; i < 3000; ++i) ptrs.push_back(t->allocate(512 * (1 + i % 4)));
+  std::vector<uintptr_t> live;
+  for (size_t i = 0; i < ptrs.size(); ++i) {
+    if (i % 3 == 1) {
+      t->free(ptrs[i]);
+      ptrs[i] = nullptr;
+    } else {
+      live.push_back(reinterpret_cast<uintptr_t>(ptrs[i]));
+    }
+  }
+  std::sort(live.begin(), live.end());
+  const AllocatorSnapshot snap = t->snapshot();
+  ASSERT_TRUE(testutil::SnapshotWellFormed(snap));
+  std::vector<uintptr_t> allocated;
+  for (const SegmentInfo& s : snap.segments) {
+    for (const BlockInfo& b : s.blocks) {
+      if (b.state == BlockState::kAllocated) allocated.push_back(b.addr);
+    }
+  }
+  EXPECT_EQ(allocated, live);
+  for (void* p : ptrs) {
+    if (p != nullptr) t->free(p);
   }
 }
 

@@ -14,6 +14,10 @@
 //                      the allocator (CachingAllocator::snapshot_lock_stats; target <= 1)
 //   lock_hold_cpu_ms   the same in the holder's CPU time (on a loaded machine the wall
 //                      time is mostly preemption while the lock is held)
+//   served_cpu_ms      the CPU time one GET took, medians: the server's (the process's
+//   client_cpu_ms      CPU time over the GET less the client thread's: the copy, the
+//                      JSON and the sends) and the client's (receiving and de-chunking);
+//                      the load-independent figures (on 2 cores the two overlap)
 //   snapshot_ms, json_ms  the in-process split of a served snapshot: the copy
 //                      (Runtime::snapshot) and its JSON (SnapshotToJson), medians; and
 //                      the same in the thread's CPU time (snapshot_cpu_ms, json_cpu_ms)
@@ -24,6 +28,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <string>
 #include <vector>
@@ -67,6 +72,13 @@ bool ParseCountArg(const char* flag, const char* text, size_t* out) {
 }
 
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+// The CPU time of every thread of this process (the server's workers with the client).
+int64_t ProcessCpuNowNs() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 // N live buffers (every 8th allocation is freed again, so free blocks sit between live
 // ones), then alloc+free pairs until the trace has seen `trace` events in all.
@@ -150,12 +162,12 @@ int Main(int argc, char** argv) {
   const std::string url = Runtime::Get().http()->url() + "/debug/snapshot";
 
   // The served figure: GETs over loopback, each timed from connect to last byte.
-  std::vector<double> served, holds, cpu_holds;
+  std::vector<double> served, holds, cpu_holds, server_cpu, client_cpu;
   size_t body_bytes = 0;
   for (int r = 0; r <= o.gets; ++r) {
-    const int64_t t0 = NowNs();
+    const int64_t t0 = NowNs(), p0 = ProcessCpuNowNs(), c0 = ThreadCpuNowNs();
     absl::StatusOr<std::string> body = memtrace::HttpGetOk(url, "");
-    const int64_t t1 = NowNs();
+    const int64_t t1 = NowNs(), p1 = ProcessCpuNowNs(), c1 = ThreadCpuNowNs();
     if (!body.ok()) {
       std::fprintf(stderr, "devmem-bench-snapshot: %s\n",
                    std::string(body.status().message()).c_str());
@@ -181,6 +193,8 @@ int Main(int argc, char** argv) {
       continue;
     }
     served.push_back(Ms(t1 - t0));
+    server_cpu.push_back(Ms((p1 - p0) - (c1 - c0)));
+    client_cpu.push_back(Ms(c1 - c0));
     holds.push_back(Ms(alloc->snapshot_lock_stats().last_ns));
     cpu_holds.push_back(Ms(alloc->snapshot_lock_stats().last_cpu_ns));
   }
@@ -207,17 +221,21 @@ int Main(int argc, char** argv) {
   if (o.json) {
     std::printf(
         "{\"live_buffers\": %zu, \"trace_entries\": %zu, \"snapshot_bytes\": %zu, "
-        "\"served_ms\": %.2f, \"lock_hold_ms\": %.3f, \"lock_hold_cpu_ms\": %.3f, "
+        "\"served_ms\": %.2f, \"served_cpu_ms\": %.2f, \"client_cpu_ms\": %.2f, "
+        "\"lock_hold_ms\": %.3f, \"lock_hold_cpu_ms\": %.3f, "
         "\"snapshot_ms\": %.2f, \"json_ms\": %.2f, \"snapshot_cpu_ms\": %.2f, "
         "\"json_cpu_ms\": %.2f}\n",
-        live.size(), trace_held, body_bytes, served_ms, lock_max, lock_cpu_max, Median(copy_ms),
-        Median(json_ms), Median(copy_cpu_ms), Median(json_cpu_ms));
+        live.size(), trace_held, body_bytes, served_ms, Median(server_cpu), Median(client_cpu),
+        lock_max, lock_cpu_max, Median(copy_ms), Median(json_ms), Median(copy_cpu_ms),
+        Median(json_cpu_ms));
     return 0;
   }
   std::printf("/debug/snapshot of sim:0: %zu live buffers, %zu trace entries, %zu bytes\n",
               live.size(), trace_held, body_bytes);
   std::printf("%-34s %8.2f ms   target <= %.0f ms\n", "served (median GET)", served_ms,
               kServedTargetMs);
+  std::printf("%-34s %8.2f ms   (client %.2f ms)\n", "  CPU: the server's (median)",
+              Median(server_cpu), Median(client_cpu));
   std::printf("%-34s %8.3f ms   target <= %.0f ms\n", "device lock held (longest)", lock_max,
               kLockTargetMs);
   std::printf("%-34s %8.3f ms   (without preemption)\n", "  in the holder's CPU time", lock_cpu_max);

@@ -1,0 +1,153 @@
+// allocator/snapshot_walk.cc: see snapshot_walk.h.
+#include "allocator/snapshot_walk.h"
+
+#include <algorithm>
+
+#include "allocator/block.h"
+
+namespace devmem::internal {
+namespace {
+
+// A Block's first line: it holds every field copied, and `next` (block.h).
+inline void PrefetchBlock(const Block* b) { __builtin_prefetch(b); }
+
+}  // namespace
+
+SnapshotWalk::SnapshotWalk(size_t blocks, size_t segments)
+    : out_(blocks) {  // value-initialized: their pages touched now
+  segments_.reserve(segments);
+  entries_.reserve(kMaxEntries);
+  chains_.reserve(segments + kMaxEntries);
+  chain_blocks_.reserve(segments + kMaxEntries);
+}
+
+void SnapshotWalk::add_segment(const Segment* s) {
+  if (s->head != nullptr) PrefetchBlock(s->head);
+  segments_.push_back(s);
+}
+
+void SnapshotWalk::add_entry(uintptr_t addr, const Block* b) {
+  if (entries_.size() == kMaxEntries) return;
+  __builtin_prefetch(&b->segment);  // plan_chains reads it
+  entries_.push_back({addr, b});
+}
+
+// Chains in segment order, each segment's by address: its head, then its entry points
+// above the head (repeats dropped), each stopping where the next one starts.
+void SnapshotWalk::plan_chains() {
+  std::sort(entries_.begin(), entries_.end(),
+            [](const Entry& a, const Entry& b) { return a.addr < b.addr; });
+  size_t e = 0;
+  for (uint32_t i = 0; i < segments_.size(); ++i) {
+    const Segment* s = segments_[i];
+    if (s->head == nullptr) continue;  // no blocks (never so in a valid pool)
+    while (e < entries_.size() && entries_[e].addr <= s->addr) ++e;  // below, or the head
+    chains_.push_back({s->head, nullptr, i});
+    for (; e < entries_.size() && entries_[e].addr < s->addr + s->size; ++e) {
+      const Entry& entry = entries_[e];
+      if (entry.block->segment != s) continue;  // not one of its blocks
+      if (e > 0 && entries_[e - 1].addr == entry.addr) continue;  // a repeat
+      chains_.back().stop = entry.block;
+      chains_.push_back({entry.block, nullptr, i});
+    }
+  }
+  chain_blocks_.assign(chains_.size(), 0);
+}
+
+void SnapshotWalk::walk() {
+  plan_chains();
+  struct Cursor {
+    const Block* b;
+    const Block* stop;
+    uint32_t chain;
+    uint32_t blocks;  // copied so far
+  };
+  Cursor window[kWindow];
+  size_t active = 0;
+  size_t next = 0;  // the next chain to start
+  const Chain* chains = chains_.data();
+  const size_t nchains = chains_.size();
+  uint32_t* chain_blocks = chain_blocks_.data();
+  for (; active < kWindow && next < nchains; ++next) {
+    window[active++] = {chains[next].start, chains[next].stop, static_cast<uint32_t>(next), 0};
+  }
+  // Locals, not members: the stores below must not make the compiler reload them.
+  Copied* out = out_.data();
+  size_t room = out_.size();
+  size_t n = copied_;
+  while (active > 0) {
+    // One round: a block of each chain in the window, whose line was prefetched a
+    // round ago; each loads its successor's address and prefetches it.
+    for (size_t j = 0; j < active;) {
+      Cursor& c = window[j];
+      const Block* b = c.b;
+      if (n == room) [[unlikely]] {  // more blocks than sized for: grow (correct, slower)
+        out_.resize(room * 2 + 1024);
+        out = out_.data();
+        room = out_.size();
+      }
+      // Field by field into place (a record built aside and copied in is read back
+      // across its own stores: a store-forwarding stall per block).
+      Copied& o = out[n++];
+      o.addr = b->addr;
+      o.size = b->size;
+      o.requested = b->requested;
+      o.stream = b->stream.handle;
+      o.alloc_time_ns = b->alloc_time_ns;
+      o.site = b->site;
+      o.chain = c.chain;
+      o.state = static_cast<uint8_t>(b->state.load());
+      ++c.blocks;
+      const Block* nb = b->next;
+      if (nb != nullptr && nb != c.stop) {
+        PrefetchBlock(nb);
+        c.b = nb;
+        ++j;
+        continue;
+      }
+      chain_blocks[c.chain] = c.blocks;  // this chain is done
+      if (next < nchains) {  // the next one takes its place
+        c = {chains[next].start, chains[next].stop, static_cast<uint32_t>(next), 0};
+        PrefetchBlock(c.b);
+        ++next;
+        ++j;
+      } else {  // none left to start: the last cursor moves here
+        c = window[--active];
+      }
+    }
+  }
+  copied_ = n;
+}
+
+std::vector<std::vector<BlockInfo>> SnapshotWalk::take() {
+  std::vector<std::vector<BlockInfo>> result(segments_.size());
+  // Where each chain's blocks go in its segment's vector: after its segment's earlier
+  // chains (chains are numbered in segment order, then address order).
+  std::vector<size_t> at(chains_.size());
+  std::vector<size_t> sizes(segments_.size(), 0);
+  for (size_t c = 0; c < chains_.size(); ++c) {
+    at[c] = sizes[chains_[c].segment];
+    sizes[chains_[c].segment] += chain_blocks_[c];
+  }
+  for (size_t i = 0; i < result.size(); ++i) result[i].resize(sizes[i]);
+  for (size_t i = 0; i < copied_; ++i) {
+    const Copied& o = out_[i];
+    BlockInfo& b = result[chains_[o.chain].segment][at[o.chain]++];
+    b.addr = o.addr;
+    b.size = o.size;
+    b.requested = o.requested;
+    b.state = static_cast<BlockState>(o.state);
+    b.stream = Stream{o.stream};
+    b.site = o.site;
+    b.alloc_time_ns = o.alloc_time_ns;
+  }
+  segments_.clear();
+  entries_.clear();
+  chains_.clear();
+  chain_blocks_.clear();
+  out_.clear();
+  copied_ = 0;
+  return result;
+}
+
+}  // namespace devmem::internal
