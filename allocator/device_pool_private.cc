@@ -129,7 +129,9 @@ void DevicePool::release_private_pool_locked(PrivatePool* pool) {
   for (Segment* s : segments) {
     if (s->busy_blocks != 0) continue;  // goes back once its blocks are freed
     privates_.remove_segment(pool, s);
-    regular_.release(s);  // waits for its stream, then frees it
+    // Waits for its stream, then frees it, under the lock: the loop walks the pool's
+    // list, which another thread could change were the lock released.
+    regular_.release({s}, /*lock=*/nullptr);
   }
   privates_.forget_if_empty(pool);
 }
