@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "allocator/caching_allocator.h"
 #include "allocator/errors.h"
@@ -355,6 +356,51 @@ TEST(UnlockedDriverTest, AnUnmapErrorInTheMiddleOfARecyclePutsTheRestBack) {
   EXPECT_EQ(after.num_device_free, before.num_device_free + 1);
   EXPECT_TRUE(t->validate().ok()) << t->validate();
   // keep1 and keep2 go with the allocator (a poisoned pool gives nothing back).
+}
+
+// A proactive recycle on a busy stream is decided without waiting (an event); the poll
+// that sees the event complete unmaps with the lock released, so another thread
+// allocates and frees meanwhile.
+TEST(UnlockedDriverTest, ADeferredRecycleUnmapsOnThePollWithTheLockReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:true,thread_cache:false,"
+      "expandable_recycle_threshold:0",
+      &hooks);
+  const Stream s = testutil::NewStream(*t);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(t->allocate(16 * kMiB, s));
+  void* big = nullptr;
+  {
+    testutil::StreamBlocker busy(t->backend(), s);
+    t->free(blocks[0]);
+    t->free(blocks[2]);
+    big = t->allocate(32 * kMiB, s);  // decides to recycle the two holes, later
+    EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+              static_cast<int64_t>(96 * kMiB))
+        << "the stream is busy: nothing may be unmapped yet";
+  }
+  t->backend().synchronize_stream(s);  // the stream passed the decision's event
+  FirstCallGate gate;
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    hooks->inner().unmap(p, n);
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->process_events(); });
+  gate.entered.wait();
+  std::future<void> c = std::async(std::launch::async, [&] { t->free(t->allocate(kMiB)); });
+  const bool c_done = c.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(c_done) << "an allocation waited for a deferred recycle's unmap";
+  if (c_done) EXPECT_TRUE(t->validate().ok()) << t->validate();
+  gate.release.count_down();
+  a.get();
+  EXPECT_EQ(gate.calls.load(), 2);  // both holes
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>((64 + 2) * kMiB));  // blocks 1, 3, big; 1 MiB's run
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  for (void* x : {blocks[1], blocks[3], big}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
 }
 
 }  // namespace
