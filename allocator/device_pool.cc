@@ -198,6 +198,9 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
 Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
   // No stage below but growing is allowed during a capture (device_pool_private.cc).
   if (capturing_locked(stream)) return grow_during_capture_locked(size, stream, nullptr);
+  // From here on the lock may be released for driver calls (grows, releases, unmaps):
+  // no capture begins until this is done (begin_allocate_to_pool).
+  const DriverInFlight::Operation op(in_flight_);
   const bool small = IsSmall(size);
   size_t segment_size = 0;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
@@ -337,6 +340,7 @@ void DevicePool::empty_cache() {
   // During a capture nothing may be waited for or given back (it would break the
   // capture): the thread caches are all that empty_cache does then.
   if (privates_.any_underway()) return;
+  const DriverInFlight::Operation op(in_flight_);  // as new_segment_with_retry
   if (blocks_.has_deferred()) record_deferred_events_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/true);
   release_private_pools_locked();
@@ -347,6 +351,7 @@ void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
   drain_thread_caches_locked();
   if (privates_.any_underway()) return;  // as empty_cache
+  const DriverInFlight::Operation op(in_flight_);
   if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.

@@ -197,6 +197,7 @@ class DevicePool {
     if (blocks_.has_deferred()) record_deferred_events_locked();
     if (!events_.empty()) process_events_locked(/*wait=*/false, budget);
     if (expandable_ != nullptr && expandable_->has_deferred()) {
+      const DriverInFlight::Operation op(in_flight_);
       expandable_->complete_deferred(/*wait=*/false, &mu_);
     }
   }

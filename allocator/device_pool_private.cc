@@ -31,6 +31,10 @@ namespace devmem::internal {
 
 void DevicePool::begin_allocate_to_pool(PoolId pool, StreamFilter filter) {
   MutexLock lock(&mu_);
+  // Other threads' driver calls made with the lock released (driver_in_flight.h), and
+  // the operations that would make more, end first: none may reach the driver once a
+  // capture may be under way.
+  in_flight_.wait_for_idle(&mu_);
   if (absl::Status st = privates_.begin(pool, std::move(filter), device_.ToString());
       !st.ok()) {
     throw InvalidArgumentError(std::string(st.message()));

@@ -16,6 +16,12 @@
 // (wait_for_give_backs) before it declares an OOM: memory on its way back to the
 // device must not make an allocation fail.
 //
+// Operations: a pool call that may release the lock for driver calls (the staged
+// retry, trim, empty_cache, the poll's deferred recycles) is one from start to end, its
+// gaps between calls included. begin_allocate_to_pool waits until none is under way
+// and no call is in flight (wait_for_idle): once a capture may begin, no unlocked
+// driver call of an earlier decision may still come.
+//
 // Invariants (validate): bytes are held exactly while calls are in flight.
 // Thread-safety: guarded by the owning DevicePool's mutex, like the sources.
 #pragma once
@@ -53,6 +59,21 @@ class DriverInFlight {
   DriverInFlight(const DriverInFlight&) = delete;
   DriverInFlight& operator=(const DriverInFlight&) = delete;
 
+  // One operation (see above) for its scope; the lock is held at both ends.
+  class Operation {
+   public:
+    explicit Operation(DriverInFlight& f) : f_(f) { ++f_.operations_; }
+    ~Operation() {
+      --f_.operations_;
+      f_.notify_if_idle();
+    }
+    Operation(const Operation&) = delete;
+    Operation& operator=(const Operation&) = delete;
+
+   private:
+    DriverInFlight& f_;
+  };
+
   void begin_grow(size_t bytes) {
     grow_bytes_ += bytes;
     ++grow_calls_;
@@ -60,6 +81,7 @@ class DriverInFlight {
   void end_grow(size_t bytes) {
     grow_bytes_ -= bytes;
     --grow_calls_;
+    notify_if_idle();
   }
   void begin_give_back(size_t bytes) {
     give_back_bytes_ += bytes;
@@ -82,6 +104,10 @@ class DriverInFlight {
   void wait_for_give_backs(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     done_.wait(*mu, [this] { return give_back_calls_ == 0; });
   }
+  // Returns once no operation is under way and no call is in flight (the same).
+  void wait_for_idle(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    done_.wait(*mu, [this] { return idle(); });
+  }
 
   // This part's share of validate().
   absl::Status validate() const {
@@ -96,6 +122,12 @@ class DriverInFlight {
   }
 
  private:
+  bool idle() const { return operations_ == 0 && grow_calls_ == 0 && give_back_calls_ == 0; }
+  void notify_if_idle() {
+    if (idle()) done_.notify_all();
+  }
+
+  int operations_ = 0;
   size_t grow_bytes_ = 0;
   int grow_calls_ = 0;
   size_t give_back_bytes_ = 0;

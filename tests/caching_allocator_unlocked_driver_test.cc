@@ -391,7 +391,9 @@ TEST(UnlockedDriverTest, ADeferredRecycleUnmapsOnThePollWithTheLockReleased) {
   std::future<void> c = std::async(std::launch::async, [&] { t->free(t->allocate(kMiB)); });
   const bool c_done = c.wait_for(kBound) == std::future_status::ready;
   EXPECT_TRUE(c_done) << "an allocation waited for a deferred recycle's unmap";
-  if (c_done) EXPECT_TRUE(t->validate().ok()) << t->validate();
+  if (c_done) {
+    EXPECT_TRUE(t->validate().ok()) << t->validate();
+  }
   gate.release.count_down();
   a.get();
   EXPECT_EQ(gate.calls.load(), 2);  // both holes
