@@ -1,5 +1,5 @@
-// tests/unlocked_release_stream_test.cc: a release's wait for a live stream, with the
-// device lock released, against release_stream of that stream.
+// tests/unlocked_driver_window_test.cc: what may happen while a release path has the
+// device lock released: release_stream of the stream it waits for, a capture beginning.
 //
 // release_stream(s) is the program's "I am about to destroy s" (device_pool_retire.cc):
 // once it returns, the allocator must never name s to the driver again (a destroyed
@@ -11,6 +11,7 @@
 // another thread for release_stream(s) while the allocator is about to synchronize s.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 
@@ -52,14 +53,59 @@ void ExpectNoSynchronizeAfterReleaseStream(const char* conf) {
   EXPECT_EQ(t.sim->used_bytes(), 0u);
 }
 
-TEST(UnlockedReleaseStreamTest, ARegularReleaseDoesNotSynchronizeAStreamReleasedMeanwhile) {
+TEST(UnlockedDriverWindowTest, ARegularReleaseDoesNotSynchronizeAStreamReleasedMeanwhile) {
   ExpectNoSynchronizeAfterReleaseStream(
       "sim_capacity:1GiB,expandable_segments:false,thread_cache:false");
 }
 
-TEST(UnlockedReleaseStreamTest, AnExpandableReleaseDoesNotSynchronizeAStreamReleasedMeanwhile) {
+TEST(UnlockedDriverWindowTest, AnExpandableReleaseDoesNotSynchronizeAStreamReleasedMeanwhile) {
   ExpectNoSynchronizeAfterReleaseStream(
       "sim_capacity:1GiB,expandable_segments:true,thread_cache:false");
+}
+
+// The same window against a graph capture: empty_cache (and trim, the retry) check
+// that no capture is under way once, under the lock, and then give memory back with the
+// lock released; begin_allocate_to_pool may run in between, and the capture that
+// follows it (cudaStreamBeginCapture comes after it, as in PyTorch) must see no free,
+// unmap or stream wait of the allocator ("during a capture nothing may be waited for or
+// given back", device_pool.cc).
+TEST(UnlockedDriverWindowTest, NoSegmentIsFreedOnceAPoolCaptureBegan) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:false,thread_cache:false", &hooks);
+  void* a = t->allocate(12 * kMiB);
+  void* b = t->allocate(12 * kMiB);  // two 20 MiB segments
+  t->free(a);
+  t->free(b);
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 2);
+  std::atomic<bool> began{false};
+  bool began_meanwhile = false;
+  bool freed_after_begin = false;
+  std::future<void> capture;
+  int calls = 0;  // the hook runs on empty_cache's thread only
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    if (calls++ == 0) {
+      capture = std::async(std::launch::async, [&] {
+        t->begin_allocate_to_pool(PoolId{7, 1}, [](Stream) { return true; });
+        began = true;
+      });
+      began_meanwhile = capture.wait_for(kBound) == std::future_status::ready;
+    } else if (began) {
+      freed_after_begin = true;
+    }
+    hooks->inner().free_segment(p, n);
+  };
+  t->empty_cache();
+  if (capture.valid()) capture.get();
+  EXPECT_EQ(calls, 2);
+  EXPECT_FALSE(began_meanwhile && freed_after_begin)
+      << "empty_cache freed a segment after begin_allocate_to_pool returned (a capture "
+         "may be under way by then)";
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->end_allocate_to_pool(PoolId{7, 1});
+  t->release_pool(PoolId{7, 1});
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
 }
 
 }  // namespace
