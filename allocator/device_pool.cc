@@ -18,14 +18,15 @@ namespace {
 
 std::unique_ptr<ExpandableSegments> MakeExpandable(Backend& backend, const Config& config,
                                                    size_t device_total, SegmentTable& table,
-                                                   FreeIndex& free, PoolAccounting& acct) {
+                                                   FreeIndex& free, PoolAccounting& acct,
+                                                   DriverInFlight& in_flight) {
   const SegmentKindDecision kind = DecideSegmentKind(
       config.expandable_segments,
       backend.caps().virtual_memory && backend.granularity() > 0, backend.sharing());
   if (kind.kind != SegmentKind::kExpandable) return nullptr;
   return std::make_unique<ExpandableSegments>(backend, device_total, backend.granularity(),
                                               config.expandable_recycle_threshold, table,
-                                              free, acct);
+                                              free, acct, in_flight);
 }
 
 }  // namespace
@@ -40,9 +41,10 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
       acct_(device_, config.max_split_size),
       free_(acct_),
       blocks_(free_, events_, acct_),
-      regular_(*backend_, config.max_split_size, segments_, free_, acct_),
-      expandable_(MakeExpandable(*backend_, config, device_total_, segments_, free_, acct_)),
-      reclaimer_(segments_, regular_, expandable_.get()) {
+      regular_(*backend_, config.max_split_size, segments_, free_, acct_, in_flight_),
+      expandable_(MakeExpandable(*backend_, config, device_total_, segments_, free_, acct_,
+                                 in_flight_)),
+      reclaimer_(segments_, regular_, expandable_.get(), &mu_) {
   blocks_.set_cache_map(&block_map_);  // thread caches (device_pool_tcache.cc)
   // Released streams (device_pool_retire.cc): memory waits for their retirement events.
   regular_.set_retirements(&events_.retirements());
@@ -122,6 +124,8 @@ DevicePool::~DevicePool() {
     }
     source.destroy(s, /*give_back_memory=*/false);
   }
+  // Nor are the address ranges (ExpandableSegments' destructor would release them).
+  if (poisoned() && expandable_ != nullptr) expandable_->forget_driver_state();
 }
 
 // --- allocation ---------------------------------------------------------------------
@@ -142,10 +146,12 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
   {
     MutexLock lock(&mu_);
     fold_own_cache_locked();  // this thread's cache hits first: exact peaks
-    // What may need host memory comes before the first change, so that a
-    // std::bad_alloc leaves the pool as it was.
-    blocks_.prepare_allocation(site);
+    // The bounded poll first: completed recycles unmap with the lock released, which
+    // another thread may use to take what prepare_allocation sets aside.
     poll_locked(kAllocationEventPollBudget);
+    // What may need host memory comes before the allocation's first change, so that a
+    // std::bad_alloc leaves the pool as it was (polling changed only what completed).
+    blocks_.prepare_allocation(site);
     // A released stream's handle serves allocations again only once the old stream's
     // work completed (device_pool_retire.cc).
     if (!events_.retirements().empty()) [[unlikely]] claim_stream_locked(stream, "allocate");
@@ -161,9 +167,9 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
     } else {
       b = pool != nullptr ? grow_during_capture_locked(size, stream, pool)
                           : new_segment_with_retry(size, stream);
-      // The lock may have been released around a driver call, and another thread may
-      // have used the spare Block or the table slot: make sure of them again. `b` is
-      // free and out of any set; on failure it goes back to its set.
+      // The lock may have been released around driver calls (grows, reclaims), and
+      // another thread may have used the spare Block or the table slot: make sure of
+      // them again. `b` is free and out of any set; on failure it goes back to its set.
       if (b != nullptr) {
         try {
           blocks_.prepare_allocation(site);
@@ -192,6 +198,9 @@ void* DevicePool::allocate(size_t requested, Stream stream, SiteId site) {
 Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
   // No stage below but growing is allowed during a capture (device_pool_private.cc).
   if (capturing_locked(stream)) return grow_during_capture_locked(size, stream, nullptr);
+  // From here on the lock may be released for driver calls (grows, releases, unmaps):
+  // no capture begins until this is done (begin_allocate_to_pool).
+  const DriverInFlight::Operation op(in_flight_);
   const bool small = IsSmall(size);
   size_t segment_size = 0;
   SegmentSizeFor(size, &segment_size);  // cannot fail: checked by allocate()
@@ -224,7 +233,10 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
       case RetryStage::kWaitAndReleaseAll:
         // Wait for every pending cross-stream free, release every unused segment, and
         // try once more. Waiting may have made a cached block on this stream fit.
+        // Memory other threads are giving back with the lock released is waited for
+        // too: it must not make this allocation fail.
         acct_.count_alloc_retry();
+        if (in_flight_.give_back_bytes() > 0) in_flight_.wait_for_give_backs(&mu_);
         if (!events_.empty()) {
           acct_.count_sync_all_streams();
           process_events_locked(/*wait=*/true);
@@ -264,7 +276,6 @@ GrowRequest DevicePool::grow_request(size_t size, size_t segment_size, bool smal
                                      Stream stream) const {
   GrowRequest req{size, segment_size, small, stream, memory_limit(), blocks_.now(),
                   blocks_.free_seq()};
-  req.reserved_in_flight = regular_.reserved_in_flight();
   req.lock = &mu_;
   return req;
 }
@@ -276,7 +287,8 @@ Block* DevicePool::try_grow(size_t size, size_t segment_size, bool small, Stream
     if (g.block != nullptr || !g.no_room) return g.block;
     // No reservation, or no unmapped gap of it can hold the request (one larger than
     // the device total, or a small-pool range that filled): fall back to a regular
-    // segment.
+    // segment, asked for as things are now (the lock may have been released).
+    return regular_.grow(grow_request(size, segment_size, small, stream)).block;
   }
   return regular_.grow(req).block;
 }
@@ -328,6 +340,7 @@ void DevicePool::empty_cache() {
   // During a capture nothing may be waited for or given back (it would break the
   // capture): the thread caches are all that empty_cache does then.
   if (privates_.any_underway()) return;
+  const DriverInFlight::Operation op(in_flight_);  // as new_segment_with_retry
   if (blocks_.has_deferred()) record_deferred_events_locked();
   if (!events_.empty()) process_events_locked(/*wait=*/true);
   release_private_pools_locked();
@@ -338,6 +351,7 @@ void DevicePool::trim(size_t keep_bytes) {
   MutexLock lock(&mu_);
   drain_thread_caches_locked();
   if (privates_.any_underway()) return;  // as empty_cache
+  const DriverInFlight::Operation op(in_flight_);
   if (!events_.empty()) process_events_locked(/*wait=*/false);
   // Compared as size_t: keep_bytes may be anything up to SIZE_MAX ("keep everything"),
   // which an int64_t would read as -1. cached_bytes() is never negative.

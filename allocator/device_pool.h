@@ -32,11 +32,17 @@
 //
 // Locking: one Mutex (allocator/mutex.h), `mu_`, guards everything. Public methods take
 // it; methods named *_locked require it. Lock order: mu_ -> backend's internal locks ->
-// observer's lock -> site registry lock (GetSite, a leaf). A regular segment's
-// allocate_segment runs with mu_ released (RegularSegments::grow: the intent's bytes,
-// reserved_in_flight, count against the memory limit meanwhile; the pool is consistent
-// at the release, and the caller re-checks what it prepared once it is back). Other
-// backend calls (maps, unmaps, frees, event record/query/sync) still happen under mu_.
+// observer's lock -> site registry lock (GetSite, a leaf). The segment sources' driver
+// calls run with mu_ released (driver_in_flight.h): a regular segment's
+// allocate_segment, an expandable map, every free and unmap of the reclaimer and of
+// recycling (proactive or not), the waits for streams before them, the handle
+// reserve's release and the address ranges' release. The intent is registered first
+// (its bytes count against the memory limit, DriverInFlight; what the call works on is
+// out of everyone's reach), the pool is consistent at the release, and the caller
+// re-checks what it prepared once it is back: try_grow, new_segment_with_retry,
+// Reclaimer::reclaim and poll_locked may release mu_. Still under mu_: event record /
+// query / release, the waits for events of cross-stream frees, private pools' segment
+// releases and pool destruction.
 #pragma once
 
 #include <cstddef>
@@ -54,6 +60,7 @@
 #include "allocator/block_map.h"
 #include "allocator/block_states.h"
 #include "allocator/config.h"
+#include "allocator/driver_in_flight.h"
 #include "allocator/event_queues.h"
 #include "allocator/expandable_segments.h"
 #include "allocator/free_index.h"
@@ -182,14 +189,16 @@ class DevicePool {
   // deferred recycles whose events completed (one query per stream queue and per
   // reservation at most; nothing waits), querying at most `budget` cross-stream
   // events (kAllocationEventPollBudget on the allocation path, kPollAllEvents for
-  // process_events()). What is not done yet waits for a later call.
+  // process_events()). What is not done yet waits for a later call. The unmaps of
+  // completed recycles run with mu_ released.
   void poll_locked(size_t budget) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     // No event is queried while a capture may be under way (device_pool_private.cc).
     if (privates_.any_underway()) return;
     if (blocks_.has_deferred()) record_deferred_events_locked();
     if (!events_.empty()) process_events_locked(/*wait=*/false, budget);
     if (expandable_ != nullptr && expandable_->has_deferred()) {
-      expandable_->complete_deferred(/*wait=*/false);
+      const DriverInFlight::Operation op(in_flight_);
+      expandable_->complete_deferred(/*wait=*/false, &mu_);
     }
   }
 
@@ -304,6 +313,7 @@ class DevicePool {
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
   // The parts, in dependency order (each uses only those declared before it).
   SegmentTable segments_ ABSL_GUARDED_BY(mu_);
+  DriverInFlight in_flight_ ABSL_GUARDED_BY(mu_);
   EventQueues events_ ABSL_GUARDED_BY(mu_);
   PoolAccounting acct_ ABSL_GUARDED_BY(mu_);
   FreeIndex free_ ABSL_GUARDED_BY(mu_);

@@ -31,6 +31,10 @@ namespace devmem::internal {
 
 void DevicePool::begin_allocate_to_pool(PoolId pool, StreamFilter filter) {
   MutexLock lock(&mu_);
+  // Other threads' driver calls made with the lock released (driver_in_flight.h), and
+  // the operations that would make more, end first: none may reach the driver once a
+  // capture may be under way.
+  in_flight_.wait_for_idle(&mu_);
   if (absl::Status st = privates_.begin(pool, std::move(filter), device_.ToString());
       !st.ok()) {
     throw InvalidArgumentError(std::string(st.message()));
@@ -129,7 +133,9 @@ void DevicePool::release_private_pool_locked(PrivatePool* pool) {
   for (Segment* s : segments) {
     if (s->busy_blocks != 0) continue;  // goes back once its blocks are freed
     privates_.remove_segment(pool, s);
-    regular_.release(s);  // waits for its stream, then frees it
+    // Waits for its stream, then frees it, under the lock: the loop walks the pool's
+    // list, which another thread could change were the lock released.
+    regular_.release({s}, /*lock=*/nullptr);
   }
   privates_.forget_if_empty(pool);
 }

@@ -35,6 +35,7 @@ absl::Status DevicePool::validate() const {
       });
   if (!st.ok()) return st;
   if (st = regular_.validate(); !st.ok()) return st;
+  if (st = in_flight_.validate(); !st.ok()) return st;
   if (expandable_ != nullptr) {
     if (st = expandable_->validate(); !st.ok()) return st;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -59,7 +60,8 @@ absl::Status ExpandableSegments::validate_stream_use() const {
   return absl::OkStatus();
 }
 
-size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
+ExpandableSegments::Hole ExpandableSegments::detach_range(Block* b, uintptr_t c0,
+                                                          uintptr_t c1) {
   Segment* s = b->segment;
   Reservation* r = s->reservation;
   const size_t bytes = c1 - c0;
@@ -67,6 +69,7 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
   const uintptr_t s_end = s->addr + s->size;
   // What this allocates, before anything changes: a second Block when b keeps parts on
   // both sides of the hole, and a Segment when the run splits in two.
+  in_flight_ranges_.reserve(in_flight_ranges_.size() + 1);  // may throw: before changes
   const bool keeps_below = c0 > b->addr;
   const bool keeps_above = c1 < b_end;
   std::unique_ptr<Segment> split_off =
@@ -74,17 +77,16 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
           ? std::make_unique<Segment>()
           : nullptr;
   Block* second = keeps_below && keeps_above ? free_.new_block() : nullptr;
+  // What throws comes before; now the books. The unmap itself comes later, with the
+  // lock released (unmap_holes): until then the granules are in flight, in no block
+  // and no gap. An unmap that throws links them back (the pool is as it was).
+  const Hole hole{r, c0, bytes, s->stream, s->last_used, b->free_seq};
   acct_.unmapping(s, c0, bytes);
-  // The driver before the books: a DriverError leaves b free and counted, as it was.
-  try {
-    backend_.unmap(reinterpret_cast<void*>(c0), bytes);
-  } catch (...) {
-    if (second != nullptr) free_.delete_block(second);
-    throw;
-  }
   free_.erase(b);
   acct_.unmapped(s, bytes);
   r->mapped -= bytes;
+  in_flight_ranges_.push_back(InFlight{r, c0, bytes, InFlight::kUnmapping});
+  in_flight_.begin_give_back(bytes);
 
   // What is left of b below and above the hole.
   Block* before = b->prev;
@@ -169,10 +171,50 @@ size_t ExpandableSegments::unmap_range(Block* b, uintptr_t c0, uintptr_t c1) {
   }
   if (below != nullptr) free_.insert(below);
   if (above != nullptr) free_.insert(above);
-  return bytes;
+  return hole;
 }
 
-size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope) {
+size_t ExpandableSegments::unmap_holes(const std::vector<Hole>& holes,
+                                       const std::vector<Stream>& streams, Mutex* lock) {
+  if (holes.empty()) return 0;
+  size_t done = 0;
+  std::exception_ptr error;
+  try {
+    // Every stream first (each once), then every unmap: nothing queued before the
+    // frees may still use the memory.
+    synchronize_for_release(streams, lock);
+    ScopedUnlock unlocked(lock);
+    for (; done < holes.size(); ++done) {
+      backend_.unmap(reinterpret_cast<void*>(holes[done].at), holes[done].bytes);
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  size_t unmapped = 0;
+  for (size_t i = 0; i < holes.size(); ++i) {
+    const Hole& h = holes[i];
+    end_in_flight(h.reservation, h.at);
+    in_flight_.end_give_back(h.bytes);
+    if (i < done) {
+      unmapped += h.bytes;
+      continue;
+    }
+    // Not unmapped (a DriverError: the pool is poisoned but stays readable): the
+    // granules are free mapped memory again, counted as before. Should the host be
+    // out of memory for their Block too, they stay forgotten (a poisoned pool maps
+    // nothing again).
+    try {
+      Block* b = link_mapped(h.reservation, h.at, h.bytes, h.last_used, /*undo=*/true);
+      b->free_seq = std::max(b->free_seq, h.free_seq);
+      free_.insert(b);
+    } catch (const std::bad_alloc&) {
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  return unmapped;
+}
+
+size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope, Mutex* lock) {
   if (bytes == 0) return 0;
   struct Candidate {
     size_t span;  // whole granules inside the block, in bytes
@@ -193,7 +235,11 @@ size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope) {
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
     return a.span != b.span ? a.span > b.span : a.addr < b.addr;
   });
-  std::vector<uintptr_t> synced;  // stream handles waited for by this call
+  // Each chosen range leaves its block and run now (the books); the streams are waited
+  // for and the granules unmapped with the lock released (unmap_holes).
+  std::vector<Stream> streams;  // to wait for (each once)
+  std::vector<Hole> holes;
+  holes.reserve(candidates.size());
   size_t released = 0;
   for (const Candidate& c : candidates) {
     if (released >= bytes) break;
@@ -201,18 +247,23 @@ size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope) {
     const uintptr_t c1 = (b->addr + b->size) / granularity_ * granularity_;
     const size_t want = bytes - released;  // may be SIZE_MAX: compare before rounding
     const size_t take = want >= c.span ? c.span : round_to_granule(want);
-    if (scope.sync &&
-        std::find(synced.begin(), synced.end(), b->stream.handle) == synced.end()) {
-      synchronize_for_release(b->stream);  // a retired stream: its event (stream_retire.h)
-      synced.push_back(b->stream.handle);
+    if (scope.sync && std::find(streams.begin(), streams.end(), b->stream) == streams.end()) {
+      streams.push_back(b->stream);  // a retired stream: its event (stream_retire.h)
     }
-    released += unmap_range(b, c1 - take, c1);
+    try {
+      holes.push_back(detach_range(b, c1 - take, c1));
+    } catch (...) {
+      unmap_holes(holes, streams, lock);  // those detached already go
+      throw;
+    }
+    released += take;
   }
-  return released;
+  return unmap_holes(holes, streams, lock);
 }
 
-void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes,
-                                             const Placement& p, uint64_t free_seq) {
+void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes, Block* keep_a,
+                                             Block* keep_b, uint64_t free_seq,
+                                             Mutex* lock) {
   // Proactive recycling is a footprint optimisation: when no event can be recorded it
   // is skipped this time rather than failing the allocation.
   Event event;
@@ -233,7 +284,7 @@ void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes,
   if (idle) {
     // The stream is idle: every block free now is free in stream order already.
     backend_.release_event(event);
-    recycle_except(bytes, Scope{p.left, p.right, r, UINT64_MAX, /*sync=*/false});
+    recycle_except(bytes, Scope{keep_a, keep_b, r, UINT64_MAX, /*sync=*/false}, lock);
     return;
   }
   // One decision per reservation: the new event comes later on the same stream, so it
@@ -257,26 +308,40 @@ void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes,
   deferred_bytes_ += bytes;
 }
 
-size_t ExpandableSegments::complete_deferred(bool wait) {
+size_t ExpandableSegments::complete_deferred(bool wait, Mutex* lock) {
   size_t released = 0;
+  // Another thread may add, merge or complete decisions while the lock is released
+  // (the waits, the unmaps): the walk goes on from where it was, and a decision it
+  // passes by is for a later call.
   for (size_t i = 0; i < deferred_.size();) {
     const Deferred d = deferred_[i];
-    if (wait) {
-      backend_.synchronize_event(d.event);
-    } else if (!backend_.event_done(d.event)) {
+    if (!wait && !backend_.event_done(d.event)) {
       ++i;
       continue;
     }
-    backend_.release_event(d.event);
     deferred_[i] = deferred_.back();
     deferred_.pop_back();
     deferred_bytes_ -= d.bytes;
+    if (wait) {
+      // Memory pressure: wait for the stream, with the lock released. The event is this
+      // call's alone now; the reservation stays (pinned) meanwhile.
+      const Pin pin(pinned_, d.reservation);
+      try {
+        ScopedUnlock unlocked(lock);
+        backend_.synchronize_event(d.event);
+      } catch (...) {
+        backend_.release_event(d.event);
+        throw;
+      }
+    }
+    backend_.release_event(d.event);
     // Memory may have been allocated or given back since the decision: only what is
     // still over the cap goes, and only blocks free since before the event.
     const size_t want = DeferredRecycleBytes(recycle_threshold_, footprint(d.reservation),
                                              d.bytes);
     released += recycle_except(want, Scope{nullptr, nullptr, d.reservation, d.free_seq,
-                                           /*sync=*/false});
+                                           /*sync=*/false},
+                               lock);
   }
   return released;
 }

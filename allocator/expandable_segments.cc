@@ -23,9 +23,26 @@ ExpandableSegments::~ExpandableSegments() {
   }
 }
 
+namespace {
+
+// How often expand() places a request again when other threads changed the
+// reservation while the lock was released, before it gives up (the staged retry then
+// goes on with its next stage).
+constexpr int kMaxPlacements = 8;
+
+}  // namespace
+
+void ExpandableSegments::forget_driver_state() {
+  deferred_.clear();
+  deferred_bytes_ = 0;
+  for (auto& [key, r] : reservations_) delete r;
+  reservations_.clear();
+}
+
 Grown ExpandableSegments::grow(const GrowRequest& req) {
   Reservation* r = reservation(req.stream, req.small, req.limit);
   if (r == nullptr) return Grown{nullptr, true};
+  const Pin pin(pinned_, r);  // expand() releases the lock around recycles and maps
   bool va_full = false;
   Block* b = expand(r, req, &va_full);
   return Grown{b, b == nullptr && va_full};
@@ -87,76 +104,196 @@ ExpandableSegments::Placement ExpandableSegments::place(const Reservation* r, si
     // Fill the whole gap, joining both.
     if (lf != nullptr && rf != nullptr && lb + gap + rb >= size) offer(g0, gap, lf, rf);
   };
+  // Ranges being mapped or unmapped (the lock released) are no gap: they split the gaps
+  // they lie in, and no run borders them.
+  std::vector<std::pair<uintptr_t, uintptr_t>> busy;
+  for (const InFlight& f : in_flight_ranges_) {
+    if (f.reservation == r) busy.emplace_back(f.at, f.at + f.bytes);
+  }
+  std::sort(busy.begin(), busy.end());
+  auto consider_around_busy = [&](uintptr_t g0, uintptr_t g1, const Segment* lo,
+                                  const Segment* hi) {
+    for (const auto& [b0, b1] : busy) {
+      if (b1 <= g0 || b0 >= g1) continue;
+      consider(g0, b0, lo, nullptr);
+      g0 = b1;
+      lo = nullptr;
+    }
+    consider(g0, g1, lo, hi);
+  };
   uintptr_t prev_end = r->addr;
   const Segment* prev = nullptr;
   const uintptr_t end = r->addr + r->va_size;
   for (auto it = table_.lower_bound(r->addr); it != table_.end() && it->first < end;
        ++it) {
     const Segment* s = it->second;
-    consider(prev_end, s->addr, prev, s);
+    consider_around_busy(prev_end, s->addr, prev, s);
     prev_end = s->addr + s->size;
     prev = s;
   }
-  consider(prev_end, end, prev, nullptr);
+  consider_around_busy(prev_end, end, prev, nullptr);
   return best;
+}
+
+std::pair<Block*, Block*> ExpandableSegments::free_neighbours(const Reservation* r,
+                                                               uintptr_t at,
+                                                               uintptr_t end) const {
+  Block* lf = nullptr;
+  if (auto it = table_.lower_bound(at); it != table_.begin()) {
+    const Segment* s = std::prev(it)->second;
+    if (s->reservation == r && s->addr + s->size == at &&
+        s->tail->state == BlockState::kFree) {
+      lf = s->tail;
+    }
+  }
+  Block* rf = nullptr;
+  if (auto it = table_.find(end); it != table_.end() && it->second->reservation == r &&
+                                  it->second->head->state == BlockState::kFree) {
+    rf = it->second->head;
+  }
+  return {lf, rf};
+}
+
+bool ExpandableSegments::overlaps_in_flight(const Reservation* r, uintptr_t at,
+                                            size_t bytes) const {
+  for (const InFlight& f : in_flight_ranges_) {
+    if (f.reservation == r && f.at < at + bytes && at < f.at + f.bytes) return true;
+  }
+  return false;
+}
+
+void ExpandableSegments::end_in_flight(const Reservation* r, uintptr_t at) {
+  for (size_t i = 0; i < in_flight_ranges_.size(); ++i) {
+    if (in_flight_ranges_[i].reservation == r && in_flight_ranges_[i].at == at) {
+      in_flight_ranges_[i] = in_flight_ranges_.back();
+      in_flight_ranges_.pop_back();
+      return;
+    }
+  }
+}
+
+bool ExpandableSegments::still_fits(const Reservation* r, const Placement& p,
+                                    size_t size) const {
+  const uintptr_t end = p.at + p.bytes;
+  if (overlaps_in_flight(r, p.at, p.bytes)) return false;
+  // Unmapped: no run overlaps it (runs of other reservations lie in other ranges).
+  auto it = table_.lower_bound(p.at);
+  if (it != table_.end() && it->first < end) return false;
+  if (it != table_.begin()) {
+    const Segment* below = std::prev(it)->second;
+    if (below->addr + below->size > p.at) return false;
+  }
+  const auto [lf, rf] = free_neighbours(r, p.at, end);
+  return (lf != nullptr ? lf->size : 0) + p.bytes + (rf != nullptr ? rf->size : 0) >= size;
 }
 
 Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* va_full) {
   const size_t size = req.size;
-  const Placement p = place(r, size);
-  if (p.bytes == 0) {
-    *va_full = true;
-    return nullptr;
-  }
   const size_t limit = req.limit;
-  if (p.bytes > limit) return nullptr;
-  // How much to recycle before mapping: what the memory limit demands, and what keeps
-  // the footprint within the threshold (never more than is about to be mapped).
-  // The limit may take idle granules from any reservation; the threshold only from
-  // this one: another stream's cache is likely to be wanted back by that stream.
-  // Regular segment allocations in flight count as reserved, and so does the
-  // backend's physical-handle reserve (device memory still held); a map takes its
-  // granules from the reserve first, so only the rest (`fresh`) is new memory, and
-  // each granule recycled (unmapped into the reserve) is one fewer to create.
-  auto held = [&] { return backend_.handle_reserve_bytes(); };
-  auto fresh = [&] { return p.bytes > held() ? p.bytes - held() : 0; };
-  auto committed_now = [&] { return reserved() + held() + req.reserved_in_flight; };
-  if (committed_now() > limit - fresh()) {
-    recycle_except(committed_now() + fresh() - limit, Scope{p.left, p.right});
-    if (committed_now() > limit - fresh()) return nullptr;
+  Placement p = place(r, size);
+  bool proactive_done = false;
+  bool remapped = false;
+  // Each recycle and each map below releases the lock (req.lock): afterwards the
+  // placement is checked again (still_fits) and made again when another thread took
+  // what it counted on. Single-threaded, `p` always still fits, so the decisions are
+  // those of one pass: recycle for the limit, recycle proactively, map, (out of memory)
+  // recycle and map once more.
+  for (int placements = 0; placements < kMaxPlacements;) {
+    if (p.bytes == 0) {
+      *va_full = true;
+      return nullptr;
+    }
+    if (p.bytes > limit) return nullptr;
+    // The free blocks the mapping joins now: no recycle may take them.
+    const auto [lf, rf] = free_neighbours(r, p.at, p.at + p.bytes);
+    auto replace_if_stale = [&] {
+      if (still_fits(r, p, size)) return false;
+      p = place(r, size);
+      ++placements;
+      return true;
+    };
+    // How much to recycle before mapping: what the memory limit demands, and what
+    // keeps the footprint within the threshold (never more than is about to be
+    // mapped). The limit may take idle granules from any reservation; the threshold
+    // only from this one: another stream's cache is likely to be wanted back by that
+    // stream. Driver calls in flight (segment allocations, maps, unmaps and frees with
+    // the lock released) count as reserved, and so does the backend's physical-handle
+    // reserve (device memory still held); a map takes its granules from the reserve
+    // first, so only the rest (`fresh`) is new memory, and each granule recycled
+    // (unmapped into the reserve) is one fewer to create.
+    auto held = [&] { return backend_.handle_reserve_bytes(); };
+    auto fresh = [&] { return p.bytes > held() ? p.bytes - held() : 0; };
+    auto committed_now = [&] { return reserved() + held() + in_flight_.bytes(); };
+    if (committed_now() > limit - fresh()) {
+      recycle_except(committed_now() + fresh() - limit, Scope{lf, rf}, req.lock);
+      if (replace_if_stale()) continue;
+      if (committed_now() > limit - fresh()) return nullptr;
+    }
+    // The recycle trigger is measured against the stream's high-water mark of bytes in
+    // use, not the current value: a program between two peaks will need the memory
+    // again, and unmapping it only to map it back is churn. Bytes already decided
+    // (deferred) count as given back, so that waiting decisions are not taken twice.
+    if (!proactive_done) {
+      proactive_done = true;
+      if (const size_t over = proactive_recycle_bytes(r, size, p.bytes); over > 0) {
+        recycle_proactively(r, over, lf, rf, req.free_seq, req.lock);
+        replace_if_stale();
+        continue;  // the limit again: other threads may have grown meanwhile
+      }
+    }
+    // The intent: [p.at, p.at + p.bytes) is being mapped, no other placement takes it,
+    // and its bytes count against the limit until it is linked.
+    void* at = reinterpret_cast<void*>(p.at);
+    in_flight_ranges_.push_back(InFlight{r, p.at, p.bytes, InFlight::kMapping});
+    in_flight_.begin_grow(p.bytes);
+    absl::Status st;
+    try {
+      ScopedUnlock unlocked(req.lock);
+      st = backend_.map(at, p.bytes);
+    } catch (...) {
+      end_in_flight(r, p.at);
+      in_flight_.end_grow(p.bytes);
+      throw;
+    }
+    end_in_flight(r, p.at);
+    in_flight_.end_grow(p.bytes);
+    if (absl::IsResourceExhausted(st) && !remapped) {
+      // The device itself is full (other processes, or a sim capacity below the
+      // fraction): idle granules of ours make room, and the map is tried once more.
+      remapped = true;
+      const auto [lf2, rf2] = free_neighbours(r, p.at, p.at + p.bytes);
+      if (recycle_except(p.bytes, Scope{lf2, rf2}, req.lock) > 0) {
+        replace_if_stale();
+        continue;
+      }
+    }
+    if (!st.ok()) {
+      if (absl::IsResourceExhausted(st)) return nullptr;
+      throw std::runtime_error(absl::StrFormat(
+          "devmem: %s: mapping %u bytes at %p failed: %s", backend_.device().ToString(),
+          p.bytes, at, st.ToString()));
+    }
+    // link_mapped allocates its Block and Segment before it changes anything: if that
+    // throws, the mapping is undone and the pool is as it was.
+    Block* b;
+    try {
+      b = link_mapped(r, p.at, p.bytes, req.now);
+    } catch (...) {
+      backend_.unmap(at, p.bytes);
+      throw;
+    }
+    if (b->size >= size) return b;
+    // A free neighbour the placement counted on was taken while the lock was released:
+    // the new memory stays cached (free), and the request is placed again.
+    free_.insert(b);
+    p = place(r, size);
+    ++placements;
   }
-  // The recycle trigger is measured against the stream's high-water mark of bytes in
-  // use, not the current value: a program between two peaks will need the memory
-  // again, and unmapping it only to map it back is churn. Bytes already decided
-  // (deferred) count as given back, so that waiting decisions are not taken twice.
-  if (const size_t over = proactive_recycle_bytes(r, size, p.bytes); over > 0) {
-    recycle_proactively(r, over, p, req.free_seq);
-  }
-  void* at = reinterpret_cast<void*>(p.at);
-  absl::Status st = backend_.map(at, p.bytes);
-  if (absl::IsResourceExhausted(st) && recycle_except(p.bytes, Scope{p.left, p.right}) > 0) {
-    // The device itself is full (other processes, or a sim capacity below the
-    // fraction): idle granules of ours make room.
-    st = backend_.map(at, p.bytes);
-  }
-  if (!st.ok()) {
-    if (absl::IsResourceExhausted(st)) return nullptr;
-    throw std::runtime_error(absl::StrFormat("devmem: %s: mapping %u bytes at %p failed: %s",
-                                             backend_.device().ToString(), p.bytes, at,
-                                             st.ToString()));
-  }
-  // link_mapped allocates its Block and Segment before it changes anything: if that
-  // throws, the mapping is undone and the pool is as it was.
-  try {
-    return link_mapped(r, p.at, p.bytes, req.now);
-  } catch (...) {
-    backend_.unmap(at, p.bytes);
-    throw;
-  }
+  return nullptr;
 }
 
 Block* ExpandableSegments::link_mapped(Reservation* r, uintptr_t at, size_t bytes,
-                                       uint64_t now) {
+                                       uint64_t now, bool undo) {
   const uintptr_t end = at + bytes;
   // The runs just below and just above the new range, if they touch it.
   Segment* lo = nullptr;
@@ -173,7 +310,11 @@ Block* ExpandableSegments::link_mapped(Reservation* r, uintptr_t at, size_t byte
       lo == nullptr && hi == nullptr ? std::make_unique<Segment>() : nullptr;
   Block* b = free_.new_block();
   r->mapped += bytes;
-  acct_.mapped(r, at, bytes);
+  if (undo) {
+    acct_.unmap_undone(r->small_pool, bytes);
+  } else {
+    acct_.mapped(r, at, bytes);
+  }
   // Free neighbours leave their set before any link changes (the set's split
   // statistics depend on the links).
   Block* lf = lo != nullptr && lo->tail->state == BlockState::kFree ? lo->tail : nullptr;
@@ -250,25 +391,62 @@ Block* ExpandableSegments::link_mapped(Reservation* r, uintptr_t at, size_t byte
   return b;
 }
 
-void ExpandableSegments::give_back(Segment* s) {
-  backend_.unmap(reinterpret_cast<void*>(s->addr), s->size);
-  s->reservation->mapped -= s->size;
-  --s->reservation->runs;
+void ExpandableSegments::detached(Segment* s) {
+  Reservation* r = s->reservation;
+  r->mapped -= s->size;
+  --r->runs;
+  in_flight_ranges_.push_back(InFlight{r, s->addr, s->size, InFlight::kUnmapping});
 }
 
-void ExpandableSegments::release_address_space() {
-  complete_deferred(/*wait=*/true);  // no decision may outlive its reservation
+void ExpandableSegments::give_back_call(uintptr_t addr, size_t size) {
+  backend_.unmap(reinterpret_cast<void*>(addr), size);
+}
+
+void ExpandableSegments::given_back(Segment* s, bool ok) {
+  Reservation* r = s->reservation;
+  end_in_flight(r, s->addr);
+  if (!ok) {
+    r->mapped += s->size;
+    ++r->runs;
+  }
+}
+
+bool ExpandableSegments::in_use(const Reservation* r) const {
+  if (r->runs != 0) return true;
+  for (const InFlight& f : in_flight_ranges_) {
+    if (f.reservation == r) return true;
+  }
+  for (const Deferred& d : deferred_) {
+    if (d.reservation == r) return true;
+  }
+  return std::find(pinned_.begin(), pinned_.end(), r) != pinned_.end();
+}
+
+void ExpandableSegments::release_address_space(Mutex* lock) {
+  complete_deferred(/*wait=*/true, lock);  // no decision may outlive its reservation
+  // Out of the table first, then the driver calls with the lock released: no one can
+  // find these reservations any more (a request for the same (stream, pool) reserves a
+  // new range).
+  std::vector<Reservation*> empty;
   for (auto it = reservations_.begin(); it != reservations_.end();) {
     Reservation* r = it->second;
-    if (r->runs != 0) {
+    if (in_use(r)) {
       ++it;
       continue;
     }
-    backend_.release_address(reinterpret_cast<void*>(r->addr), r->va_size);
-    delete r;
+    empty.push_back(r);
     reservations_.erase(it++);
   }
   refused_.clear();
+  if (empty.empty()) return;
+  {
+    ScopedUnlock unlocked(lock);
+    // release_address reports failures on stderr and does not throw (backend.h).
+    for (const Reservation* r : empty) {
+      backend_.release_address(reinterpret_cast<void*>(r->addr), r->va_size);
+    }
+  }
+  for (const Reservation* r : empty) delete r;
 }
 
 absl::Status ExpandableSegments::validate() const {
@@ -332,6 +510,43 @@ absl::Status ExpandableSegments::validate() const {
   if (deferred != deferred_bytes_) {
     return violation(absl::StrFormat("deferred recycles decide %u bytes, recorded %u",
                                      deferred, deferred_bytes_));
+  }
+  // Ranges in flight: in a reservation of the table, on granule boundaries, over no run
+  // and no other range in flight.
+  for (size_t i = 0; i < in_flight_ranges_.size(); ++i) {
+    const InFlight& f = in_flight_ranges_[i];
+    const Reservation* r = f.reservation;
+    auto it = reservations_.find(std::make_pair(r->stream.handle, r->small_pool));
+    if (it == reservations_.end() || it->second != r || f.bytes == 0 ||
+        f.at % granularity_ != 0 || f.bytes % granularity_ != 0 || f.at < r->addr ||
+        f.bytes > r->va_size || f.at - r->addr > r->va_size - f.bytes) {
+      return violation(absl::StrFormat(
+          "%s of %u bytes at %#x in flight is not whole granules of a reservation in the "
+          "table",
+          f.kind == InFlight::kMapping ? "map" : "unmap", f.bytes, f.at));
+    }
+    for (size_t j = 0; j < i; ++j) {
+      const InFlight& g = in_flight_ranges_[j];
+      if (g.at < f.at + f.bytes && f.at < g.at + g.bytes) {
+        return violation(absl::StrFormat("driver calls in flight at %#x and %#x overlap",
+                                         g.at, f.at));
+      }
+    }
+    if (auto seg = table_.lower_bound(f.at);
+        (seg != table_.end() && seg->first < f.at + f.bytes) ||
+        (seg != table_.begin() &&
+         std::prev(seg)->second->addr + std::prev(seg)->second->size > f.at)) {
+      return violation(absl::StrFormat(
+          "%u bytes at %#x are in flight and mapped in a segment of the table", f.bytes,
+          f.at));
+    }
+  }
+  for (const Reservation* r : pinned_) {
+    auto it = reservations_.find(std::make_pair(r->stream.handle, r->small_pool));
+    if (it == reservations_.end() || it->second != r) {
+      return violation(absl::StrFormat(
+          "a call works in reservation %#x, which is not in the table", r->addr));
+    }
   }
   for (const auto& [key, r] : reservations_) {
     const auto [count, mapped] = runs[r];

@@ -37,6 +37,18 @@
 // lacks), so a recycle for a map moves handles rather than creating new ones; the
 // reclaimer releases the reserve (release_handle_reserve) after every reclaim.
 //
+// Driver calls and the device lock (driver_in_flight.h): maps, unmaps and the handle
+// reserve's release run with the device lock released. A map's range [at, at + bytes)
+// is registered "being mapped" (InFlight, kMapping) first, so no other placement takes
+// it; once mapped, it is linked with whatever free blocks border it then (a neighbour
+// the placement counted on may have been taken meanwhile: expand() then places again).
+// An unmap takes its granules out of their block and run first (the books: run split,
+// bytes out of reserved_bytes) and registers them "being unmapped" (kUnmapping); after
+// the call they are forgotten, or, when it threw (the pool is poisoned), linked back
+// as free mapped memory. A reservation with a call in flight, a grow() under way or a
+// deferred decision is not released. States of a granule of a reservation: unmapped,
+// being mapped, mapped (in a run, inside one of its blocks), being unmapped.
+//
 // The high-water marks are policy-private (StreamUse, block.h): reset_peak_stats()
 // resets allocated_bytes.peak for the user and not them, so resetting peaks each epoch
 // does not change how much is recycled.
@@ -49,12 +61,15 @@
 // granule boundaries, never adjacent, summing to `mapped`, counted in `runs`; each
 // run's reservation is in the table, with the run's stream and pool; each deferred
 // decision names a reservation of the table (one at most per reservation), decided
-// bytes > 0, summing to deferred_bytes_; each reservation's `use` is its stream's
+// bytes > 0, summing to deferred_bytes_; each range in flight lies in its reservation
+// on granule boundaries, overlapping no run and no other range, and their bytes are
+// what DriverInFlight holds for them; each reservation's `use` is its stream's
 // StreamUse, whose in_use is the bytes of the stream's blocks out of the free sets
 // (at most in_use_peak).
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <utility>
@@ -78,30 +93,42 @@ class ExpandableSegments final : public SegmentSource {
   // (+inf: recycle only under memory pressure).
   ExpandableSegments(Backend& backend, size_t device_total, size_t granularity,
                      double recycle_threshold, SegmentTable& table, FreeIndex& free,
-                     PoolAccounting& acct)
-      : SegmentSource(backend, table, free, acct),
+                     PoolAccounting& acct, DriverInFlight& in_flight)
+      : SegmentSource(backend, table, free, acct, in_flight),
         device_total_(device_total),
         granularity_(granularity),
         recycle_threshold_(recycle_threshold) {}
   // Releases every reservation's address range (destroy() has unmapped the runs).
   ~ExpandableSegments() override;
+  // A poisoned pool's destruction (the driver fails every call): forgets the
+  // reservations and deferred decisions without a driver call, so that the destructor
+  // makes none.
+  void forget_driver_state();
 
   // Maps memory in the (stream, pool)'s reservation for the request, first recycling
   // idle granules when the footprint would grow past expandable_recycle_threshold or
   // the memory limit, or when the device is out of memory. no_room when the
   // reservation cannot be had or none of its unmapped gaps can hold the request.
+  // req.lock is released around every map and unmap.
   Grown grow(const GrowRequest& req) override;
   // Unmaps whole free granules of any reservation, largest blocks first.
-  size_t recycle(size_t bytes) override { return recycle_except(bytes, Scope{}); }
+  size_t recycle(size_t bytes, Mutex* lock) override {
+    return recycle_except(bytes, Scope{}, lock);
+  }
   // Gives the backend's physical-handle reserve back to the driver (the reclaimer's
-  // last step: memory unmapped for reuse is released when memory is given back).
-  size_t release_handle_reserve() override { return backend_.release_handle_reserve(); }
-  // Releases the address ranges of reservations that map nothing, and forgets the
-  // refusals (address space was given back: worth asking again).
-  void release_address_space() override;
+  // last step: memory unmapped for reuse is released when memory is given back), with
+  // `lock` released.
+  size_t release_handle_reserve(Mutex* lock) override {
+    ScopedUnlock unlocked(lock);
+    return backend_.release_handle_reserve();
+  }
+  // Releases the address ranges of reservations that map nothing (and have nothing in
+  // flight), and forgets the refusals (address space was given back: worth asking
+  // again).
+  void release_address_space(Mutex* lock) override;
   // Deferred proactive recycling: unmaps for each decision whose event completed (with
   // `wait`: after waiting for every event) what is still over the cap.
-  size_t complete_deferred(bool wait) override;
+  size_t complete_deferred(bool wait, Mutex* lock) override;
   absl::Status validate() const override;
 
   size_t granularity() const { return granularity_; }
@@ -140,6 +167,40 @@ class ExpandableSegments final : public SegmentSource {
     uint64_t free_seq;  // blocks free since then (free_seq <= this) are safe after it
     size_t bytes;       // what was decided
   };
+  // A driver call on [at, at + bytes) of `reservation` with the device lock released.
+  struct InFlight {
+    enum Kind { kMapping, kUnmapping };
+    const Reservation* reservation;
+    uintptr_t at;
+    size_t bytes;
+    Kind kind;
+  };
+  // Granules unmapped from a run's books, waiting for (or past) their unmap call.
+  struct Hole {
+    Reservation* reservation;
+    uintptr_t at;
+    size_t bytes;
+    Stream stream;
+    uint64_t last_used;  // the run's and the block's, for linking the granules back
+    uint64_t free_seq;   // on an error
+  };
+
+  // Keeps a reservation in `pinned` for its scope (release_address_space leaves it
+  // alone meanwhile). The lock is held at both ends.
+  class Pin {
+   public:
+    Pin(std::vector<const Reservation*>& pinned, const Reservation* r)
+        : pinned_(pinned), r_(r) {
+      pinned_.push_back(r_);
+    }
+    ~Pin() { pinned_.erase(std::find(pinned_.begin(), pinned_.end(), r_)); }
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+
+   private:
+    std::vector<const Reservation*>& pinned_;
+    const Reservation* const r_;
+  };
 
   // The reservation of (stream, pool), reserving its address range on first use;
   // nullptr when no address range can be reserved. A refused reservation is not asked
@@ -152,24 +213,42 @@ class ExpandableSegments final : public SegmentSource {
   // Maps memory in `r` for the request (see grow()); *va_full when no unmapped gap can
   // hold it.
   Block* expand(Reservation* r, const GrowRequest& req, bool* va_full);
+  // The free blocks that end at `at` and start at `end` in r's runs (nullptr: none).
+  std::pair<Block*, Block*> free_neighbours(const Reservation* r, uintptr_t at,
+                                            uintptr_t end) const;
+  // Whether `p` still maps an unmapped, not in-flight range of `r` that yields a block
+  // of at least `size` with the free blocks bordering it now (after the lock was
+  // released, another thread may have changed them).
+  bool still_fits(const Reservation* r, const Placement& p, size_t size) const;
+  // Whether [at, at + bytes) overlaps a range of `r` in flight.
+  bool overlaps_in_flight(const Reservation* r, uintptr_t at, size_t bytes) const;
+  void end_in_flight(const Reservation* r, uintptr_t at);
   // Records that [at, at + bytes) of `r` was just mapped: extends, creates or merges
   // runs and returns the free block holding the range (coalesced with free
-  // neighbours), out of any free set.
-  Block* link_mapped(Reservation* r, uintptr_t at, size_t bytes, uint64_t now);
-  // Unmaps [c0, c1) (granule-aligned) of the free block `b` of a run, splitting the
-  // run around the hole. The caller has synchronized the run's stream. Returns the
-  // bytes unmapped.
-  size_t unmap_range(Block* b, uintptr_t c0, uintptr_t c1);
+  // neighbours), out of any free set. `undo`: the range is linked back after a failed
+  // unmap (its statistics are restored, no map is counted).
+  Block* link_mapped(Reservation* r, uintptr_t at, size_t bytes, uint64_t now,
+                     bool undo = false);
+  // Takes [c0, c1) (granule-aligned) out of the free block `b` of a run, splitting the
+  // run around the hole, and registers it as being unmapped: every change but the
+  // driver call. Returns the hole.
+  Hole detach_range(Block* b, uintptr_t c0, uintptr_t c1);
+  // Unmaps `holes` (detached) with `lock` released, after waiting for `streams` (none:
+  // the caller knows they passed the blocks); then forgets them, or links back those
+  // not unmapped when a call threw, and rethrows. Returns the bytes unmapped.
+  size_t unmap_holes(const std::vector<Hole>& holes, const std::vector<Stream>& streams,
+                     Mutex* lock);
   // Unmaps whole free granules of runs, from the blocks with the most whole granules
   // first (only as many of a block's granules as are still wanted, from its top),
   // until `bytes` are unmapped or none are left, taking only the blocks `scope`
   // allows. Synchronizes each run's stream before unmapping its memory unless
-  // scope.sync is false. Returns the bytes unmapped.
-  size_t recycle_except(size_t bytes, const Scope& scope);
+  // scope.sync is false. The driver calls run with `lock` released. Returns the bytes
+  // unmapped.
+  size_t recycle_except(size_t bytes, const Scope& scope, Mutex* lock);
   // The proactive recycle of `bytes` from `r` before mapping `p` (see the top of this
-  // file): at once when r's stream is idle, else deferred.
-  void recycle_proactively(Reservation* r, size_t bytes, const Placement& p,
-                           uint64_t free_seq);
+  // file): at once when r's stream is idle (no wait), else deferred.
+  void recycle_proactively(Reservation* r, size_t bytes, Block* keep_a, Block* keep_b,
+                           uint64_t free_seq, Mutex* lock);
   // The recycle trigger's figures for r's stream: its use, what its reservations map
   // and what deferred decisions have set aside of that (expandable_recycle.cc).
   StreamFootprint footprint(const Reservation* r) const;
@@ -184,8 +263,13 @@ class ExpandableSegments final : public SegmentSource {
     return static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current);
   }
   size_t round_to_granule(size_t bytes) const { return RoundToGranule(bytes, granularity_); }
-  // A whole run is unmapped (release, destroy).
-  void give_back(Segment* s) override;
+  // A whole run is unmapped (release, destroy): its reservation's books, the call, and
+  // the books restored when the call threw.
+  void detached(Segment* s) override;
+  void give_back_call(uintptr_t addr, size_t size) override;
+  void given_back(Segment* s, bool ok) override;
+  // release_address_space may not release `r`: something still refers to it.
+  bool in_use(const Reservation* r) const;
 
   const size_t device_total_;
   const size_t granularity_;
@@ -194,6 +278,10 @@ class ExpandableSegments final : public SegmentSource {
   absl::flat_hash_set<Key> refused_;  // reserve_address failed, until empty_cache
   std::vector<Deferred> deferred_;    // at most one per reservation
   size_t deferred_bytes_ = 0;         // the sum of their bytes
+  std::vector<InFlight> in_flight_ranges_;  // maps and unmaps with the lock released
+  // Reservations a call is working in while it may release the lock (a grow(), a
+  // deferred decision's wait): one entry per such call.
+  std::vector<const Reservation*> pinned_;
   // Per stream handle; node-based: reservations point at their stream's entry.
   absl::node_hash_map<uintptr_t, StreamUse> streams_;
 };

@@ -109,6 +109,18 @@ void PoolAccounting::segment_released(const Segment* s) {
   DecreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
 }
 
+void PoolAccounting::segment_release_undone(const Segment* s) {
+  if (s->oversize) stats_.oversize_segments.increase(1);
+  --stats_.num_device_free;
+  IncreaseStat(stats_.segment, s->small_pool, 1);
+  IncreaseStat(stats_.reserved_bytes, s->small_pool, static_cast<int64_t>(s->size));
+}
+
+void PoolAccounting::unmap_undone(bool small, size_t bytes) {
+  IncreaseStat(stats_.reserved_bytes, small, static_cast<int64_t>(bytes));
+  --stats_.num_device_free;
+}
+
 void PoolAccounting::mapped(const Reservation* r, uintptr_t at, size_t bytes) {
   IncreaseStat(stats_.reserved_bytes, r->small_pool, static_cast<int64_t>(bytes));
   ++stats_.num_device_alloc;

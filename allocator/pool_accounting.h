@@ -152,18 +152,21 @@ class PoolAccounting {
   // --- segment state changes -------------------------------------------------------
   // A regular segment was allocated from the backend.
   void segment_allocated(const Segment* s);
-  // A segment (regular, or a whole expandable run) is about to go back to the backend.
-  // In two steps, so that a driver error between them (allocator/errors.h) leaves the
-  // statistics exact: the observer hears of it first (the trace orders the release
-  // where it starts, before the stream is waited for), the statistics change once the
-  // driver calls succeeded.
+  // A segment (regular, or a whole expandable run) goes back to the backend. In two
+  // steps: the observer hears of it first (the trace orders the release where it
+  // starts, before the stream is waited for), then the statistics change. Both come
+  // before the driver calls, which run with the device lock released
+  // (driver_in_flight.h): the statistics describe what the pool holds, and a driver
+  // error (allocator/errors.h) puts the segment back with segment_release_undone.
   void segment_releasing(const Segment* s);
   void segment_released(const Segment* s);
-  // [at, at + bytes) of reservation `r` was mapped / is about to be unmapped (the same
-  // two steps: unmapping before the driver call, unmapped after it).
+  void segment_release_undone(const Segment* s);
+  // [at, at + bytes) of reservation `r` was mapped / is being unmapped (the same two
+  // steps, both before the unmap; unmap_undone when the unmap threw).
   void mapped(const Reservation* r, uintptr_t at, size_t bytes);
   void unmapping(const Segment* s, uintptr_t at, size_t bytes);
   void unmapped(const Segment* s, size_t bytes);
+  void unmap_undone(bool small, size_t bytes);
   // An expandable run was created (a map in a gap, a split by an unmap) or removed
   // (merged into its neighbour, unmapped whole).
   void run_added(bool small) { IncreaseStat(stats_.segment, small, 1); }

@@ -9,6 +9,12 @@
 // Waiting for pending events is the caller's step (it decides what a free completes
 // into); the reclaimer only gives memory back.
 //
+// The driver calls (frees, unmaps, waits for streams, the handle reserve's release) run
+// with the device lock released (segment_source.h): the segments chosen leave the
+// table before the lock is, so reclaim() sees each chosen segment once, and another
+// thread reclaiming meanwhile chooses among the others. The caller must expect
+// anything to have changed across reclaim().
+//
 // Owns nothing; uses the SegmentTable (to find unused segments) and the sources.
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
@@ -31,9 +37,11 @@ enum class Urgency {
 
 class Reclaimer {
  public:
-  // `expandable` may be nullptr (expandable segments are off).
-  Reclaimer(const SegmentTable& table, SegmentSource& regular, SegmentSource* expandable)
-      : table_(table), regular_(regular), expandable_(expandable) {}
+  // `expandable` may be nullptr (expandable segments are off). `lock`: the device lock,
+  // held by every caller of reclaim() and released around its driver calls.
+  Reclaimer(const SegmentTable& table, SegmentSource& regular, SegmentSource* expandable,
+            Mutex* lock)
+      : table_(table), regular_(regular), expandable_(expandable), lock_(lock) {}
   Reclaimer(const Reclaimer&) = delete;
   Reclaimer& operator=(const Reclaimer&) = delete;
 
@@ -43,13 +51,10 @@ class Reclaimer {
   size_t reclaim(size_t bytes, Urgency urgency);
 
  private:
-  SegmentSource& source_of(const Segment* s) const {
-    return s->expandable() ? *expandable_ : regular_;
-  }
-
   const SegmentTable& table_;
   SegmentSource& regular_;
   SegmentSource* const expandable_;
+  Mutex* const lock_;
 };
 
 }  // namespace devmem::internal

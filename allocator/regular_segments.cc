@@ -9,31 +9,10 @@
 
 namespace devmem::internal {
 
-namespace {
-
-// Releases a held Mutex for its scope and takes it back at the end (also when the scope
-// is left by an exception). Does nothing for nullptr.
-class ScopedUnlock {
- public:
-  explicit ScopedUnlock(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS : mu_(mu) {
-    if (mu_ != nullptr) mu_->unlock();
-  }
-  ~ScopedUnlock() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    if (mu_ != nullptr) mu_->lock();
-  }
-  ScopedUnlock(const ScopedUnlock&) = delete;
-  ScopedUnlock& operator=(const ScopedUnlock&) = delete;
-
- private:
-  Mutex* const mu_;
-};
-
-}  // namespace
-
 Grown RegularSegments::grow(const GrowRequest& req) {
   const size_t reserved =
       static_cast<size_t>(acct_.stats().reserved_bytes[kAggregatePool].current) +
-      req.reserved_in_flight;
+      in_flight_.bytes();
   if (req.segment_size > req.limit || reserved > req.limit - req.segment_size) return {};
   // What may throw comes before the driver call, so that a segment is never lost.
   auto seg = std::make_unique<Segment>();
@@ -41,16 +20,14 @@ Grown RegularSegments::grow(const GrowRequest& req) {
   // The intent: its bytes count against the memory limit while the lock is released,
   // so two threads cannot both overshoot it. The pool is consistent here (the segment
   // is nowhere yet), so other threads may allocate, free and validate meanwhile.
-  in_flight_bytes_ += req.segment_size;
-  ++in_flight_calls_;
+  in_flight_.begin_grow(req.segment_size);
   absl::StatusOr<void*> p;
   {
     ScopedUnlock unlocked(req.lock);
     p = req.during_capture ? backend_.allocate_segment_during_capture(req.segment_size)
                            : backend_.allocate_segment(req.segment_size);
   }
-  in_flight_bytes_ -= req.segment_size;
-  --in_flight_calls_;
+  in_flight_.end_grow(req.segment_size);
   if (!p.ok()) {
     free_.delete_block(b);
     if (absl::IsResourceExhausted(p.status())) return {};
@@ -91,19 +68,8 @@ Grown RegularSegments::grow(const GrowRequest& req) {
   return Grown{b, false};
 }
 
-void RegularSegments::give_back(Segment* s) {
-  backend_.free_segment(reinterpret_cast<void*>(s->addr), s->size);
-}
-
-absl::Status RegularSegments::validate() const {
-  // The segments themselves are SegmentTable's to check. The intents: bytes only while
-  // a call is in flight.
-  if ((in_flight_calls_ == 0) != (in_flight_bytes_ == 0) || in_flight_calls_ < 0) {
-    return absl::InternalError(absl::StrFormat(
-        "devmem validate(): %d segment allocations in flight hold %u bytes",
-        in_flight_calls_, in_flight_bytes_));
-  }
-  return absl::OkStatus();
+void RegularSegments::give_back_call(uintptr_t addr, size_t size) {
+  backend_.free_segment(reinterpret_cast<void*>(addr), size);
 }
 
 }  // namespace devmem::internal

@@ -1,29 +1,99 @@
 // allocator/segment_source.cc: see segment_source.h.
 #include "allocator/segment_source.h"
 
+#include <exception>
+
 namespace devmem::internal {
 
-void SegmentSource::release(Segment* s) {
-  Block* b = s->head;  // the single free block
-  acct_.segment_releasing(s);
+void SegmentSource::synchronize_for_release(const std::vector<Stream>& streams,
+                                            Mutex* lock) {
+  // A retiring stream may be destroyed already: only its retirement's event, which the
+  // retirement table owns, says when its work is done; that table is the pool's, so it
+  // is read (and the event waited for) under the lock. Rare: release_stream's window.
+  std::vector<Stream> live;
+  live.reserve(streams.size());
+  for (const Stream s : streams) {
+    if (retirements_ != nullptr && !retirements_->empty() &&
+        retirements_->state(s) != StreamRetireState::kLive) {
+      retirements_->synchronize_for_release(s);
+    } else {
+      live.push_back(s);
+    }
+  }
+  ScopedUnlock unlocked(lock);
+  for (const Stream s : live) backend_.synchronize_stream(s);
+}
+
+void SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
+  // The books first, under the lock: each segment leaves the free sets, the table and
+  // the statistics (the trace says it goes), so no one else can find it; its bytes stay
+  // counted against the memory limit until the driver has them (DriverInFlight).
+  for (Segment* s : segments) {
+    acct_.segment_releasing(s);
+    free_.erase(s->head);  // the single free block
+    acct_.segment_released(s);
+    table_.remove(s);
+    detached(s);
+    in_flight_.begin_give_back(s->size);
+  }
+}
+
+void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mutex* lock,
+                                       bool call) {
+  if (segments.empty()) return;
+  std::vector<Stream> streams;
+  for (const Segment* s : segments) {
+    bool seen = false;
+    for (const Stream t : streams) seen = seen || t == s->stream;
+    if (!seen) streams.push_back(s->stream);
+  }
   // The block is free in stream order only: work queued on its stream before the free
   // may still use it. cudaFree synchronizes by itself, unmapping does not, and the sim
-  // backend does neither; so wait here, as the Backend contract asks (for a retired
-  // stream, its retirement's event). Both driver steps come before any change: a
-  // DriverError leaves the segment cached and counted, as it was (the allocator is
-  // poisoned then, but still readable).
-  synchronize_for_release(s->stream);
-  give_back(s);
-  free_.erase(b);
-  acct_.segment_released(s);
-  table_.remove(s);
-  free_.delete_block(b);
-  delete s;
+  // backend does neither; so wait first, as the Backend contract asks. Then the driver,
+  // with the lock released. Nothing in here touches the pool.
+  size_t done = 0;
+  std::exception_ptr error;
+  try {
+    if (call) {
+      synchronize_for_release(streams, lock);
+      ScopedUnlock unlocked(lock);
+      for (; done < segments.size(); ++done) {
+        give_back_call(segments[done]->addr, segments[done]->size);
+      }
+    }
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // The lock is held again. Given back: forgotten. Not given back (a DriverError: the
+  // pool is poisoned, but stays readable): cached and counted again, as they were.
+  for (size_t i = 0; i < segments.size(); ++i) {
+    Segment* s = segments[i];
+    in_flight_.end_give_back(s->size);
+    given_back(s, i < done);
+    if (i < done) {
+      free_.delete_block(s->head);
+      delete s;
+    } else {
+      table_.add(s);
+      acct_.segment_release_undone(s);
+      free_.insert(s->head);
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void SegmentSource::destroy(Segment* s, bool give_back_memory) {
-  if (give_back_memory) give_back(s);
   table_.remove(s);
+  if (give_back_memory) {
+    detached(s);
+    try {
+      give_back_call(s->addr, s->size);
+    } catch (...) {
+      given_back(s, false);  // the caller forgets it (destroy(s, false))
+      throw;
+    }
+    given_back(s, true);
+  }
   for (Block* b = s->head; b != nullptr;) {
     Block* next = b->next;
     delete b;

@@ -9,15 +9,25 @@
 // segments' edges and never calls DevicePool; the reclaimer (reclaimer.h) drives its
 // release and recycle.
 //
+// Driver calls and the device lock (driver_in_flight.h): methods that take a `Mutex*
+// lock` (the device lock, held by the caller) release it around their driver calls and
+// take it back before returning; nullptr: they keep it. What a call works on is taken
+// out of everyone's reach first (a released segment leaves the table and the free
+// sets; a granule being mapped or unmapped is no gap and no block), so the pool is
+// consistent whenever the lock is free; the caller must expect anything else to have
+// changed across such a call.
+//
 // Thread-safety: none; every method requires the owning DevicePool's mutex.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "allocator/backend.h"
 #include "allocator/block.h"
+#include "allocator/driver_in_flight.h"
 #include "allocator/free_index.h"
 #include "allocator/mutex.h"
 #include "allocator/pool_accounting.h"
@@ -36,9 +46,7 @@ struct GrowRequest {
   size_t limit = SIZE_MAX;  // the memory limit (per_process_memory_fraction)
   uint64_t now = 0;         // the pool's use clock, for Segment::last_used
   uint64_t free_seq = 0;    // the pool's free sequence (BlockStates::free_seq)
-  // Bytes of other segment allocations in flight, counted against `limit`.
-  size_t reserved_in_flight = 0;
-  // The device lock, held by the caller; a source may release it around a driver call
+  // The device lock, held by the caller; a source releases it around its driver calls
   // (and takes it back before returning). nullptr: it must not.
   Mutex* lock = nullptr;
   // A graph capture may be under way (private_pools.h): the segment is allocated with
@@ -64,21 +72,37 @@ class SegmentSource {
   SegmentSource& operator=(const SegmentSource&) = delete;
 
   virtual Grown grow(const GrowRequest& req) = 0;
-  // release_segment: gives one unused segment of this source (one free block) back to
-  // the backend, after waiting for its stream; `s` is deleted.
-  void release(Segment* s);
+  // release_segment: gives unused segments of this source (each one free block) back
+  // to the backend, after waiting for their streams; they are deleted. All leave the
+  // table, the free sets and the statistics first; then, with `lock` released, the
+  // streams are waited for (a retiring stream's event is waited for under the lock:
+  // the retirement table is the pool's) and the segments given back. A DriverError
+  // puts the segments not given back where they were (cached and counted) and is
+  // rethrown.
+  void release(const std::vector<Segment*>& segments, Mutex* lock) {
+    detach_for_release(segments);
+    give_back_detached(segments, lock);
+  }
+  // release()'s two halves, for a caller that releases segments of two sources at once
+  // (the reclaimer): every segment of both leaves the books before the lock is first
+  // released, so none of them can change meanwhile. Without `call` (the other
+  // source's calls failed: the device is broken) nothing reaches the driver, and the
+  // segments are put back.
+  void detach_for_release(const std::vector<Segment*>& segments);
+  void give_back_detached(const std::vector<Segment*>& segments, Mutex* lock,
+                          bool call = true);
   // recycle: gives back up to `bytes` without releasing whole segments (unmaps whole
   // free granules); returns the bytes given back. Waits for each affected stream.
-  virtual size_t recycle(size_t bytes) = 0;
+  virtual size_t recycle(size_t bytes, Mutex* lock) = 0;
   // empty_cache's last step: gives back what the source holds besides segments.
-  virtual void release_address_space() = 0;
+  virtual void release_address_space(Mutex* lock) = 0;
   // Every reclaim's last step: gives back physical memory the backend kept for reuse
   // after an unmap (the handle reserve, allocator/driver_calls.h); returns its bytes.
-  virtual size_t release_handle_reserve() { return 0; }
+  virtual size_t release_handle_reserve(Mutex* /*lock*/) { return 0; }
   // Finishes what the source decided to give back once its streams pass an event
   // (ExpandableSegments' deferred recycling) for the events that completed; with
   // `wait`, waits for all of them (memory pressure). Returns the bytes given back.
-  virtual size_t complete_deferred(bool wait) = 0;
+  virtual size_t complete_deferred(bool wait, Mutex* lock) = 0;
   // Pool destruction: gives `s` back to the backend whatever its blocks' states and
   // deletes it and its blocks, with no statistics or trace. The caller has waited for
   // the segment's stream. Without `give_back_memory` (a poisoned pool: the driver
@@ -92,25 +116,28 @@ class SegmentSource {
   void set_retirements(StreamRetirements* r) { retirements_ = r; }
 
  protected:
-  SegmentSource(Backend& backend, SegmentTable& table, FreeIndex& free, PoolAccounting& acct)
-      : backend_(backend), table_(table), free_(free), acct_(acct) {}
-  // The backend call that gives all of `s`'s memory back (free_segment, unmap) and the
-  // source's own records of it. The segment is still in the table.
-  virtual void give_back(Segment* s) = 0;
+  SegmentSource(Backend& backend, SegmentTable& table, FreeIndex& free, PoolAccounting& acct,
+                DriverInFlight& in_flight)
+      : backend_(backend), table_(table), free_(free), acct_(acct), in_flight_(in_flight) {}
+  // Giving all of a segment's memory back, in three steps: detached(s) under the lock
+  // (the source's own records; `s` is out of the table already), give_back_call(addr,
+  // size) without it (the backend call: free_segment, unmap; it touches nothing of the
+  // pool), given_back(s, ok) under the lock again (ok false: the call threw, and the
+  // records are restored).
+  virtual void detached(Segment* /*s*/) {}
+  virtual void give_back_call(uintptr_t addr, size_t size) = 0;
+  virtual void given_back(Segment* /*s*/, bool /*ok*/) {}
 
-  // Waits until no work queued on `s` can still use its freed memory (the stream, or
-  // its retirement's event).
-  void synchronize_for_release(Stream s) {
-    if (retirements_ != nullptr) {
-      retirements_->synchronize_for_release(s);
-    } else {
-      backend_.synchronize_stream(s);
-    }
-  }
+  // Waits for `streams` (distinct) so that memory freed on them may go back: those of
+  // live streams with `lock` released, retiring ones (their retirement's event) before
+  // releasing it. The lock is held again on return, also when a wait throws.
+  void synchronize_for_release(const std::vector<Stream>& streams, Mutex* lock);
+
   Backend& backend_;
   SegmentTable& table_;
   FreeIndex& free_;
   PoolAccounting& acct_;
+  DriverInFlight& in_flight_;
   StreamRetirements* retirements_ = nullptr;
 };
 

@@ -1,10 +1,13 @@
 // tests/caching_allocator_unlocked_driver_test.cc: no driver call under the device
 // lock on the allocation path.
 //
-// A regular segment's allocate_segment (cudaMalloc) runs with the device lock released:
-// the intent is registered first (its bytes count against the memory limit), the lock
-// is taken back to link the result. A HookedBackend holds the driver call on a latch
-// so that other threads' calls are ordered by what the allocator does, not by sleeps.
+// Every segment driver call runs with the device lock released (driver_in_flight.h): a
+// regular segment's allocate_segment (cudaMalloc), an expandable map, the unmaps of
+// recycling, the frees and unmaps of released segments. The intent is registered first
+// (its bytes count against the memory limit; what the call works on is out of reach),
+// the lock is taken back to link or unlink the result. A HookedBackend holds the driver
+// call on a latch so that other threads' calls are ordered by what the allocator does,
+// not by sleeps.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,7 +15,9 @@
 #include <future>
 #include <latch>
 #include <memory>
+#include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "allocator/caching_allocator.h"
 #include "allocator/errors.h"
@@ -117,6 +122,287 @@ TEST(UnlockedDriverTest, AFailedSegmentAllocationUnregistersItsIntent) {
   EXPECT_EQ(t->stats().segment[kAggregatePool].current, 2);
   for (void* x : {q1, q2, q3}) t->free(x);
   EXPECT_TRUE(t->validate().ok()) << t->validate();
+}
+
+// Holds the first call of a hooked driver function until the test opens the latch;
+// later calls pass straight through. `entered` opens when the first call has started.
+struct FirstCallGate {
+  std::latch entered{1};
+  std::latch release{1};
+  std::atomic<int> calls{0};
+  // Call at the start of the hook.
+  void Pass() {
+    if (calls++ == 0) {
+      entered.count_down();
+      release.wait();
+    }
+  }
+};
+
+bool Disjoint(const void* a, size_t na, const void* b, size_t nb) {
+  const auto x = reinterpret_cast<uintptr_t>(a);
+  const auto y = reinterpret_cast<uintptr_t>(b);
+  return x + na <= y || y + nb <= x;
+}
+
+constexpr const char* kExpandable =
+    "sim_capacity:1GiB,expandable_segments:true,thread_cache:false,"
+    "expandable_recycle_threshold:none";
+
+// A map (cuMemCreate + cuMemMap + cuMemSetAccess) runs with the lock released: another
+// thread allocates and frees meanwhile, even from the free block the map is to join;
+// the map then links with what is left of it and maps the rest.
+TEST(UnlockedDriverTest, AnExpandableMapRunsWithTheLockReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
+  t->free(t->allocate(4 * kMiB));           // a free 4 MiB run (large pool)
+  void* small = t->allocate(256 * kKiB);   // a small-pool run with room for more
+  const int64_t reserved = t->stats().reserved_bytes[kAggregatePool].current;
+  ASSERT_EQ(reserved, 6 * static_cast<int64_t>(kMiB));
+
+  FirstCallGate gate;
+  hooks->map_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    return hooks->inner().map(p, n);
+  };
+  // A: 64 MiB extends the free 4 MiB block by 60 MiB; its map is held.
+  std::future<void*> a =
+      std::async(std::launch::async, [&] { return t->allocate(64 * kMiB); });
+  gate.entered.wait();
+  // C: takes 2 MiB of the block A counts on, and a small cache hit.
+  std::future<void*> c = std::async(std::launch::async, [&] {
+    void* q = t->allocate(2 * kMiB);
+    t->free(t->allocate(256 * kKiB));
+    return q;
+  });
+  const bool c_done = c.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(c_done) << "an allocation waited for another thread's map";
+  if (c_done) {  // else the lock is held: validate() would wait for the map
+    EXPECT_TRUE(t->validate().ok()) << t->validate();  // consistent while in flight
+    // Not reserved until linked (the in-flight bytes count against the limit).
+    EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, reserved);
+  }
+  gate.release.count_down();
+  void* pa = a.get();
+  void* q = c.get();
+  EXPECT_TRUE(Disjoint(pa, 64 * kMiB, q, 2 * kMiB));
+  // 60 MiB joined 2 MiB left of the block: 2 MiB more were mapped for the request.
+  EXPECT_EQ(gate.calls.load(), 2);
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            reserved + static_cast<int64_t>(62 * kMiB));
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  for (void* x : {pa, q, small}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+}
+
+// Two threads grow the same expandable reservation (one stream, one pool) at once: the
+// second map does not wait for the first and does not take its range; the two runs
+// merge when both are linked.
+TEST(UnlockedDriverTest, TwoThreadsGrowOneExpandableSegmentConcurrently) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
+  FirstCallGate gate;
+  hooks->map_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    return hooks->inner().map(p, n);
+  };
+  std::future<void*> a =
+      std::async(std::launch::async, [&] { return t->allocate(16 * kMiB); });
+  gate.entered.wait();
+  std::future<void*> b =
+      std::async(std::launch::async, [&] { return t->allocate(16 * kMiB); });
+  const bool b_done = b.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(b_done) << "a map waited for another thread's map";
+  if (b_done) {
+    EXPECT_TRUE(t->validate().ok()) << t->validate();
+    EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+              static_cast<int64_t>(16 * kMiB));
+  }
+  gate.release.count_down();
+  void* pa = a.get();
+  void* pb = b.get();
+  EXPECT_TRUE(Disjoint(pa, 16 * kMiB, pb, 16 * kMiB));
+  EXPECT_EQ(gate.calls.load(), 2);
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(32 * kMiB));
+  EXPECT_EQ(t->stats().segment[kAggregatePool].current, 1) << "adjacent runs not merged";
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->free(pa);
+  t->free(pb);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+// A recycle's unmap runs with the lock released: the granules being unmapped are
+// neither a free block nor a gap meanwhile, so another thread's allocation maps
+// elsewhere, and reserved_bytes no longer counts them.
+TEST(UnlockedDriverTest, ARecycleUnmapRunsWithTheLockReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
+  void* keep = t->allocate(2 * kMiB);
+  void* big = t->allocate(16 * kMiB);  // one run: [keep][big]
+  void* small = t->allocate(256 * kKiB);
+  t->free(big);
+  FirstCallGate gate;
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    hooks->inner().unmap(p, n);
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->trim(0); });
+  gate.entered.wait();  // unmapping big's 16 MiB (the run stays: keep is in use)
+  std::future<void*> c = std::async(std::launch::async, [&] {
+    t->free(t->allocate(256 * kKiB));
+    return t->allocate(4 * kMiB);  // a map: not into the range being unmapped
+  });
+  const bool c_done = c.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(c_done) << "an allocation waited for another thread's unmap";
+  if (c_done) {
+    EXPECT_TRUE(t->validate().ok()) << t->validate();
+    EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+              static_cast<int64_t>(8 * kMiB));  // keep, small's run, the new 4 MiB
+  }
+  gate.release.count_down();
+  a.get();
+  void* q = c.get();
+  EXPECT_TRUE(Disjoint(q, 4 * kMiB, static_cast<char*>(keep) + 2 * kMiB, 16 * kMiB))
+      << "mapped into granules being unmapped";
+  EXPECT_EQ(gate.calls.load(), 1);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  for (void* x : {keep, small, q}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+// A released segment's free (cudaFree) runs with the lock released; an allocation that
+// needs the memory on its way back waits for it in the staged retry's last stage
+// instead of failing.
+TEST(UnlockedDriverTest, AReleaseRunsWithTheLockReleasedAndTheRetryWaitsForIt) {
+  testutil::HookedBackend* hooks = nullptr;
+  // A 5 MiB limit: two 2 MiB small-pool segments fit, three do not.
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:100MiB,expandable_segments:false,thread_cache:false,"
+      "per_process_memory_fraction:0.05",
+      &hooks);
+  void* p0 = t->allocate(kMiB);
+  void* p1 = t->allocate(768 * kKiB);  // S1: 1.75 MiB used
+  t->free(t->allocate(768 * kKiB));    // S2: unused
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 2);
+  FirstCallGate gate;
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    hooks->inner().free_segment(p, n);
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->empty_cache(); });
+  gate.entered.wait();  // S2's free is held
+  std::future<void> c = std::async(std::launch::async, [&] {
+    t->free(t->allocate(128 * kKiB));  // a hit in S1
+  });
+  const bool c_done = c.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(c_done) << "a cache hit waited for another thread's segment free";
+  if (c_done) {
+    EXPECT_TRUE(t->validate().ok()) << t->validate();
+    EXPECT_EQ(t->stats().segment[kAggregatePool].current, 1);
+  }
+  // B needs a second segment: 2 MiB reserved + 2 MiB on their way back + 2 MiB are over
+  // the limit, so it gets to the retry's last stage and waits there.
+  const int64_t retries = t->stats().num_alloc_retries;
+  std::future<void*> b =
+      std::async(std::launch::async, [&] { return t->allocate(768 * kKiB); });
+  if (c_done) {
+    const auto deadline = std::chrono::steady_clock::now() + kBound;
+    while (t->stats().num_alloc_retries == retries &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();  // polls what B did; orders nothing by time
+    }
+    EXPECT_EQ(t->stats().num_alloc_retries, retries + 1);
+  }
+  gate.release.count_down();
+  a.get();
+  void* pb = nullptr;
+  EXPECT_NO_THROW(pb = b.get()) << "memory on its way back made an allocation fail";
+  EXPECT_EQ(gate.calls.load(), 1);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  for (void* x : {p0, p1, pb}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+// A driver error in the middle of a batch of unmaps: what was unmapped stays unmapped,
+// the rest is cached and counted again, the pool is poisoned and consistent.
+TEST(UnlockedDriverTest, AnUnmapErrorInTheMiddleOfARecyclePutsTheRestBack) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
+  void* keep1 = t->allocate(2 * kMiB);
+  void* big1 = t->allocate(8 * kMiB);
+  void* keep2 = t->allocate(2 * kMiB);
+  void* big2 = t->allocate(8 * kMiB);  // one run: [keep1][big1][keep2][big2]
+  ASSERT_TRUE(keep1 != nullptr && keep2 != nullptr);  // in use: the run stays
+  t->free(big1);
+  t->free(big2);
+  const DeviceStats before = t->stats();
+  std::atomic<int> calls{0};
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    if (calls++ == 1) throw DriverError("test: cuMemUnmap failed");
+    hooks->inner().unmap(p, n);
+  };
+  EXPECT_THROW(t->trim(0), DriverError);
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_TRUE(t->poisoned());
+  const DeviceStats after = t->stats();
+  EXPECT_EQ(after.reserved_bytes[kAggregatePool].current,
+            before.reserved_bytes[kAggregatePool].current - static_cast<int64_t>(8 * kMiB));
+  EXPECT_EQ(after.num_device_free, before.num_device_free + 1);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  // keep1 and keep2 go with the allocator (a poisoned pool gives nothing back).
+}
+
+// A proactive recycle on a busy stream is decided without waiting (an event); the poll
+// that sees the event complete unmaps with the lock released, so another thread
+// allocates and frees meanwhile.
+TEST(UnlockedDriverTest, ADeferredRecycleUnmapsOnThePollWithTheLockReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:true,thread_cache:false,"
+      "expandable_recycle_threshold:0",
+      &hooks);
+  const Stream s = testutil::NewStream(*t);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(t->allocate(16 * kMiB, s));
+  void* big = nullptr;
+  {
+    testutil::StreamBlocker busy(t->backend(), s);
+    t->free(blocks[0]);
+    t->free(blocks[2]);
+    big = t->allocate(32 * kMiB, s);  // decides to recycle the two holes, later
+    EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+              static_cast<int64_t>(96 * kMiB))
+        << "the stream is busy: nothing may be unmapped yet";
+  }
+  t->backend().synchronize_stream(s);  // the stream passed the decision's event
+  FirstCallGate gate;
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    hooks->inner().unmap(p, n);
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->process_events(); });
+  gate.entered.wait();
+  std::future<void> c = std::async(std::launch::async, [&] { t->free(t->allocate(kMiB)); });
+  const bool c_done = c.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(c_done) << "an allocation waited for a deferred recycle's unmap";
+  if (c_done) {
+    EXPECT_TRUE(t->validate().ok()) << t->validate();
+  }
+  gate.release.count_down();
+  a.get();
+  EXPECT_EQ(gate.calls.load(), 2);  // both holes
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>((64 + 2) * kMiB));  // blocks 1, 3, big; 1 MiB's run
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  for (void* x : {blocks[1], blocks[3], big}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
 }
 
 }  // namespace

@@ -8,8 +8,9 @@
 //   CachingAllocator a(std::move(hooked), config);
 //
 // Thread-safety: as the wrapped backend's. Set the hooks before the backend is shared
-// with other threads (the allocator calls them under its device lock, from any thread);
-// a hook must not call into the allocator.
+// with other threads (the allocator calls them from any thread: segment allocations,
+// maps, unmaps, frees and stream waits before them with its device lock released, the
+// rest under it); a hook must not call into the allocator.
 #pragma once
 
 #include <functional>
@@ -43,6 +44,8 @@ class HookedBackend : public Backend {
   std::function<absl::StatusOr<void*>(size_t)> reserve_address_instead;
   std::function<absl::StatusOr<void*>(size_t)> allocate_segment_instead;
   std::function<absl::Status(void*, size_t)> map_instead;
+  std::function<void(void*, size_t)> unmap_instead;
+  std::function<void(void*, size_t)> free_segment_instead;
 
   DeviceId device() const override { return inner_->device(); }
   Capabilities caps() const override { return inner_->caps(); }
@@ -51,7 +54,10 @@ class HookedBackend : public Backend {
     if (allocate_segment_instead) return allocate_segment_instead(bytes);
     return inner_->allocate_segment(bytes);
   }
-  void free_segment(void* p, size_t bytes) override { inner_->free_segment(p, bytes); }
+  void free_segment(void* p, size_t bytes) override {
+    if (free_segment_instead) return free_segment_instead(p, bytes);
+    inner_->free_segment(p, bytes);
+  }
   MemInfo mem_info() override {
     if (before_mem_info) before_mem_info();
     return inner_->mem_info();
@@ -95,7 +101,10 @@ class HookedBackend : public Backend {
     if (map_instead) return map_instead(p, bytes);
     return inner_->map(p, bytes);
   }
-  void unmap(void* p, size_t bytes) override { inner_->unmap(p, bytes); }
+  void unmap(void* p, size_t bytes) override {
+    if (unmap_instead) return unmap_instead(p, bytes);
+    inner_->unmap(p, bytes);
+  }
   CaptureState capture_state(Stream s) override { return inner_->capture_state(s); }
   absl::StatusOr<void*> allocate_segment_during_capture(size_t bytes) override {
     if (allocate_segment_instead) return allocate_segment_instead(bytes);
