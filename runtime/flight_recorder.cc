@@ -38,6 +38,9 @@ using namespace flight;  // NOLINT: the format's names are this file's vocabular
 inline void Put(uint64_t* w, uint64_t v) {
   std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_relaxed);
 }
+inline uint64_t Get(const uint64_t* w) {
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(w)).load(std::memory_order_relaxed);
+}
 inline void Commit(uint64_t* w, uint64_t v) {
   std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
 }
@@ -383,33 +386,36 @@ FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, Devi
     lane.ring = reinterpret_cast<uint64_t*>(at + kLanePageBytes +
                                             size_t{o.site_slots} * kRecordBytes);
     lane.shared = l == o.lane_slots - 1;
-    lane.site_live.reset(new SiteLive[o.site_slots]);
   }
 }
 
 inline void FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int64_t count,
-                              uint64_t allocs, uint64_t seq) {
+                                     uint64_t allocs, uint64_t seq) {
   const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
-  SiteLive& s = lane.site_live[i];
-  s.bytes += bytes;
-  s.count += count;
-  s.allocs += allocs;
-  const uint32_t c = s.next_copy;
-  s.next_copy ^= 1;
-  uint64_t* w = lane.sites + 8 * size_t{i} + site::kCopyWords * c;
-  const uint64_t b = U(s.bytes), n = static_cast<uint32_t>(s.count);
+  // The entry's newer copy is the one with the larger seq (both 0: never written, all
+  // words 0: copy 1 is read, copy 0 written); its values plus the event's go into the
+  // older copy. The lane's writer
+  // reads what it (or the lane's previous holder, ordered by the recorder's mutex)
+  // wrote: no copy of the entries in this process, and four stores fewer an event.
+  uint64_t* entry = lane.sites + 8 * size_t{i};
+  const uint64_t seq0 = Get(entry), seq1 = Get(entry + site::kCopyWords);
+  const uint64_t c = seq1 < seq0 ? 1 : 0;  // the older copy (copy 0 first, as v1 did)
+  const uint64_t* n = entry + site::kCopyWords * (c ^ 1);
+  const uint64_t b = Get(n + 1) + U(bytes);
+  const uint64_t k = static_cast<uint32_t>(Get(n + 2) + U(count));
+  const uint64_t a = Get(n + 3) + allocs;
+  uint64_t* w = entry + site::kCopyWords * c;
   MarkBusy(w);
   Put(w + 1, b);
-  Put(w + 2, n | uint64_t{FlightCheck32(FlightCheck(kSeedSite ^ (uint64_t{i} << 8) ^ c, seq, b,
-                                                    n, s.allocs))}
+  Put(w + 2, k | uint64_t{FlightCheck32(FlightCheck(kSeedSite ^ (uint64_t{i} << 8) ^ c, seq, b,
+                                                    k, a))}
                      << 32);
-  Put(w + 3, s.allocs);
+  Put(w + 3, a);
   Commit(w, seq);
-  // The site's name: asked once per lane (named_ is shared by the lanes; sites past
-  // the last slot, which they share, are never named).
-  if (!s.named) [[unlikely]] {
-    s.named = true;
-    if (recorder_->NeedsName(site)) recorder_->NameSite(site);
+  // The site's name, asked the first time this lane writes the site (the name flags
+  // are shared by the lanes; sites past the last slot, which share it, have no name).
+  if ((seq0 | seq1) == 0 && recorder_->NeedsName(site)) [[unlikely]] {
+    recorder_->NameSite(site);
   }
 }
 

@@ -99,13 +99,6 @@ class FlightDevice final : public AllocatorObserver {
 
  private:
   friend class FlightRecorder;
-  struct SiteLive {
-    int64_t bytes = 0;
-    int64_t count = 0;
-    uint64_t allocs = 0;
-    uint32_t next_copy = 0;
-    bool named = false;  // this lane saw the site's name slot taken (no need to ask)
-  };
   // One lane's writer state. Only the thread holding the lane index touches it (the
   // recorder's mutex hands it from a thread that exited to the next), except the
   // shared lane, whose writers hold `mu`.
@@ -118,7 +111,6 @@ class FlightDevice final : public AllocatorObserver {
     int64_t peak = 0;
     uint32_t peak_copy = 0;
     bool shared = false;        // the last lane: written under `mu`
-    std::unique_ptr<SiteLive[]> site_live;  // this process's copy of its entries
     Mutex mu;
   };
 

@@ -238,7 +238,10 @@ TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
   one->set_observer((*recorder)->AddAllocator(one->device()));
   two->set_observer((*recorder)->AddAllocator(two->device()));
   std::vector<void*> kept[3];
-  auto work = [&kept](CachingAllocator* a, uint32_t line, int n) {
+  // Each thread holds its lane until all three are done (a thread that exits gives
+  // its lane back, and the next one would continue it).
+  std::latch done(3);
+  auto work = [&kept, &done](CachingAllocator* a, uint32_t line, int n) {
     const SiteId s = InternNamedSite("threads.cc", line, "work", SiteKind::kAlloc);
     std::vector<void*>& live = kept[line - 1];
     std::mt19937 rng(line);
@@ -250,6 +253,7 @@ TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
         live.push_back(a->allocate(512 * (1 + rng() % 64), {}, s));
       }
     }
+    done.arrive_and_wait();
   };
   std::thread t1(work, &*one, 1, 2000), t2(work, &*one, 2, 2000), t3(work, &*two, 3, 2000);
   t1.join();
