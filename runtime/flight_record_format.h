@@ -8,20 +8,30 @@
 //
 //   [0, 4096)                 header
 //   names                     site_slots x name_slot_bytes: the site table, by site id
-//   device 0 .. device D-1    each: a 4096-byte page (identity, claim counter, stats),
-//                             site_slots x 64 (live bytes per site), ring_slots x 64
+//   device 0 .. device D-1    each: a 4096-byte page (identity, segment stats, clock),
+//                             then lane_slots lanes, each: a 4096-byte page (its peak),
+//                             site_slots x 64 (its live bytes per site), ring_slots x 64
+//
+// Lanes (version 2). A thread records into a lane of its own in every region (one
+// writer per lane, so no lock and no read-modify-write on the hot path); the lane
+// holds that thread's events (its ring, numbered 1, 2, ... per lane) and its *share*
+// of each site's live bytes and counts: a free on another thread than the allocation
+// is a negative share there. The reader sums the lanes. The last lane is shared by the
+// threads that come when the others are taken (they write it under a mutex).
 //
 // Integers are little-endian (the header's byte-order word says so), 8-byte aligned.
 //
 // Torn writes. Every record that changes is written so that a reader can tell a
 // complete record from one a writer was killed in the middle of:
-// - ring slots are seqlocks: `seq` is set to kFlightBusy | s, the words are written,
-//   then `seq` = s; a slot whose seq has kFlightBusy was being written (torn);
-// - live-site entries and the stats are double-buffered: each has two copies, each a
-//   seqlock of its own (seq = kFlightBusy, data, seq = the event's number); the writer
-//   overwrites the older copy, so a copy torn by death leaves the other one intact, and
-//   the reader takes the complete copy with the larger seq;
+// - ring slots are seqlocks: `seq` is set to kBusy | s, the words are written,
+//   then `seq` = s; a slot whose seq has kBusy was being written (torn);
+// - live-site entries, the lane's peak and the segment stats are double-buffered: each
+//   has two copies, each a seqlock of its own (seq = kBusy, data, seq = the
+//   event's number); the writer overwrites the older copy, so a copy torn by death
+//   leaves the other one intact, and the reader takes the complete copy with the
+//   larger seq;
 // - name slots: state 1 while written, 2 once complete.
+// So a death tears at most one record per lane (and one segment-stats copy).
 // Each record also carries a check word (FlightCheck over its words), so that bytes
 // changed after the fact (disk corruption, a damaged copy) are detected rather than
 // read as values. The check is of a few rotates and one multiply: the writer pays it
@@ -34,15 +44,17 @@
 namespace devmem::flight {
 
 inline constexpr char kMagic[8] = {'D', 'M', 'F', 'L', 'I', 'G', 'H', 'T'};
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;  // 1: one writer per region (no lanes)
 inline constexpr uint64_t kByteOrder = 0x0102030405060708ull;
 inline constexpr uint64_t kBusy = uint64_t{1} << 63;
 inline constexpr size_t kHeaderBytes = 4096;
 inline constexpr size_t kDevicePageBytes = 4096;
+inline constexpr size_t kLanePageBytes = 4096;
 inline constexpr size_t kRecordBytes = 64;  // ring slots and live-site entries
 // Bounds a reader accepts (a writer uses at most these).
 inline constexpr uint32_t kMaxDeviceSlots = 64;
-inline constexpr uint32_t kMaxRingSlots = 1u << 24;
+inline constexpr uint32_t kMaxRingSlots = 1u << 24;  // per lane
+inline constexpr uint32_t kMaxLaneSlots = 64;
 inline constexpr uint32_t kMaxSiteSlots = 1u << 16;
 inline constexpr uint32_t kMinNameSlotBytes = 64;
 inline constexpr uint32_t kMaxNameSlotBytes = 4096;
@@ -55,7 +67,7 @@ inline constexpr size_t kVersion = 8;         // u32
 inline constexpr size_t kHeaderBytes = 12;    // u32, = 4096
 inline constexpr size_t kFileBytes = 16;      // u64
 inline constexpr size_t kDeviceSlots = 24;    // u32
-inline constexpr size_t kRingSlots = 28;      // u32, a power of two
+inline constexpr size_t kRingSlots = 28;      // u32, a power of two: slots per lane
 inline constexpr size_t kSiteSlots = 32;      // u32
 inline constexpr size_t kNameSlotBytes = 36;  // u32, a multiple of 8
 inline constexpr size_t kPid = 40;            // u32
@@ -65,8 +77,10 @@ inline constexpr size_t kStartMonoNs = 56;    // i64
 inline constexpr size_t kTick0 = 64;          // i64: clock anchor (tick, monotonic ns)
 inline constexpr size_t kNs0 = 72;            // i64
 inline constexpr size_t kByteOrder = 80;      // u64 = kByteOrder
-inline constexpr size_t kCheck = 88;          // u64: FlightCheckBytes over [0, 88)
-inline constexpr size_t kEnd = 96;
+inline constexpr size_t kLaneSlots = 88;      // u32 (version 2)
+inline constexpr size_t kReserved = 92;       // u32, 0
+inline constexpr size_t kCheck = 96;          // u64: FlightCheckBytes over [0, 96)
+inline constexpr size_t kEnd = 104;
 }  // namespace header
 
 inline constexpr uint32_t kFlagTsc = 1;
@@ -74,9 +88,9 @@ inline constexpr uint32_t kFlagTsc = 1;
 // Device page offsets (from the start of the device's region).
 namespace device {
 inline constexpr size_t kIdent = 0;      // u64: 0 unused, else kIdentUsed | type << 16 | index
-inline constexpr size_t kIdentCheck = 8; // u64: FlightCheck(kSeedIdent, ident)
-inline constexpr size_t kNextSeq = 64;   // u64: the number the next event gets (claims)
-inline constexpr size_t kHot = 128;      // 2 x 64: HotStats copies
+inline constexpr size_t kIdentCheck = 8; // u64: FlightCheck(kSeedIdent, ident, d)
+// [64, 256) unused (version 1: the claim counter and the allocation stats, which are
+// the lanes' sums now).
 inline constexpr size_t kCold = 256;     // 2 x 64: ColdStats copies
 inline constexpr size_t kClock = 384;    // 2 x 64: clock point copies
 inline constexpr uint64_t kIdentUsed = uint64_t{1} << 63;
@@ -88,30 +102,34 @@ namespace ring {  // word 0 seq, 1 tick, 2 packed, 3 stream, 4 addr, 5 size, 6 r
                   // | device index << 16 (16 bits) | thread << 32.
 inline constexpr int kWords = 8;
 }  // namespace ring
-namespace hot {   // seq, tick, allocated, peak_allocated, allocations, alloc_count,
-                  // free_count, check
-inline constexpr int kWords = 8;
+namespace lane {  // the lane page: 2 x 64 peak copies at 0 and 64, each: seq (the lane's
+                  // event that set it), peak (the lane's own live bytes at their
+                  // highest), 5 unused (0), check = FlightCheck(kSeedPeak ^ copy, seq, peak)
+inline constexpr size_t kPeak = 0;
 }
-namespace cold {  // seq, reserved, peak_reserved, segments (low 32) | ooms (high 32),
+namespace cold {  // seq (the region's segment-event number: these events all come
+                  // under the device lock), reserved, peak_reserved, segments (low 32) | ooms (high 32),
                   // mapped, device_allocs, device_frees, check
 inline constexpr int kWords = 8;
 }
 namespace clock {  // seq (the calibration's number), tick, ns, 4 unused words, check
 inline constexpr int kWords = 8;
 }
-// Live-site entry (one per site id): copy c at words [3c, 3c + 3): seq (of the event
-// that wrote it), bytes, count (low 32) | check (high 32); words 6, 7 unused. The check
-// of ring slots and live-site entries is FlightCheck32 (the high half of FlightCheck);
-// of the stats and clock copies all 64 bits. The seed of a ring slot's check is
-// kSeedRing ^ site.
+// Live-site entry of a lane (one per site id): copy c at words [4c, 4c + 4): seq (the
+// lane's event that wrote it), bytes (the lane's share, signed), count (signed, low 32)
+// | check (high 32), allocs (allocations of the site recorded in this lane, ever). The
+// check of ring slots and live-site entries is FlightCheck32 (the high half of
+// FlightCheck) (site entries: of seq, bytes, count, allocs; seed kSeedSite ^ i << 8 ^
+// c); of the stats, peak and clock copies all 64 bits. The seed of a ring slot's check
+// is kSeedRing ^ site.
 namespace site {
-inline constexpr int kCopyWords = 3;
+inline constexpr int kCopyWords = 4;
 }
 
 // Seeds, so that one kind of record cannot pass for another.
 inline constexpr uint64_t kSeedRing = 0x72696e67ull;
 inline constexpr uint64_t kSeedSite = 0x73697465ull;
-inline constexpr uint64_t kSeedHot = 0x686f74ull;
+inline constexpr uint64_t kSeedPeak = 0x7065616bull;
 inline constexpr uint64_t kSeedCold = 0x636f6c64ull;
 inline constexpr uint64_t kSeedClock = 0x636c6bull;
 inline constexpr uint64_t kSeedIdent = 0x6964ull;
@@ -145,19 +163,26 @@ inline uint64_t FlightCheckBytes(uint64_t seed, const unsigned char* p, size_t n
 // Region offsets from the header's counts.
 struct Layout {
   uint32_t device_slots = 0, ring_slots = 0, site_slots = 0, name_slot_bytes = 0;
+  uint32_t lane_slots = 1;
 
   static constexpr size_t RoundPage(size_t n) { return (n + 4095) / 4096 * 4096; }
   size_t names_offset() const { return kHeaderBytes; }
   size_t devices_offset() const {
     return RoundPage(names_offset() + size_t{site_slots} * name_slot_bytes);
   }
-  size_t device_bytes() const {
-    return kDevicePageBytes + (size_t{site_slots} + ring_slots) * kRecordBytes;
+  size_t lane_bytes() const {
+    return kLanePageBytes + (size_t{site_slots} + ring_slots) * kRecordBytes;
   }
+  size_t device_bytes() const { return kDevicePageBytes + size_t{lane_slots} * lane_bytes(); }
   size_t device_offset(uint32_t d) const { return devices_offset() + d * device_bytes(); }
-  size_t sites_offset(uint32_t d) const { return device_offset(d) + kDevicePageBytes; }
-  size_t ring_offset(uint32_t d) const {
-    return sites_offset(d) + size_t{site_slots} * kRecordBytes;
+  size_t lane_offset(uint32_t d, uint32_t l) const {
+    return device_offset(d) + kDevicePageBytes + size_t{l} * lane_bytes();
+  }
+  size_t sites_offset(uint32_t d, uint32_t l) const {
+    return lane_offset(d, l) + kLanePageBytes;
+  }
+  size_t ring_offset(uint32_t d, uint32_t l) const {
+    return sites_offset(d, l) + size_t{site_slots} * kRecordBytes;
   }
   size_t file_bytes() const { return devices_offset() + size_t{device_slots} * device_bytes(); }
 };

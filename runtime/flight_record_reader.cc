@@ -15,8 +15,10 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <set>
 #include <tuple>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -100,9 +102,15 @@ class Parser {
     }
     r_.version = b_.U32(header::kVersion);
     if (r_.version != kVersion) {
-      return Error(header::kVersion, absl::StrCat("field version: ", r_.version,
-                                                  " is not supported (this reader reads "
-                                                  "version ", kVersion, ")"));
+      // Version 1 (one writer per region, no lanes) is not read: its layout differs
+      // past the header, and its files are of processes of an older devmem.
+      return Error(header::kVersion,
+                   absl::StrCat("field version: ", r_.version, " is not supported (this "
+                                "reader reads version ", kVersion, " only",
+                                r_.version < kVersion ? ": a record of an older devmem; read "
+                                                        "it with that devmem's memtrace"
+                                                      : "",
+                                ")"));
     }
     const uint64_t check = FlightCheckBytes(0, b_.At(0), header::kCheck);
     if (b_.U64(header::kCheck) != check) {
@@ -118,11 +126,15 @@ class Parser {
     layout_.ring_slots = b_.U32(header::kRingSlots);
     layout_.site_slots = b_.U32(header::kSiteSlots);
     layout_.name_slot_bytes = b_.U32(header::kNameSlotBytes);
+    layout_.lane_slots = b_.U32(header::kLaneSlots);
     auto bad = [&](size_t at, const char* field, uint32_t v, const char* range) {
       return Error(at, absl::StrCat("field ", field, ": ", v, " is out of range (", range, ")"));
     };
     if (layout_.device_slots == 0 || layout_.device_slots > kMaxDeviceSlots) {
       return bad(header::kDeviceSlots, "device_slots", layout_.device_slots, "1 .. 64");
+    }
+    if (layout_.lane_slots == 0 || layout_.lane_slots > kMaxLaneSlots) {
+      return bad(header::kLaneSlots, "lane_slots", layout_.lane_slots, "1 .. 64");
     }
     if (layout_.ring_slots == 0 || layout_.ring_slots > kMaxRingSlots ||
         (layout_.ring_slots & (layout_.ring_slots - 1)) != 0) {
@@ -166,13 +178,14 @@ class Parser {
     const size_t d = (offset - layout_.devices_offset()) / layout_.device_bytes();
     const size_t in = offset - layout_.device_offset(static_cast<uint32_t>(d));
     if (in < kDevicePageBytes) return absl::StrCat("region ", d, "'s stats page");
-    if (in < kDevicePageBytes + size_t{layout_.site_slots} * kRecordBytes) {
-      return absl::StrCat("region ", d, "'s live-site entry ",
-                          (in - kDevicePageBytes) / kRecordBytes);
+    const size_t l = (in - kDevicePageBytes) / layout_.lane_bytes();
+    const size_t at = in - kDevicePageBytes - l * layout_.lane_bytes();
+    if (at < kLanePageBytes) return absl::StrCat("region ", d, " lane ", l, "'s page");
+    const size_t record = (at - kLanePageBytes) / kRecordBytes;
+    if (record < layout_.site_slots) {
+      return absl::StrCat("region ", d, " lane ", l, "'s live-site entry ", record);
     }
-    return absl::StrCat("region ", d, "'s ring slot ",
-                        (in - kDevicePageBytes - size_t{layout_.site_slots} * kRecordBytes) /
-                            kRecordBytes);
+    return absl::StrCat("region ", d, " lane ", l, "'s ring slot ", record - layout_.site_slots);
   }
 
   void Names() {
@@ -272,33 +285,17 @@ class Parser {
                                         "skipped"));
       return;
     }
-    region_torn_ = 0;
     FlightRecord::Device dev;
     dev.slot = d;
     dev.device.type = static_cast<DeviceType>((ident >> 16) & 0xff);
     dev.device.index = static_cast<int>(ident & 0xffff);
     const std::string label = absl::StrCat("region ", d, " (", dev.device.ToString(), ")");
-    const uint64_t next = b_.U64(base + device::kNextSeq);
-    dev.claimed = next > 0 ? next - 1 : 0;
-    // Stats.
-    int64_t hot_tick = tick0_;
-    const size_t hot = base + device::kHot;
-    const int h = PickStatsCopy(hot, kSeedHot, label + "'s allocation stats");
-    if (h >= 0) {
-      const size_t at = hot + 64 * static_cast<size_t>(h);
-      dev.stats_seq = b_.U64(at);
-      hot_tick = static_cast<int64_t>(b_.U64(at + 8));
-      dev.allocated = static_cast<int64_t>(b_.U64(at + 16));
-      dev.peak_allocated = static_cast<int64_t>(b_.U64(at + 24));
-      dev.allocations = static_cast<int64_t>(b_.U64(at + 32));
-      dev.alloc_count = static_cast<int64_t>(b_.U64(at + 40));
-      dev.free_count = static_cast<int64_t>(b_.U64(at + 48));
-    }
+    // Segment stats (one writer at a time: the device lock).
+    region_torn_ = 0;
     const size_t cold = base + device::kCold;
     const int c = PickStatsCopy(cold, kSeedCold, label + "'s segment stats");
     if (c >= 0) {
       const size_t at = cold + 64 * static_cast<size_t>(c);
-      dev.stats_seq = std::max(dev.stats_seq, b_.U64(at));
       dev.reserved = static_cast<int64_t>(b_.U64(at + 8));
       dev.peak_reserved = static_cast<int64_t>(b_.U64(at + 16));
       dev.segments = static_cast<int32_t>(b_.U64(at + 24) & 0xffffffff);
@@ -317,33 +314,81 @@ class Parser {
       clock_points_.emplace_back(static_cast<int64_t>(b_.U64(at + 8)),
                                  static_cast<int64_t>(b_.U64(at + 16)));
     }
-    // Live sites.
+    dev.torn = region_torn_;
+    // The lanes: each one's shares of the sites, its peak, its ring.
+    std::map<SiteId, FlightRecord::SiteLive> sites;
+    std::vector<std::vector<LaneEvent>> lane_events(layout_.lane_slots);
+    for (uint32_t l = 0; l < layout_.lane_slots; ++l) {
+      FlightRecord::Lane lane;
+      lane.lane = l;
+      region_torn_ = 0;
+      ReadLane(d, l, absl::StrCat(label, " lane ", l), &lane, &sites, &lane_events[l]);
+      lane.torn = region_torn_;
+      dev.torn += lane.torn;
+      dev.claimed += lane.claimed;
+      dev.peak_allocated += lane.peak;
+      if (lane.claimed > 0 || lane.torn > 0) dev.lanes.push_back(lane);
+    }
+    for (const auto& [id, live] : sites) {
+      dev.allocated += live.bytes;
+      dev.allocations += live.count;
+      dev.alloc_count += static_cast<int64_t>(live.allocs);
+      if (live.bytes != 0 || live.count != 0) dev.sites.push_back(live);
+    }
+    dev.free_count = dev.alloc_count - dev.allocations;
+    // The events: the lanes merged (see Merge).
+    std::vector<int64_t> ticks;
+    Merge(lane_events, &dev, &ticks);
+    int64_t last = tick0_;
+    for (int64_t t : ticks) last = std::max(last, t);
+    last_tick_.push_back(last);
+    pending_ticks_.push_back(std::move(ticks));
+    r_.devices.push_back(std::move(dev));
+  }
+
+  struct LaneEvent {
+    TraceEvent e;
+    int64_t tick = 0;
+  };
+
+  // Lane l of region d: adds its shares to `sites`, its complete events (by number) to
+  // `events`, and its figures to `lane`.
+  void ReadLane(uint32_t d, uint32_t l, const std::string& label, FlightRecord::Lane* lane,
+            std::map<SiteId, FlightRecord::SiteLive>* sites, std::vector<LaneEvent>* events) {
+    // Its peak.
+    const size_t page = layout_.lane_offset(d, l) + lane::kPeak;
+    const int p = PickCopy(page, 64, (label + "'s peak").c_str(), [&](size_t at, int c) {
+      return b_.U64(at + 56) ==
+             FlightCheck(kSeedPeak ^ static_cast<uint64_t>(c), b_.U64(at), b_.U64(at + 8));
+    });
+    if (p >= 0) lane->peak = static_cast<int64_t>(b_.U64(page + 64 * static_cast<size_t>(p) + 8));
+    // Its shares of the sites.
     for (uint32_t i = 0; i < layout_.site_slots; ++i) {
-      const size_t at = layout_.sites_offset(d) + size_t{i} * kRecordBytes;
-      if (b_.U64(at) == 0 && b_.U64(at + 24) == 0) continue;  // never written
-      const int s = PickCopy(at, 24, absl::StrCat(label, "'s live-site entry ", i).c_str(),
+      const size_t at = layout_.sites_offset(d, l) + size_t{i} * kRecordBytes;
+      if (b_.U64(at) == 0 && b_.U64(at + 32) == 0) continue;  // never written
+      const int s = PickCopy(at, 32, absl::StrCat(label, "'s live-site entry ", i).c_str(),
                              [&](size_t copy, int cc) {
                                const uint64_t w2 = b_.U64(copy + 16);
                                return (w2 >> 32) ==
                                       FlightCheck32(FlightCheck(
                                           kSeedSite ^ (uint64_t{i} << 8) ^
                                               static_cast<uint64_t>(cc),
-                                          b_.U64(copy), b_.U64(copy + 8), w2 & 0xffffffff));
+                                          b_.U64(copy), b_.U64(copy + 8), w2 & 0xffffffff,
+                                          b_.U64(copy + 24)));
                              });
       if (s < 0) continue;
-      const size_t copy = at + 24 * static_cast<size_t>(s);
-      FlightRecord::SiteLive live;
+      const size_t copy = at + 32 * static_cast<size_t>(s);
+      FlightRecord::SiteLive& live = (*sites)[i];
       live.site = i;
-      live.seq = b_.U64(copy);
-      live.bytes = static_cast<int64_t>(b_.U64(copy + 8));
-      live.count = static_cast<int32_t>(b_.U64(copy + 16) & 0xffffffff);
-      if (live.bytes != 0 || live.count != 0) dev.sites.push_back(live);
+      // Sums of shares of a damaged or crafted file may wrap: unsigned, never signed
+      // overflow.
+      live.bytes = static_cast<int64_t>(static_cast<uint64_t>(live.bytes) + b_.U64(copy + 8));
+      live.count += static_cast<int32_t>(b_.U64(copy + 16) & 0xffffffff);
+      live.allocs += b_.U64(copy + 24);
     }
-    // The ring.
-    pending_events_.emplace_back();
-    std::vector<std::pair<uint64_t, int64_t>>& ticks = pending_events_.back();
+    // Its ring.
     for (uint32_t i = 0; i < layout_.ring_slots; ++i) {
-      const size_t at = layout_.ring_offset(d) + size_t{i} * kRecordBytes;
+      const size_t at = layout_.ring_offset(d, l) + size_t{i} * kRecordBytes;
       const uint64_t seq = b_.U64(at);
       if (seq == 0) {
         // Never written: all zero (anything else was changed after the fact).
@@ -357,6 +402,7 @@ class Parser {
       }
       if (seq & kBusy) {
         ++region_torn_;
+        lane->claimed = std::max(lane->claimed, seq & ~kBusy);
         Problem(at, true, absl::StrCat(label, "'s ring slot ", i, " was being written (event ",
                                        seq & ~kBusy, "): skipped"));
         continue;
@@ -374,7 +420,9 @@ class Parser {
                                         "does not match): skipped"));
         continue;
       }
-      TraceEvent e;
+      lane->claimed = std::max(lane->claimed, seq);
+      LaneEvent le;
+      TraceEvent& e = le.e;
       e.seq = seq;
       e.action = static_cast<AllocAction>(w[2] & 0xff);
       e.device.type = static_cast<DeviceType>((w[2] >> 8) & 0xff);
@@ -385,26 +433,83 @@ class Parser {
       e.size = static_cast<size_t>(w[5]);
       e.requested = static_cast<size_t>(w[6]);
       e.site = site;
-      dev.events.push_back(e);
-      ticks.emplace_back(seq, static_cast<int64_t>(w[1]));
+      le.tick = static_cast<int64_t>(w[1]);
+      events->push_back(le);
     }
-    std::vector<size_t> order(dev.events.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t a, size_t b) { return dev.events[a].seq < dev.events[b].seq; });
-    std::vector<TraceEvent> sorted;
-    std::vector<std::pair<uint64_t, int64_t>> sorted_ticks;
-    sorted.reserve(order.size());
-    for (size_t i : order) {
-      sorted.push_back(dev.events[i]);
-      sorted_ticks.push_back(ticks[i]);
+    std::sort(events->begin(), events->end(),
+              [](const LaneEvent& a, const LaneEvent& b) { return a.e.seq < b.e.seq; });
+    if (!events->empty()) lane->last_seq = events->back().e.seq;
+  }
+
+  // The lanes' events as one sequence: by time, each lane's own order kept. Among the
+  // lanes' next events of one tick (the ticker's millisecond) the order is decided by
+  // the addresses (each address's events must go alloc, free, alloc, ...): first an
+  // event that fits the addresses seen so far and is not an alloc (a free of a live
+  // block, a segment event); else an alloc of an address not live whose lane frees it
+  // again within the tick (it gives the block back: a block handed between threads
+  // and back); else any fitting alloc; else (a damaged or crafted file) the first by
+  // lane. So a block freed on one thread and allocated on another within a tick reads
+  // free first, as it happened.
+  static void Merge(std::vector<std::vector<LaneEvent>>& lanes, FlightRecord::Device* dev,
+                    std::vector<int64_t>* ticks) {
+    size_t total = 0;
+    for (const auto& l : lanes) total += l.size();
+    // gives_back[l][i]: event i of lane l is an alloc that its lane frees again at the
+    // same tick (scanning each run of one tick backwards).
+    std::vector<std::vector<bool>> gives_back(lanes.size());
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      const std::vector<LaneEvent>& le = lanes[l];
+      gives_back[l].assign(le.size(), false);
+      std::unordered_map<uintptr_t, bool> freed_later;
+      for (size_t i = le.size(); i-- > 0;) {
+        if (i + 1 < le.size() && le[i + 1].tick != le[i].tick) freed_later.clear();
+        if (le[i].e.action == AllocAction::kFree) freed_later[le[i].e.addr] = true;
+        if (le[i].e.action == AllocAction::kAlloc) {
+          auto it = freed_later.find(le[i].e.addr);
+          gives_back[l][i] = it != freed_later.end() && it->second;
+          freed_later[le[i].e.addr] = false;  // an earlier alloc needs a free after it
+        }
+      }
     }
-    dev.events = std::move(sorted);
-    ticks = std::move(sorted_ticks);
-    if (!dev.events.empty()) dev.last_seq = dev.events.back().seq;
-    dev.torn = region_torn_;
-    hot_tick_.push_back(hot_tick);
-    r_.devices.push_back(std::move(dev));
+    std::vector<size_t> next(lanes.size(), 0);
+    std::unordered_map<uintptr_t, bool> live;  // address -> live (false: known freed)
+    auto fits = [&](const TraceEvent& e) {
+      if (e.action != AllocAction::kAlloc && e.action != AllocAction::kFree) return true;
+      auto it = live.find(e.addr);
+      if (it == live.end()) return true;
+      return e.action == AllocAction::kAlloc ? !it->second : it->second;
+    };
+    dev->events.reserve(total);
+    dev->event_lanes.reserve(total);
+    ticks->reserve(total);
+    for (size_t n = 0; n < total; ++n) {
+      int64_t t = INT64_MAX;
+      for (size_t l = 0; l < lanes.size(); ++l) {
+        if (next[l] < lanes[l].size()) t = std::min(t, lanes[l][next[l]].tick);
+      }
+      // 0: not an alloc, 1: an alloc given back within the tick, 2: another alloc,
+      // 3: does not fit.
+      size_t pick = SIZE_MAX;
+      int best = 4;
+      for (size_t l = 0; l < lanes.size() && best > 0; ++l) {
+        if (next[l] >= lanes[l].size() || lanes[l][next[l]].tick != t) continue;
+        const TraceEvent& e = lanes[l][next[l]].e;
+        const int rank = !fits(e)                         ? 3
+                         : e.action != AllocAction::kAlloc ? 0
+                         : gives_back[l][next[l]]          ? 1
+                                                           : 2;
+        if (rank < best) {
+          best = rank;
+          pick = l;
+        }
+      }
+      const LaneEvent& le = lanes[pick][next[pick]++];
+      if (le.e.action == AllocAction::kAlloc) live[le.e.addr] = true;
+      if (le.e.action == AllocAction::kFree) live[le.e.addr] = false;
+      dev->events.push_back(le.e);
+      dev->event_lanes.push_back(static_cast<uint32_t>(pick));
+      ticks->push_back(le.tick);
+    }
   }
 
   // Maps ticks to nanoseconds once every clock point is known (the best: the one
@@ -423,9 +528,9 @@ class Parser {
     for (size_t d = 0; d < r_.devices.size(); ++d) {
       FlightRecord::Device& dev = r_.devices[d];
       for (size_t i = 0; i < dev.events.size(); ++i) {
-        dev.events[i].time_ns = ToNs(pending_events_[d][i].second);
+        dev.events[i].time_ns = ToNs(pending_ticks_[d][i]);
       }
-      dev.last_event_ns = ToNs(hot_tick_[d]);
+      dev.last_event_ns = ToNs(last_tick_[d]);
     }
   }
 
@@ -464,8 +569,8 @@ class Parser {
   int64_t tick0_ = 0, ns0_ = 0, tick1_ = 0, ns1_ = 0;
   uint64_t region_torn_ = 0;
   std::vector<std::pair<int64_t, int64_t>> clock_points_;
-  std::vector<std::vector<std::pair<uint64_t, int64_t>>> pending_events_;  // per device
-  std::vector<int64_t> hot_tick_;
+  std::vector<std::vector<int64_t>> pending_ticks_;  // per device, as its events
+  std::vector<int64_t> last_tick_;                   // per device: its newest event's
 };
 
 }  // namespace
@@ -511,7 +616,10 @@ absl::StatusOr<FlightRecord> ReadFlightRecord(const std::string& path) {
 std::vector<TraceEvent> FlightRecordEvents(const FlightRecord& record) {
   std::vector<std::tuple<int64_t, uint32_t, uint64_t, const TraceEvent*>> all;
   for (const FlightRecord::Device& d : record.devices) {
-    for (const TraceEvent& e : d.events) all.emplace_back(e.time_ns, d.slot, e.seq, &e);
+    // The device's own position breaks ties: its order was decided by its merge.
+    for (size_t i = 0; i < d.events.size(); ++i) {
+      all.emplace_back(d.events[i].time_ns, d.slot, i, &d.events[i]);
+    }
   }
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
     return std::tie(std::get<0>(a), std::get<1>(a), std::get<2>(a)) <

@@ -10,8 +10,10 @@
 // record that is torn (a writer stopped inside it: the write in flight when the process
 // died, or one racing this read) or damaged (its check does not match) is skipped and
 // listed in `problems` with its offset, never read as values: a torn record is expected
-// (at most one per allocator region after a death), a damaged one is not, and makes
-// the record inconsistent (consistent() is false).
+// (at most one per lane, and one segment-stats copy, after a death), a damaged one is
+// not, and makes
+// the record inconsistent (consistent() is false). A file of another version (1:
+// before lanes) is an error naming the file and both versions; it is not read.
 //
 // Thread-safety: pure functions of their input.
 #pragma once
@@ -38,26 +40,39 @@ struct FlightRecord {
   bool clock_calibrated = true;
   SiteMap sites;  // the writing process's site ids and names (names may be cut)
 
+  // A site's live bytes and count on a device: the sum of the lanes' shares.
   struct SiteLive {
     SiteId site = 0;
     int64_t bytes = 0;
     int64_t count = 0;
-    uint64_t seq = 0;  // the event that last changed it
+    uint64_t allocs = 0;  // allocations of the site recorded, ever
+  };
+  // One lane of a region (a thread's, or the shared last one: flight_recorder.h).
+  struct Lane {
+    uint32_t lane = 0;
+    uint64_t claimed = 0;   // events numbered in it so far (its newest number, torn too)
+    uint64_t last_seq = 0;  // its newest complete event in its ring (0: none)
+    int64_t peak = 0;       // its share of the live bytes at their highest
+    uint64_t torn = 0;      // torn records skipped in it
   };
   struct Device {
     uint32_t slot = 0;         // region index (allocators in the order they were made)
     DeviceId device;
-    uint64_t claimed = 0;      // events numbered so far (the next number minus one)
-    uint64_t last_seq = 0;     // the newest complete event in the ring (0: none)
-    // Stats as of event `stats_seq` (the newer of the two summaries' seqs).
-    uint64_t stats_seq = 0;
-    int64_t last_event_ns = 0;
+    uint64_t claimed = 0;      // events numbered so far, all lanes
+    int64_t last_event_ns = 0;  // the newest complete event's time
+    // The lanes' sums. peak_allocated is the sum of the lanes' peaks: exact when one
+    // thread allocated, else an upper bound (the lanes' peaks need not coincide).
     int64_t allocated = 0, peak_allocated = 0, allocations = 0;
     int64_t alloc_count = 0, free_count = 0;
     int64_t reserved = 0, peak_reserved = 0, segments = 0, mapped = 0;
     int64_t device_allocs = 0, device_frees = 0, ooms = 0;
     std::vector<SiteLive> sites;    // live (count or bytes non-zero), by site id
-    std::vector<TraceEvent> events; // the ring's complete events, oldest first
+    std::vector<Lane> lanes;        // lanes written (events or torn records), by index
+    // The rings' complete events, the lanes merged: by time, each lane's own order
+    // kept, ties taken in an order that fits the addresses (flight_recorder.h,
+    // "Order"). Each event's seq is its lane's number; event_lanes[i] its lane.
+    std::vector<TraceEvent> events;
+    std::vector<uint32_t> event_lanes;
     uint64_t torn = 0;              // torn records skipped in this region
   };
   std::vector<Device> devices;      // regions in use
@@ -86,7 +101,8 @@ absl::StatusOr<FlightRecord> ParseFlightRecord(std::string_view bytes, const std
 // Reads `path` and parses it. The error names the path.
 absl::StatusOr<FlightRecord> ReadFlightRecord(const std::string& path);
 
-// Every device's events merged by time (ties: slot, then seq) and numbered 1, 2, ...
+// Every device's events merged by time (ties: slot, then the device's own order) and
+// numbered 1, 2, ...
 // again, as one trace (the trace format's rules: docs/formats.md).
 std::vector<TraceEvent> FlightRecordEvents(const FlightRecord& record);
 // The same as a trace file's text (devmem.trace/1: the header with the record's site

@@ -5,7 +5,8 @@
 // plain store on x86 and arm64), so that a reader mapping the same file, or a test in
 // this process, racing a writer is defined behaviour; commits are release stores, and a
 // release fence follows each "busy" mark, the seqlock writer's half of Boehm's protocol
-// (the reader's half is in flight_record_reader.cc).
+// (the reader's half is in flight_record_reader.cc). Each lane has one writer at a time
+// (flight_recorder.h), so nothing here is a read-modify-write of shared memory.
 #include "runtime/flight_recorder.h"
 
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,6 +37,9 @@ using namespace flight;  // NOLINT: the format's names are this file's vocabular
 
 inline void Put(uint64_t* w, uint64_t v) {
   std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_relaxed);
+}
+inline uint64_t Get(const uint64_t* w) {
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(w)).load(std::memory_order_relaxed);
 }
 inline void Commit(uint64_t* w, uint64_t v) {
   std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
@@ -94,23 +99,69 @@ std::string_view CutUtf8(std::string_view s, size_t n) {
   return s.substr(0, n);
 }
 
+std::atomic<uint64_t> g_next_recorder_uid{1};
+
+// The live recorders by uid, so that a thread that exits gives its lane back only to a
+// recorder that still exists. Leaked: threads may exit after static destructors ran.
+struct RecorderRegistry {
+  Mutex mu;
+  std::unordered_map<uint64_t, FlightRecorder*> recorders ABSL_GUARDED_BY(mu);
+};
+RecorderRegistry& Recorders() {
+  static RecorderRegistry* registry = new RecorderRegistry;
+  return *registry;
+}
+
+}  // namespace
+
+namespace {
+// The hot path's lookup: the last recorder this thread recorded into (its uid), its
+// lane index there, and the thread's number as a ring slot packs it. One struct, so
+// that Record finds the thread's block once; constinit and trivially destructible, so
+// reading it is thread-pointer-relative loads, no TLS wrapper call.
+struct ThreadLane {
+  uint64_t uid = 0;
+  uint64_t thread_bits = 0;  // TraceThreadNumber() << 32
+  uint32_t lane = 0;
+};
+constinit thread_local ThreadLane tls_flight;
+}  // namespace
+
+// A thread's lane index in every recorder it recorded into; gives them back when it
+// exits.
+struct FlightLaneCache {
+  std::vector<std::pair<uint64_t, uint32_t>> lanes;
+  ~FlightLaneCache() {
+    RecorderRegistry& registry = Recorders();
+    MutexLock lock(&registry.mu);
+    for (const auto& [uid, lane] : lanes) {
+      auto it = registry.recorders.find(uid);
+      if (it != registry.recorders.end()) it->second->ReleaseLane(lane);
+    }
+    tls_flight.uid = 0;
+  }
+};
+namespace {
+thread_local FlightLaneCache tls_lane_cache;
 }  // namespace
 
 // --- FlightRecorder -------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<FlightRecorder>> FlightRecorder::Create(
     const std::string& path, const Options& o) {
-  if (o.device_slots == 0 || o.device_slots > kMaxDeviceSlots || o.ring_slots == 0 ||
+  if (o.device_slots == 0 || o.device_slots > kMaxDeviceSlots || o.lane_slots == 0 ||
+      o.lane_slots > kMaxLaneSlots || o.ring_slots == 0 ||
       o.ring_slots > kMaxRingSlots || (o.ring_slots & (o.ring_slots - 1)) != 0 ||
       o.site_slots < 2 || o.site_slots > kMaxSiteSlots ||
       o.name_slot_bytes < kMinNameSlotBytes || o.name_slot_bytes > kMaxNameSlotBytes ||
       o.name_slot_bytes % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "flight recorder ", path, ": bad layout options (devices 1..", kMaxDeviceSlots,
-        ", ring a power of two up to ", kMaxRingSlots, ", sites 2..", kMaxSiteSlots,
+        ", lanes 1..", kMaxLaneSlots, ", ring a power of two up to ", kMaxRingSlots, ", sites 2..", kMaxSiteSlots,
         ", name slots a multiple of 8 in ", kMinNameSlotBytes, "..", kMaxNameSlotBytes, ")"));
   }
-  const Layout layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes};
+  const Layout layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes,
+                      o.lane_slots};
   const size_t bytes = layout.file_bytes();
   bool created = false;
   absl::StatusOr<int> opened = OpenRecordFile(path, &created);
@@ -153,6 +204,7 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
       bytes_(bytes),
       options_(options),
       name_limit_(options.site_slots - 1),
+      uid_(g_next_recorder_uid.fetch_add(1, std::memory_order_relaxed)),
       named_(new std::atomic<uint8_t>[options.site_slots]) {
   for (uint32_t i = 0; i < options.site_slots; ++i) named_[i].store(0, std::memory_order_relaxed);
   // The header, magic last: a reader that sees the magic sees the whole header.
@@ -175,14 +227,24 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
   u64(header::kTick0, 0);
   u64(header::kNs0, 0);
   u64(header::kByteOrder, kByteOrder);
+  u32(header::kLaneSlots, options.lane_slots);
+  u32(header::kReserved, 0);
   std::memcpy(base_ + header::kMagic, kMagic, sizeof(kMagic));
   u64(header::kCheck, FlightCheckBytes(0, base_, header::kCheck));
   std::atomic_thread_fence(std::memory_order_release);
   now_ns_.store(NowNs(), std::memory_order_relaxed);
   ticker_ = std::thread([this] { Tick(); });
+  RecorderRegistry& registry = Recorders();
+  MutexLock lock(&registry.mu);
+  registry.recorders.emplace(uid_, this);
 }
 
 FlightRecorder::~FlightRecorder() {
+  {
+    RecorderRegistry& registry = Recorders();
+    MutexLock lock(&registry.mu);
+    registry.recorders.erase(uid_);
+  }
   {
     std::lock_guard<std::mutex> lock(tick_mu_);
     stop_ = true;
@@ -214,16 +276,59 @@ FlightDevice* FlightRecorder::AddAllocator(DeviceId device) {
     return nullptr;
   }
   const Layout layout{options_.device_slots, options_.ring_slots, options_.site_slots,
-                      options_.name_slot_bytes};
+                      options_.name_slot_bytes, options_.lane_slots};
   const uint32_t d = static_cast<uint32_t>(devices_.size());
   unsigned char* region = base_ + layout.device_offset(d);
-  devices_.push_back(std::unique_ptr<FlightDevice>(new FlightDevice(this, region)));
+  devices_.push_back(std::unique_ptr<FlightDevice>(new FlightDevice(this, region, device)));
   uint64_t* page = reinterpret_cast<uint64_t*>(region);
   const uint64_t ident = device::kIdentUsed | static_cast<uint64_t>(device.type) << 16 |
                          (static_cast<uint64_t>(device.index) & 0xffff);
   Put(page + device::kIdentCheck / 8, FlightCheck(kSeedIdent, ident, d));
   Commit(page + device::kIdent / 8, ident);
   return devices_.back().get();
+}
+
+uint32_t FlightRecorder::ThisThreadLane() {
+  if (tls_flight.uid == uid_) return tls_flight.lane;
+  FlightLaneCache& cache = tls_lane_cache;
+  uint32_t lane = UINT32_MAX;
+  for (const auto& [uid, l] : cache.lanes) {
+    if (uid == uid_) lane = l;
+  }
+  if (lane == UINT32_MAX) {
+    lane = AcquireLane();
+    try {
+      cache.lanes.emplace_back(uid_, lane);
+    } catch (...) {  // out of memory: the lane is then never given back (no crash)
+    }
+  }
+  tls_flight.uid = uid_;
+  tls_flight.lane = lane;
+  tls_flight.thread_bits = uint64_t{TraceThreadNumber()} << 32;
+  return lane;
+}
+
+uint32_t FlightRecorder::AcquireLane() {
+  MutexLock lock(&mu_);
+  const uint32_t shared = options_.lane_slots - 1;
+  if (!free_lanes_.empty()) {
+    const uint32_t lane = free_lanes_.back();
+    free_lanes_.pop_back();
+    return lane;
+  }
+  if (next_lane_ < shared) return next_lane_++;
+  return shared;
+}
+
+void FlightRecorder::ReleaseLane(uint32_t lane) {
+  // The lane keeps its state (its numbers, its shares): the next thread that takes it
+  // goes on from there, after this one's events (the mutex orders the two).
+  MutexLock lock(&mu_);
+  if (lane == options_.lane_slots - 1) return;  // the shared lane stays shared
+  try {
+    free_lanes_.push_back(lane);
+  } catch (...) {  // out of memory: the lane is lost to later threads
+  }
 }
 
 void FlightRecorder::NameSite(SiteId site) noexcept {
@@ -261,45 +366,66 @@ void FlightRecorder::NameSite(SiteId site) noexcept {
 
 // --- FlightDevice ---------------------------------------------------------------------
 
-FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region)
+FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, DeviceId device)
     : recorder_(recorder),
+      uid_(recorder->uid_),
       page_(reinterpret_cast<uint64_t*>(region)),
-      sites_(reinterpret_cast<uint64_t*>(region + kDevicePageBytes)),
-      ring_(reinterpret_cast<uint64_t*>(region + kDevicePageBytes +
-                                        size_t{recorder->options_.site_slots} * kRecordBytes)),
+      device_bits_(static_cast<uint64_t>(device.type) << 8 |
+                   (static_cast<uint64_t>(device.index) & 0xffff) << 16),
       ring_mask_(recorder->options_.ring_slots - 1),
       site_slots_(recorder->options_.site_slots),
-      live_(recorder->options_.site_slots) {}
-
-void FlightDevice::RecordSite(SiteId site, int64_t bytes, int64_t count, uint64_t seq) {
-  const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
-  SiteLive& s = live_[i];
-  s.bytes += bytes;
-  s.count += count;
-  const uint32_t c = s.next_copy;
-  s.next_copy ^= 1;
-  uint64_t* w = sites_ + 8 * size_t{i} + site::kCopyWords * c;
-  const uint64_t b = U(s.bytes), n = static_cast<uint32_t>(s.count);
-  MarkBusy(w);
-  Put(w + 1, b);
-  Put(w + 2, n | uint64_t{FlightCheck32(FlightCheck(kSeedSite ^ (uint64_t{i} << 8) ^ c, seq, b, n))}
-                     << 32);
-  Commit(w, seq);
+      lanes_(new Lane[recorder->options_.lane_slots]) {
+  const FlightRecorder::Options& o = recorder->options_;
+  const Layout layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes,
+                      o.lane_slots};
+  for (uint32_t l = 0; l < o.lane_slots; ++l) {
+    Lane& lane = lanes_[l];
+    unsigned char* at = region + kDevicePageBytes + l * layout.lane_bytes();
+    lane.page = reinterpret_cast<uint64_t*>(at);
+    lane.sites = reinterpret_cast<uint64_t*>(at + kLanePageBytes);
+    lane.ring = reinterpret_cast<uint64_t*>(at + kLanePageBytes +
+                                            size_t{o.site_slots} * kRecordBytes);
+    lane.shared = l == o.lane_slots - 1;
+  }
 }
 
-void FlightDevice::WriteHot(uint64_t seq, int64_t tick) {
-  uint64_t* w = page_ + device::kHot / 8 + 8 * hot_copy_;
-  const uint64_t c = hot_copy_;
-  hot_copy_ ^= 1;
+inline void FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int64_t count,
+                                     uint64_t allocs, uint64_t seq) {
+  const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
+  // The entry's newer copy is the one with the larger seq (both 0: never written, all
+  // words 0: copy 1 is read, copy 0 written); its values plus the event's go into the
+  // older copy. The lane's writer
+  // reads what it (or the lane's previous holder, ordered by the recorder's mutex)
+  // wrote: no copy of the entries in this process, and four stores fewer an event.
+  uint64_t* entry = lane.sites + 8 * size_t{i};
+  const uint64_t seq0 = Get(entry), seq1 = Get(entry + site::kCopyWords);
+  const uint64_t c = seq1 < seq0 ? 1 : 0;  // the older copy (copy 0 first, as v1 did)
+  const uint64_t* n = entry + site::kCopyWords * (c ^ 1);
+  const uint64_t b = Get(n + 1) + U(bytes);
+  const uint64_t k = static_cast<uint32_t>(Get(n + 2) + U(count));
+  const uint64_t a = Get(n + 3) + allocs;
+  uint64_t* w = entry + site::kCopyWords * c;
   MarkBusy(w);
-  Put(w + 1, U(tick));
-  Put(w + 2, U(allocated_));
-  Put(w + 3, U(peak_allocated_));
-  Put(w + 4, U(allocations_));
-  Put(w + 5, U(alloc_count_));
-  Put(w + 6, U(free_count_));
-  Put(w + 7, FlightCheck(kSeedHot ^ c, seq, U(tick), U(allocated_), U(peak_allocated_),
-                         U(allocations_), U(alloc_count_), U(free_count_)));
+  Put(w + 1, b);
+  Put(w + 2, k | uint64_t{FlightCheck32(FlightCheck(kSeedSite ^ (uint64_t{i} << 8) ^ c, seq, b,
+                                                    k, a))}
+                     << 32);
+  Put(w + 3, a);
+  Commit(w, seq);
+  // The site's name, asked the first time this lane writes the site (the name flags
+  // are shared by the lanes; sites past the last slot, which share it, have no name).
+  if ((seq0 | seq1) == 0 && recorder_->NeedsName(site)) [[unlikely]] {
+    recorder_->NameSite(site);
+  }
+}
+
+void FlightDevice::WritePeak(Lane& lane, uint64_t seq) {
+  const uint64_t c = lane.peak_copy;
+  lane.peak_copy ^= 1;
+  uint64_t* w = lane.page + lane::kPeak / 8 + 8 * c;
+  MarkBusy(w);
+  Put(w + 1, U(lane.peak));
+  Put(w + 7, FlightCheck(kSeedPeak ^ c, seq, U(lane.peak)));
   Commit(w, seq);
 }
 
@@ -320,50 +446,9 @@ void FlightDevice::WriteCold(uint64_t seq) {
   Commit(w, seq);
 }
 
-void FlightDevice::Record(const AllocEvent& e) {
-  MutexLock write_lock(&write_mu_);
-  // The recorder's clock: one relaxed load of what its ticker thread last read (see
-  // flight_recorder.h, "Time").
-  const int64_t tick = recorder_->now_ns_.load(std::memory_order_relaxed);
-  const uint64_t s = next_seq_++;
-  Put(page_ + device::kNextSeq / 8, next_seq_);
-  // 1. The ring slot (a seqlock: busy, the words, the number).
-  uint64_t* w = ring_ + 8 * ((s - 1) & ring_mask_);
-  const uint64_t packed = static_cast<uint64_t>(e.action) |
-                          static_cast<uint64_t>(e.device.type) << 8 |
-                          (static_cast<uint64_t>(e.device.index) & 0xffff) << 16 |
-                          static_cast<uint64_t>(TraceThreadNumber()) << 32;
-  MarkBusy(w);
-  Put(w + 1, U(tick));
-  Put(w + 2, packed);
-  Put(w + 3, e.stream.handle);
-  Put(w + 4, e.addr);
-  Put(w + 5, e.size);
-  Put(w + 6, e.requested);
-  Put(w + 7, uint64_t{e.site} |
-                 uint64_t{FlightCheck32(FlightCheck(kSeedRing ^ e.site, s, U(tick), packed,
-                                                    e.stream.handle, e.addr, e.size,
-                                                    e.requested))}
-                     << 32);
-  Commit(w, s);
-  // 2. The summaries the event changes: the live-site entry, then the stats.
+void FlightDevice::RecordCold(const AllocEvent& e) {
   const auto size = static_cast<int64_t>(e.size);
   switch (e.action) {
-    case AllocAction::kAlloc:
-      RecordSite(e.site, size, 1, s);
-      allocated_ += size;
-      peak_allocated_ = std::max(peak_allocated_, allocated_);
-      ++allocations_;
-      ++alloc_count_;
-      WriteHot(s, tick);
-      break;
-    case AllocAction::kFree:
-      RecordSite(e.site, -size, -1, s);
-      allocated_ -= size;
-      --allocations_;
-      ++free_count_;
-      WriteHot(s, tick);
-      break;
     case AllocAction::kSegmentAlloc:
       reserved_ += size;
       peak_reserved_ = std::max(peak_reserved_, reserved_);
@@ -373,14 +458,12 @@ void FlightDevice::Record(const AllocEvent& e) {
         regular_segments_[e.addr] = e.size;
       } catch (...) {  // out of memory: the segment count may then be off by one
       }
-      WriteCold(s);
       break;
     case AllocAction::kSegmentMap:
       reserved_ += size;
       mapped_ += size;
       peak_reserved_ = std::max(peak_reserved_, reserved_);
       ++device_allocs_;
-      WriteCold(s);
       break;
     case AllocAction::kSegmentFree:
       reserved_ -= size;
@@ -390,25 +473,84 @@ void FlightDevice::Record(const AllocEvent& e) {
       } else {
         mapped_ -= size;  // a whole expandable run released
       }
-      WriteCold(s);
       break;
     case AllocAction::kSegmentUnmap:
       reserved_ -= size;
       mapped_ -= size;
       ++device_frees_;
-      WriteCold(s);
       break;
     case AllocAction::kOom:
       ++ooms_;
-      WriteCold(s);
       break;
-    case AllocAction::kFreeCompleted:
-    case AllocAction::kArenaOpen:
-    case AllocAction::kArenaClose:
+    default:
       break;
   }
-  if (recorder_->NeedsName(e.site)) [[unlikely]] recorder_->NameSite(e.site);
-  __builtin_prefetch(ring_ + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
+  if (e.action >= AllocAction::kSegmentAlloc && e.action <= AllocAction::kOom) {
+    WriteCold(++cold_seq_);
+  }
+  if (recorder_->NeedsName(e.site)) recorder_->NameSite(e.site);
+}
+
+inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
+  // The recorder's clock: one relaxed load of what its ticker thread last read (see
+  // flight_recorder.h, "Time"). Read after the lane was found: a lane passes to a new
+  // thread when its thread exits, and the lane's times must not go back.
+  const int64_t tick = recorder_->now_ns_.load(std::memory_order_relaxed);
+  const uint64_t s = lane.next_seq++;
+  // The event's words, read once (the stores below are atomic: the compiler would
+  // read them again after each).
+  const AllocAction action = e.action;
+  const SiteId site = e.site;
+  const uint64_t stream = e.stream.handle, addr = e.addr, bytes = e.size, req = e.requested;
+  // 1. The ring slot (a seqlock: busy, the words, the number).
+  uint64_t* w = lane.ring + 8 * ((s - 1) & ring_mask_);
+  const uint64_t packed = static_cast<uint64_t>(action) | device_bits_ |
+                          tls_flight.thread_bits;  // set with the lane (ThisThreadLane)
+  MarkBusy(w);
+  Put(w + 1, U(tick));
+  Put(w + 2, packed);
+  Put(w + 3, stream);
+  Put(w + 4, addr);
+  Put(w + 5, bytes);
+  Put(w + 6, req);
+  Put(w + 7, uint64_t{site} |
+                 uint64_t{FlightCheck32(FlightCheck(kSeedRing ^ site, s, U(tick), packed,
+                                                    stream, addr, bytes, req))}
+                     << 32);
+  Commit(w, s);
+  // 2. The summaries the event changes: the lane's share of the site, its peak (only
+  // when it rises), or the segment stats.
+  const auto size = static_cast<int64_t>(bytes);
+  if (action == AllocAction::kAlloc) {
+    RecordSite(lane, site, size, 1, 1, s);
+    lane.live += size;
+    if (lane.live > lane.peak) [[unlikely]] {
+      lane.peak = lane.live;
+      WritePeak(lane, s);
+    }
+  } else if (action == AllocAction::kFree) {
+    RecordSite(lane, site, -size, -1, 0, s);
+    lane.live -= size;
+  } else {
+    RecordCold(e);  // and its site's name, if any
+  }
+  __builtin_prefetch(lane.ring + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
+}
+
+void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
+  MutexLock lock(&lane.mu);
+  Write(lane, e);
+}
+
+void FlightDevice::Record(const AllocEvent& e) {
+  const uint32_t l =
+      tls_flight.uid == uid_ ? tls_flight.lane : recorder_->ThisThreadLane();
+  Lane& lane = lanes_[l];
+  if (lane.shared) [[unlikely]] {
+    RecordShared(lane, e);
+    return;
+  }
+  Write(lane, e);
 }
 
 }  // namespace devmem

@@ -19,23 +19,36 @@
 // or anything else is refused with the reason. The file is locked (flock, exclusive)
 // while the process lives, so a second process given the same PATH is refused instead
 // of overwriting a live record, and a reader can tell a live record from a dead one.
-// Its size is fixed at creation (about 28 MiB with the defaults: mostly the rings) and
-// reserved on disk (posix_fallocate), so a full disk is an error at start rather than a
-// SIGBUS later.
+// Its size is fixed at creation (about 52 MiB with the defaults: mostly the lanes'
+// site tables, touched only where written) and reserved on disk (posix_fallocate), so
+// a full disk is an error at start rather than a SIGBUS later.
 //
 // Concurrency (docs/architecture.md, "Flight recorder"). Each allocator gets its own
-// device region (AddAllocator), and an allocator's observer is called under its device
-// lock (allocator/observer.h), so each region has one writer at a time and the lock
-// orders successive writers: the ring's claim counter, the live-site entries and the
-// stats are updated with plain (relaxed atomic) stores, no read-modify-write, in this
-// order: ring slot, live-site entry, stats. Every record is committed seqlock-style
-// (runtime/flight_record_format.h), so a reader, in this process or another, during
-// the process's life or after its death, can tell complete records from torn ones; the
-// summaries are double-buffered, so the one write a death can tear leaves the previous
-// copy whole. The site table is shared by all regions: a site is named by the first
-// thread that records it (a compare-and-swap on a per-site flag of this process), once.
-// Two allocators of one device (an override, a replaced allocator) get two regions,
-// never one shared by two device locks.
+// device region (AddAllocator). Most of an allocator's events come under its device
+// lock, but thread-cache hits (alloc and free) report from their thread without it
+// (allocator/observer.h), concurrently. So each region has `lane_slots` lanes, and a
+// thread records into a lane of its own (the same lane index in every region of the
+// recorder, taken on its first event and given back when the thread exits): a lane
+// has one writer, which updates it with plain (relaxed atomic) stores, no lock and no
+// read-modify-write, in this order: its ring slot, its share of the site's live bytes,
+// its peak (only when it rises). The reader sums the lanes' shares. Threads that come
+// when every other lane is taken share the last lane, under a mutex (the cost of
+// version 1 on every event). The segment stats change only on events that come under
+// the device lock (segment alloc/free/map/unmap, OOM), so the device lock orders their
+// writers. Every record is committed seqlock-style (runtime/flight_record_format.h),
+// so a reader, in this process or another, during the process's life or after its
+// death, can tell complete records from torn ones; the summaries are double-buffered,
+// so the one write a death can tear in each lane leaves the previous copy whole. The
+// site table is shared by all regions: a site is named by the first thread that
+// records it (a compare-and-swap on a per-site flag of this process), once. Two
+// allocators of one device (an override, a replaced allocator) get two regions, never
+// one shared by two device locks.
+//
+// Order. A lane's events are numbered 1, 2, ... in its own order; across lanes the
+// reader merges by time, and among events of one tick it takes first one that fits
+// the addresses seen so far (a free of a live block before another lane's alloc of
+// the same address: a block handed from one thread to another within a tick reads in
+// the order it happened; flight_record_reader.h).
 //
 // Cost: Record runs on every allocation and free; devmem-bench reports
 // flight_recorder_overhead_ratio (tools/bench/flight_recorder.cc), target <= 1.15.
@@ -43,9 +56,9 @@
 // Time. Events are stamped with CLOCK_MONOTONIC (NowNs) as a thread of the recorder
 // last read it: it refreshes one atomic every millisecond, and Record loads it. So an
 // event's time is up to about a millisecond early (more while that thread waits for a
-// CPU), and the order of events is their numbers', not their times'. Reading a clock
-// per event cost more than all the rest of Record on the development VM (the TSC
-// 10-30 ns a read, the vDSO's coarse clock 5-15 ns, under load).
+// CPU). Reading a clock per event cost more than all the rest of Record on the
+// development VM (the TSC 10-30 ns a read, the vDSO's coarse clock 5-15 ns, under
+// load).
 //
 // Lifetime: the recorder and its FlightDevices must outlive every allocator they
 // observe; the runtime keeps its recorder for the life of the process (runtime.h).
@@ -73,10 +86,8 @@ namespace devmem {
 class FlightRecorder;
 
 // The writer of one allocator's region. Not copyable; owned by its FlightRecorder.
-// Thread-safety: Record may be called from any thread. Most events arrive under the
-// device lock, but thread-cache hits report from their own thread without it
-// (allocator/observer.h), so Record serializes writers on `write_mu_`: the region keeps
-// exactly one writer at a time, which the seqlock records rely on.
+// Thread-safety: Record may be called from any thread (see the file comment: each
+// thread writes its own lane; segment events come under the device lock).
 class FlightDevice final : public AllocatorObserver {
  public:
   void on_event(const AllocEvent& event) override { Record(event); }
@@ -88,33 +99,47 @@ class FlightDevice final : public AllocatorObserver {
 
  private:
   friend class FlightRecorder;
-  FlightDevice(FlightRecorder* recorder, unsigned char* region);
-  void RecordSite(SiteId site, int64_t bytes, int64_t count, uint64_t seq)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(write_mu_);
-  Mutex write_mu_;  // one writer of the region at a time (see above)
-  void WriteHot(uint64_t seq, int64_t tick);
-  void WriteCold(uint64_t seq);
-
-  struct SiteLive {
-    int64_t bytes = 0;
-    int64_t count = 0;
-    uint32_t next_copy = 0;
+  // One lane's writer state. Only the thread holding the lane index touches it (the
+  // recorder's mutex hands it from a thread that exited to the next), except the
+  // shared lane, whose writers hold `mu`.
+  struct alignas(64) Lane {
+    uint64_t* page = nullptr;   // the lane page (its peak copies)
+    uint64_t* sites = nullptr;  // site_slots x 8 words
+    uint64_t* ring = nullptr;   // ring_slots x 8 words
+    uint64_t next_seq = 1;      // the number its next event gets
+    int64_t live = 0;           // its share of the live bytes, and that share's peak
+    int64_t peak = 0;
+    uint32_t peak_copy = 0;
+    bool shared = false;        // the last lane: written under `mu`
+    Mutex mu;
   };
 
+  FlightDevice(FlightRecorder* recorder, unsigned char* region, DeviceId device);
+  // The event into `lane` (its one writer). Inlined into Record and RecordShared with
+  // the site entry's write: one call per event, no more.
+  [[gnu::always_inline]] inline void Write(Lane& lane, const AllocEvent& e);
+  [[gnu::always_inline]] inline void RecordSite(Lane& lane, SiteId site, int64_t bytes,
+                                                int64_t count, uint64_t allocs, uint64_t seq);
+  [[gnu::noinline]] void RecordShared(Lane& lane, const AllocEvent& e);
+  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq);
+  // A segment event's stats (under the device lock, see the file comment).
+  [[gnu::noinline]] void RecordCold(const AllocEvent& e);
+  void WriteCold(uint64_t seq);
+
   FlightRecorder* const recorder_;
-  uint64_t* const page_;   // the device page (identity, claim counter, stats)
-  uint64_t* const sites_;  // site_slots x 8 words
-  uint64_t* const ring_;   // ring_slots x 8 words
+  const uint64_t uid_;      // the recorder's, for the lane lookup
+  uint64_t* const page_;    // the device page (identity, segment stats)
+  // The region's device as a ring slot packs it (an allocator's events are all of its
+  // device).
+  const uint64_t device_bits_;
   const uint64_t ring_mask_;
   const uint32_t site_slots_;
-  // This process's copy of what the region holds (the writer never reads the mapping).
-  uint64_t next_seq_ = 1;
-  std::vector<SiteLive> live_;
-  int64_t allocated_ = 0, peak_allocated_ = 0, allocations_ = 0;
-  int64_t alloc_count_ = 0, free_count_ = 0;
+  std::unique_ptr<Lane[]> lanes_;
+  // The segment stats: written only on events under the device lock.
+  uint64_t cold_seq_ = 0;
   int64_t reserved_ = 0, peak_reserved_ = 0, mapped_ = 0;
   int64_t segments_ = 0, device_allocs_ = 0, device_frees_ = 0, ooms_ = 0;
-  uint32_t hot_copy_ = 0, cold_copy_ = 0;
+  uint32_t cold_copy_ = 0;
   // Regular segments (segment_alloc) by address, so that a segment_free is known to
   // end one (an expandable run's release is a segment_free too, with no alloc).
   std::unordered_map<uintptr_t, size_t> regular_segments_;
@@ -124,7 +149,8 @@ class FlightRecorder {
  public:
   struct Options {
     uint32_t device_slots = 8;       // allocators recorded (one region each)
-    uint32_t ring_slots = 1u << 15;  // events kept per allocator (a power of two)
+    uint32_t ring_slots = 1u << 13;  // events kept per lane (a power of two)
+    uint32_t lane_slots = 4;         // lanes per allocator (the last shared by the rest)
     uint32_t site_slots = 16392;     // site ids with their own entry (the last: the rest)
     uint32_t name_slot_bytes = 256;  // bytes per site name (file, function, tag cut)
   };
@@ -158,6 +184,12 @@ class FlightRecorder {
   bool NeedsName(SiteId site) const {
     return site < name_limit_ && named_[site].load(std::memory_order_relaxed) == 0;
   }
+  // The calling thread's lane index, taken on its first event (cold: a mutex).
+  [[gnu::noinline]] uint32_t ThisThreadLane();
+  uint32_t AcquireLane();
+  void ReleaseLane(uint32_t lane);  // at thread exit
+
+  friend struct FlightLaneCache;
 
   const std::string path_;
   const int fd_;
@@ -165,6 +197,7 @@ class FlightRecorder {
   const size_t bytes_;
   const Options options_;
   const SiteId name_limit_;  // sites below it have a name slot
+  const uint64_t uid_;       // this recorder's identity for the threads' lane caches
   // The time events are stamped with (NowNs), refreshed by `ticker_` every millisecond.
   alignas(64) std::atomic<int64_t> now_ns_{0};
   std::thread ticker_;
@@ -176,6 +209,10 @@ class FlightRecorder {
   Mutex mu_;
   std::deque<std::unique_ptr<FlightDevice>> devices_ ABSL_GUARDED_BY(mu_);
   bool warned_full_ ABSL_GUARDED_BY(mu_) = false;
+  // Lane indices: never handed out yet from next_lane_ on; given back by exited
+  // threads in free_lanes_. The last index (the shared lane) is never given back.
+  uint32_t next_lane_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> free_lanes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace devmem

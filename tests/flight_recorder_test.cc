@@ -14,8 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <latch>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +69,7 @@ void WriteAll(const std::string& path, const std::string& bytes) {
 FlightRecorder::Options SmallOptions() {
   FlightRecorder::Options o;
   o.device_slots = 2;
+  o.lane_slots = 4;
   o.ring_slots = 256;
   o.site_slots = static_cast<uint32_t>(SiteCount()) + 64;
   o.name_slot_bytes = 128;
@@ -74,7 +77,8 @@ FlightRecorder::Options SmallOptions() {
 }
 
 flight::Layout LayoutOf(const FlightRecorder::Options& o) {
-  return flight::Layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes};
+  return flight::Layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes,
+                        o.lane_slots};
 }
 
 std::map<SiteId, int64_t> LiveBySite(const FlightRecord::Device& d) {
@@ -90,6 +94,40 @@ std::map<SiteId, int64_t> AllocatorLiveBySite(const CachingAllocator& a) {
     if (stats[id].live_bytes != 0) out[static_cast<SiteId>(id)] = stats[id].live_bytes;
   }
   return out;
+}
+
+// "" when every address's events go alloc, free, alloc, ... (what memtrace timeline
+// requires of a trace), else the first that does not.
+std::string OrderProblem(const std::vector<TraceEvent>& events) {
+  std::set<uintptr_t> live;
+  for (const TraceEvent& e : events) {
+    if (e.action == AllocAction::kAlloc && !live.insert(e.addr).second) {
+      return absl::StrCat("alloc of ", e.addr, " (seq ", e.seq, "), which is already live");
+    }
+    if (e.action == AllocAction::kFree && live.erase(e.addr) == 0) {
+      return absl::StrCat("free of ", e.addr, " (seq ", e.seq, "), which is not live");
+    }
+  }
+  return "";
+}
+
+// Sets the time of every ring slot of region 0 to `tick` (their checks recomputed), as
+// if every event had come within one tick of the recorder's clock.
+void SameTick(std::string& bytes, const flight::Layout& layout, uint64_t tick) {
+  for (uint32_t l = 0; l < layout.lane_slots; ++l) {
+    for (uint32_t i = 0; i < layout.ring_slots; ++i) {
+      char* at = bytes.data() + layout.ring_offset(0, l) + size_t{i} * flight::kRecordBytes;
+      uint64_t w[8];
+      std::memcpy(w, at, sizeof(w));
+      if (w[0] == 0) continue;
+      w[1] = tick;
+      const uint64_t site = w[7] & 0xffffffff;
+      w[7] = site | uint64_t{flight::FlightCheck32(flight::FlightCheck(
+                        flight::kSeedRing ^ site, w[0], w[1], w[2], w[3], w[4], w[5], w[6]))}
+                        << 32;
+      std::memcpy(at, w, sizeof(w));
+    }
+  }
 }
 
 TEST(FlightRecorderTest, TheFileHoldsWhatTheAllocatorHolds) {
@@ -132,10 +170,13 @@ TEST(FlightRecorderTest, TheFileHoldsWhatTheAllocatorHolds) {
   EXPECT_EQ(dev.device_frees, stats.num_device_free);
   EXPECT_EQ(dev.alloc_count, 16);
   EXPECT_EQ(dev.free_count, 3);
-  // Every event, in order, each the allocator's (seq 1, 2, ... with no gap).
+  // Every event, in order, each the allocator's (seq 1, 2, ... with no gap), in the one
+  // lane of the one thread.
   ASSERT_EQ(dev.events.size(), dev.claimed);
   for (size_t i = 0; i < dev.events.size(); ++i) EXPECT_EQ(dev.events[i].seq, i + 1);
-  EXPECT_EQ(dev.last_seq, dev.claimed);
+  ASSERT_EQ(dev.lanes.size(), 1u);
+  EXPECT_EQ(dev.lanes[0].last_seq, dev.claimed);
+  EXPECT_EQ(dev.lanes[0].claimed, dev.claimed);
   EXPECT_EQ(dev.events.front().action, AllocAction::kSegmentMap);
   for (size_t i = 1; i < dev.events.size(); ++i) {
     EXPECT_LE(dev.events[i - 1].time_ns, dev.events[i].time_ns);
@@ -197,7 +238,10 @@ TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
   one->set_observer((*recorder)->AddAllocator(one->device()));
   two->set_observer((*recorder)->AddAllocator(two->device()));
   std::vector<void*> kept[3];
-  auto work = [&kept](CachingAllocator* a, uint32_t line, int n) {
+  // Each thread holds its lane until all three are done (a thread that exits gives
+  // its lane back, and the next one would continue it).
+  std::latch done(3);
+  auto work = [&kept, &done](CachingAllocator* a, uint32_t line, int n) {
     const SiteId s = InternNamedSite("threads.cc", line, "work", SiteKind::kAlloc);
     std::vector<void*>& live = kept[line - 1];
     std::mt19937 rng(line);
@@ -209,6 +253,7 @@ TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
         live.push_back(a->allocate(512 * (1 + rng() % 64), {}, s));
       }
     }
+    done.arrive_and_wait();
   };
   std::thread t1(work, &*one, 1, 2000), t2(work, &*one, 2, 2000), t3(work, &*two, 3, 2000);
   t1.join();
@@ -222,7 +267,15 @@ TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
   EXPECT_EQ(LiveBySite(r->devices[0]), AllocatorLiveBySite(*one));
   EXPECT_EQ(LiveBySite(r->devices[1]), AllocatorLiveBySite(*two));
   EXPECT_EQ(r->devices[0].events.size(), r->devices[0].claimed);
+  // Two threads on one allocator: a lane each (their hits came without the device
+  // lock, concurrently), merged into one valid order.
+  ASSERT_EQ(r->devices[0].lanes.size(), 2u);
+  EXPECT_EQ(r->devices[0].lanes[0].claimed + r->devices[0].lanes[1].claimed,
+            r->devices[0].claimed);
+  EXPECT_EQ(OrderProblem(r->devices[0].events), "");
+  EXPECT_EQ(OrderProblem(r->devices[1].events), "");
   EXPECT_EQ(r->devices[0].allocated, one->stats().allocated_bytes[0].current);
+  EXPECT_EQ(r->devices[0].allocations, one->stats().allocation[0].current);
   EXPECT_EQ(r->devices[1].allocated, two->stats().allocated_bytes[0].current);
   for (void* p : kept[0]) one->free(p);
   for (void* p : kept[1]) one->free(p);
@@ -248,9 +301,10 @@ TEST(FlightRecorderTest, TornWritesAreSkippedAndTheOlderCopyRead) {
 
   std::string bytes = ReadAll(path);
   const flight::Layout layout = LayoutOf(o);
-  // Event 2's ring slot (index 1) and site 5's newer copy (copy 1: the second write).
-  const size_t slot = layout.ring_offset(0) + 1 * flight::kRecordBytes;
-  const size_t copy = layout.sites_offset(0) + 5 * flight::kRecordBytes + 24;
+  // Event 2's ring slot (index 1) and site 5's newer copy (copy 1: the second write),
+  // in lane 0 (this thread's).
+  const size_t slot = layout.ring_offset(0, 0) + 1 * flight::kRecordBytes;
+  const size_t copy = layout.sites_offset(0, 0) + 5 * flight::kRecordBytes + 32;
   for (size_t at : {slot, copy}) bytes[at + 7] = static_cast<char>(bytes[at + 7] | 0x80);
   absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -263,8 +317,13 @@ TEST(FlightRecorderTest, TornWritesAreSkippedAndTheOlderCopyRead) {
   ASSERT_EQ(rd.events.size(), 1u);
   EXPECT_EQ(rd.events[0].seq, 1u);
   EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{5, 1024}}));  // before event 2
-  EXPECT_EQ(rd.sites.at(0).seq, 1u);
+  EXPECT_EQ(rd.sites.at(0).count, 1);
+  EXPECT_EQ(rd.sites.at(0).allocs, 1u);
   EXPECT_EQ(rd.torn, 2u);
+  ASSERT_EQ(rd.lanes.size(), 1u);
+  EXPECT_EQ(rd.lanes[0].torn, 2u);
+  EXPECT_EQ(rd.lanes[0].claimed, 2u);  // the torn event was numbered
+  EXPECT_EQ(rd.lanes[0].last_seq, 1u);
 }
 
 // Bytes changed after the fact are detected by the records' checks: a damaged event is
@@ -283,7 +342,7 @@ TEST(FlightRecorderTest, DamagedRecordsAreListedWithTheirOffset) {
   recorder->reset();
   const std::string clean = ReadAll(path);
   const flight::Layout layout = LayoutOf(o);
-  const size_t slot = layout.ring_offset(0) + 2 * flight::kRecordBytes;  // event 3
+  const size_t slot = layout.ring_offset(0, 0) + 2 * flight::kRecordBytes;  // event 3
   // Every word of the event: a flipped bit anywhere is found.
   for (size_t word = 1; word < 8; ++word) {
     std::string bytes = clean;
@@ -300,14 +359,15 @@ TEST(FlightRecorderTest, DamagedRecordsAreListedWithTheirOffset) {
   // A live-site entry, both copies: neither is read as a value.
   {
     std::string bytes = clean;
-    const size_t entry = layout.sites_offset(0) + 9 * flight::kRecordBytes;
+    const size_t entry = layout.sites_offset(0, 0) + 9 * flight::kRecordBytes;
     bytes[entry + 8] ^= 1;
-    bytes[entry + 24 + 8] ^= 1;
+    bytes[entry + 32 + 8] ^= 1;
     absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->damaged, 2u);
     EXPECT_TRUE(r->devices.at(0).sites.empty());
-    EXPECT_CONTAINS(r->problems[0].what, "live-site entry 9 (copy 0) is damaged");
+    EXPECT_CONTAINS(r->problems[0].what, "lane 0's live-site entry 9 (copy 0) is damaged");
+    EXPECT_EQ(r->problems[0].offset, entry);
   }
   // A name.
   {
@@ -319,6 +379,121 @@ TEST(FlightRecorderTest, DamagedRecordsAreListedWithTheirOffset) {
     EXPECT_EQ(r->sites.count(9), 0u);
     EXPECT_CONTAINS(r->problems[0].what, "the name of site 9 is damaged");
   }
+}
+
+// A block handed from one thread to another and back within one tick of the clock
+// (frees and allocs of one address on two lanes, all at the same time): the reader
+// puts each free before the other lane's alloc of the address. Made deterministic by
+// ordering the threads with latches and then giving every event the same time. A
+// merge by (time, lane) reads lane 0's second alloc of X before lane 1's free of it;
+// one that takes any fitting alloc first reads it before lane 1's alloc and is stuck.
+TEST(FlightRecorderTest, ABlockHandedBetweenThreadsWithinATickReadsInOrder) {
+  TempDir dir;
+  const std::string path = dir / "handoff.flight";
+  const FlightRecorder::Options o = SmallOptions();
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  const DeviceId dev{DeviceType::kSim, 0};
+  FlightDevice* d = (*recorder)->AddAllocator(dev);
+  auto ev = [&](AllocAction a, uintptr_t addr) {
+    return AllocEvent{a, dev, Stream{}, addr, 512, 512, 3};
+  };
+  constexpr uintptr_t kX = 0x1000, kY = 0x2000;
+  // What happened: A (lane 0) allocs Y; B (lane 1) allocs X, frees X; A allocs X, frees
+  // X; B allocs X, frees X; A allocs X.
+  std::latch a_started(1), b_done1(1), a_done(1), b_done2(1);
+  std::thread a([&] {
+    d->Record(ev(AllocAction::kAlloc, kY));
+    a_started.count_down();
+    b_done1.wait();
+    d->Record(ev(AllocAction::kAlloc, kX));
+    d->Record(ev(AllocAction::kFree, kX));
+    a_done.count_down();
+    b_done2.wait();
+    d->Record(ev(AllocAction::kAlloc, kX));
+  });
+  std::thread b([&] {
+    a_started.wait();
+    d->Record(ev(AllocAction::kAlloc, kX));
+    d->Record(ev(AllocAction::kFree, kX));
+    b_done1.count_down();
+    a_done.wait();
+    d->Record(ev(AllocAction::kAlloc, kX));
+    d->Record(ev(AllocAction::kFree, kX));
+    b_done2.count_down();
+  });
+  a.join();
+  b.join();
+  recorder->reset();
+  std::string bytes = ReadAll(path);
+  SameTick(bytes, LayoutOf(o), 123456789);
+  absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->consistent());
+  const FlightRecord::Device& rd = r->devices.at(0);
+  ASSERT_EQ(rd.events.size(), 8u);
+  ASSERT_EQ(rd.lanes.size(), 2u);
+  EXPECT_EQ(OrderProblem(rd.events), "");
+  // The trace form (what timeline and export read) keeps the order.
+  EXPECT_EQ(OrderProblem(FlightRecordEvents(*r)), "");
+  EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{3, 1024}}));  // X and Y
+  EXPECT_EQ(rd.alloc_count, 5);
+  EXPECT_EQ(rd.free_count, 3);
+}
+
+// More threads than lanes: the ones past the last but one share the last lane (under
+// its mutex); every event is kept and the sums are right. Then a thread that exits
+// gives its lane back, and the next thread goes on in it where it stopped.
+TEST(FlightRecorderTest, ThreadsPastTheLanesShareTheLastAndExitedLanesAreReused) {
+  TempDir dir;
+  const std::string path = dir / "lanes.flight";
+  FlightRecorder::Options o = SmallOptions();
+  o.lane_slots = 2;
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  const DeviceId dev{DeviceType::kSim, 0};
+  FlightDevice* d = (*recorder)->AddAllocator(dev);
+  // Three threads that all hold their lanes at once (none exits before all recorded).
+  std::latch all_recorded(3);
+  auto work = [&](uintptr_t base) {
+    for (uintptr_t i = 0; i < 10; ++i) {
+      d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, base + 512 * i, 512, 512, 4});
+    }
+    for (uintptr_t i = 0; i < 4; ++i) {
+      d->Record(AllocEvent{AllocAction::kFree, dev, Stream{}, base + 512 * i, 512, 512, 4});
+    }
+    all_recorded.arrive_and_wait();
+  };
+  {
+    std::thread t1(work, 0x100000), t2(work, 0x200000), t3(work, 0x300000);
+    t1.join();
+    t2.join();
+    t3.join();
+  }
+  // Then one more thread: it takes a lane an exited thread gave back.
+  std::thread([&] {
+    d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 0x400000, 1024, 1000, 4});
+  }).join();
+  absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->consistent());
+  const FlightRecord::Device& rd = r->devices.at(0);
+  ASSERT_EQ(rd.lanes.size(), 2u);
+  EXPECT_EQ(rd.claimed, 3u * 14 + 1);
+  EXPECT_EQ(rd.events.size(), rd.claimed);
+  EXPECT_EQ(rd.lanes[0].claimed + rd.lanes[1].claimed, rd.claimed);
+  // One lane holds one thread's 14 events (+1 if the last thread took it), the shared
+  // one two threads' 28 (+1 likewise): the 4th thread continued a lane's numbers.
+  std::map<uint32_t, std::set<uint32_t>> threads;  // lane -> thread numbers
+  for (size_t i = 0; i < rd.events.size(); ++i) threads[rd.event_lanes[i]].insert(rd.events[i].thread);
+  EXPECT_EQ(threads[1].size() + threads[0].size(), 4u);
+  EXPECT_GE(threads[1].size(), 2u);  // the shared lane
+  for (const FlightRecord::Lane& l : rd.lanes) EXPECT_EQ(l.last_seq, l.claimed);
+  EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{4, 3 * 6 * 512 + 1024}}));
+  EXPECT_EQ(rd.allocations, 3 * 6 + 1);
+  EXPECT_EQ(rd.alloc_count, 31);
+  EXPECT_EQ(rd.free_count, 12);
+  EXPECT_EQ(OrderProblem(rd.events), "");
 }
 
 TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset) {
@@ -345,15 +520,20 @@ TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset)
   const std::vector<Case> cases = {
       {"empty", "", "offset 0: truncated: 0 bytes, shorter than a flight record's header"},
       {"half header", clean.substr(0, 50), "offset 50: truncated: 50 bytes"},
-      {"cut in the ring", clean.substr(0, layout.ring_offset(0) + 100),
-       absl::StrCat("offset ", layout.ring_offset(0) + 100, ": truncated: ",
-                    layout.ring_offset(0) + 100, " bytes of the ", clean.size(),
-                    " the header declares (region 0's ring slot 1 is missing)")},
+      {"cut in the ring", clean.substr(0, layout.ring_offset(0, 1) + 100),
+       absl::StrCat("offset ", layout.ring_offset(0, 1) + 100, ": truncated: ",
+                    layout.ring_offset(0, 1) + 100, " bytes of the ", clean.size(),
+                    " the header declares (region 0 lane 1's ring slot 1 is missing)")},
       {"not a record", "{\"schema\": \"devmem.trace/1\"}\n" + std::string(100, ' '),
        "offset 0: not a flight record"},
-      {"version", with(flight::header::kVersion, 8), "offset 8: field version: 9 is not supported"},
+      {"version", with(flight::header::kVersion, 8),
+       "offset 8: field version: 10 is not supported (this reader reads version 2 only)"},
+      // A record of version 1 (before lanes): not read, and said so with both versions.
+      {"old version", with(flight::header::kVersion, 3),
+       "offset 8: field version: 1 is not supported (this reader reads version 2 only: a "
+       "record of an older devmem; read it with that devmem's memtrace)"},
       {"header damaged", with(flight::header::kPid, 1),
-       "offset 88: field header_check: does not match"},
+       "offset 96: field header_check: does not match"},
   };
   for (const Case& c : cases) {
     WriteAll(path, c.bytes);
@@ -372,6 +552,15 @@ TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset)
   absl::StatusOr<FlightRecord> r = ParseFlightRecord(bad, path);
   ASSERT_FALSE(r.ok());
   EXPECT_CONTAINS(r.status().message(), "offset 28: field ring_slots: 100 is out of range");
+  bad = clean;
+  const uint32_t lanes = 65;
+  std::memcpy(&bad[flight::header::kLaneSlots], &lanes, 4);
+  const uint64_t check2 = flight::FlightCheckBytes(
+      0, reinterpret_cast<const unsigned char*>(bad.data()), flight::header::kCheck);
+  std::memcpy(&bad[flight::header::kCheck], &check2, 8);
+  r = ParseFlightRecord(bad, path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_CONTAINS(r.status().message(), path + ": offset 88: field lane_slots: 65 is out of range");
   EXPECT_FALSE(ReadFlightRecord(dir / "missing.flight").ok());
 }
 

@@ -518,9 +518,14 @@ def postmortem_top():
 def postmortem_json():
     r = js("postmortem", FLIGHT, "--json")
     sites = r.get("devices", [{}])[0].get("sites", [])
-    expect(r.get("schema") == "devmem.postmortem/1" and r.get("consistent") is True and
+    expect(r.get("schema") == "devmem.postmortem/2" and r.get("consistent") is True and
            [(s["site"], s["live_bytes"]) for s in sites] == [(1, 3 * MIB), (2, MIB)],
            "postmortem --json: %r" % r)
+    # Version 2: two lanes, lane 1 freeing a block of lane 0's (generate.py), summed.
+    d = r.get("devices", [{}])[0]
+    expect([l["events_recorded"] for l in d.get("lanes", [])] == [9, 3] and
+           d.get("stats", {}).get("alloc_count") == 7 and
+           d.get("stats", {}).get("free_count") == 4, "postmortem --json lanes: %r" % d)
     expect(not mt("postmortem", FLIGHT).stdout.startswith("{"), "postmortem: text")
 
 

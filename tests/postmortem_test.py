@@ -73,6 +73,12 @@ def kill_and_check(memtrace, child, seed, workdir):
         sys.exit(f"FAIL seed {seed}: inconsistent record: {record['problems']}")
     if record["process_running"]:
         sys.exit(f"FAIL seed {seed}: a dead process's record says it is running")
+    # A death tears at most one record per lane (its one writer was inside at most one).
+    for d in record["devices"]:
+        for lane in d["lanes"]:
+            if lane["torn"] > 1:
+                sys.exit(f"FAIL seed {seed}: {d['device']} lane {lane['lane']}: "
+                         f"{lane['torn']} torn records")
     held = {}
     names = {}
     for d in record["devices"]:
@@ -105,17 +111,21 @@ def kill_and_check(memtrace, child, seed, workdir):
 
 def header_fields(path):
     with open(path, "rb") as f:
-        head = f.read(96)
+        head = f.read(104)
     devices, ring, sites, name_bytes = struct.unpack_from("<IIII", head, 24)
-    return devices, ring, sites, name_bytes
+    (lanes,) = struct.unpack_from("<I", head, 88)
+    return devices, ring, sites, name_bytes, lanes
 
 
-def ring_offset(path, region):
-    devices, ring, sites, name_bytes = header_fields(path)
+def ring_offset(path, region, lane):
+    """The offset of lane `lane`'s ring in region `region` (docs/formats.md, version 2)."""
+    devices, ring, sites, name_bytes, lanes = header_fields(path)
     page = lambda n: (n + 4095) // 4096 * 4096
     devices_offset = page(4096 + sites * name_bytes)
-    device_bytes = 4096 + (sites + ring) * 64
-    return devices_offset + region * device_bytes + 4096 + sites * 64, ring
+    lane_bytes = 4096 + (sites + ring) * 64
+    device_bytes = 4096 + lanes * lane_bytes
+    return devices_offset + region * device_bytes + 4096 + lane * lane_bytes + 4096 + \
+        sites * 64, ring
 
 
 def errors(memtrace, path, record, workdir):
@@ -133,12 +143,13 @@ def errors(memtrace, path, record, workdir):
     with open(bad, "wb") as f:
         f.write(damaged)
     p = run([memtrace, "postmortem", bad], expect=2)
-    if f"{bad}: offset 88: field header_check" not in p.stderr:
+    if f"{bad}: offset 96: field header_check" not in p.stderr:
         sys.exit(f"FAIL: damaged header: {p.stderr}")
-    # The newest event of region 0 damaged: skipped and listed; the rest is read.
+    # The newest event of a lane damaged: skipped and listed; the rest is read.
     region = next(d for d in record["devices"] if d["events"])
-    base, ring = ring_offset(path, region["region"])
-    slot = base + ((region["last_seq"] - 1) % ring) * 64
+    lane = next(l for l in region["lanes"] if l["last_seq"])
+    base, ring = ring_offset(path, region["region"], lane["lane"])
+    slot = base + ((lane["last_seq"] - 1) % ring) * 64
     damaged = bytearray(clean)
     damaged[slot + 40] ^= 0x01  # its size
     with open(bad, "wb") as f:
@@ -148,8 +159,12 @@ def errors(memtrace, path, record, workdir):
     if r["consistent"] or r["damaged"] != 1 or not any(
             q["offset"] == slot and "is damaged" in q["what"] for q in r["problems"]):
         sys.exit(f"FAIL: damaged event: {r['problems']}")
-    if r["devices"][region["region"]]["events"][-1]["seq"] == region["last_seq"]:
+    if any(e["lane"] == lane["lane"] and e["seq"] == lane["last_seq"]
+           for e in r["devices"][region["region"]]["events"]):
         sys.exit("FAIL: the damaged event was read")
+    lanes = {l["lane"]: l for l in r["devices"][region["region"]]["lanes"]}
+    if lanes[lane["lane"]]["last_seq"] == lane["last_seq"]:
+        sys.exit(f"FAIL: the damaged event still counts as its lane's newest: {lanes}")
     if "warning: 1 damaged records were skipped" not in p.stderr:
         sys.exit(f"FAIL: no warning for the damaged record: {p.stderr}")
     text = run([memtrace, "postmortem", bad]).stdout
@@ -177,7 +192,7 @@ def readers(memtrace, path, record, workdir):
 
 def main():
     memtrace, child = sys.argv[1], sys.argv[2]
-    seeds = int(sys.argv[3]) if len(sys.argv) > 3 else 12
+    seeds = int(sys.argv[3]) if len(sys.argv) > 3 else 24
     with tempfile.TemporaryDirectory() as workdir:
         first = None
         for seed in range(1, seeds + 1):

@@ -140,6 +140,7 @@ int Main(int argc, char** argv) {
   bool json = false;
   bool arena_sweep = false;  // only the arena figures, per chunk size (tools/bench/arena.h)
   bool threads2_only = false;  // only threads2_speedup (A/B runs of the scaling work)
+  bool flight_only = false;    // only flight_recorder_overhead_ratio (A/B runs)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
@@ -147,18 +148,21 @@ int Main(int argc, char** argv) {
       arena_sweep = true;
     } else if (std::strcmp(argv[i], "--threads2") == 0) {
       threads2_only = true;
+    } else if (std::strcmp(argv[i], "--flight") == 0) {
+      flight_only = true;
     } else if (std::strcmp(argv[i], "--version") == 0) {
       std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
       return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
-          "usage: devmem-bench [--json] [--arena-sweep | --threads2]\n"
+          "usage: devmem-bench [--json] [--arena-sweep | --threads2 | --flight]\n"
           "Times cache-hit alloc+free pairs through devmem (sim device: a bare allocator,\n"
           "and the runtime's shipped path) beside jemalloc and mimalloc in the same run,\n"
           "threads, tensors, site interning and steady-state device maps; prints medians\n"
           "of %d passes, each beside its target. --arena-sweep prints only the scoped\n"
           "arena figures, one row per chunk size (64 KiB .. 64 MiB); --threads2 only\n"
-          "threads2_speedup (for side-by-side runs of two builds).\n",
+          "threads2_speedup (for side-by-side runs of two builds); --flight only\n"
+          "flight_recorder_overhead_ratio.\n",
           kRepetitions);
       return 0;
     } else {
@@ -178,6 +182,18 @@ int Main(int argc, char** argv) {
   if (arena_sweep) {
     bench::PrintArenaSweep(*env);
     return 0;
+  }
+  if (flight_only) {
+    const absl::StatusOr<FlightFigures> f =
+        MeasureFlightRecorder(LogUniformSizes(512, kMiB, 1), *env, kRepetitions);
+    if (!f.ok()) {
+      std::fprintf(stderr, "devmem-bench: flight recorder: %s\n", f.status().ToString().c_str());
+      return 1;
+    }
+    std::printf("flight_plain_pair_ns %.2f\nflight_recorded_pair_ns %.2f\n"
+                "flight_recorder_overhead_ratio %.3f\n",
+                f->plain_ns, f->recorded_ns, f->recorded_ns / f->plain_ns);
+    return f->timed_segment_allocs == 0 ? 0 : 1;
   }
   // The shipped path: the runtime, as a program gets it, on the sim device.
   std::shared_ptr<CachingAllocator> shipped;

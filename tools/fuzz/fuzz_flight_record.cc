@@ -12,13 +12,14 @@
 // their own: mutated ones are read as damaged, which is a path the reader must take
 // too).
 //
-// Seeds (tools/fuzz/corpus/flight_record/): records written by FlightRecorder with
-// small Options (2 device slots, 16 ring slots, 8 site slots, 64-byte names) around a
-// sim allocators: one whole (whole.flight), one cut inside its ring (truncated), one
-// with a ring slot and a name changed and a slot marked busy (corrupted), and the whole
-// one with the TSC flag and a clock anchor at the bottom of the int64 range, its header
-// check fixed (tsc_clock: the reader's tick-to-ns path, where this fuzzer's UBSan
-// build found signed overflows; tests/flight_recorder_test.cc pins them).
+// Seeds (tools/fuzz/corpus/flight_record/, made by tests/data/flight/make_fuzz_seeds.py
+// from tests/data/flight/generate.py's record: format version 2, one region of two
+// lanes, 64 ring slots, 16 site slots, 64-byte names): one whole (whole.flight), one
+// cut inside a lane's ring (truncated), one with a ring slot and a name changed and a
+// live-site copy marked busy (corrupted), and the whole one with the TSC flag and a
+// clock anchor at the bottom of the int64 range, its header check fixed (tsc_clock: the
+// reader's tick-to-ns path, where this fuzzer's UBSan build found signed overflows;
+// tests/flight_recorder_test.cc pins them).
 #include <cstddef>
 #include <cstdint>
 #include <cstring>

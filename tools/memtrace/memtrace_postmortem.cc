@@ -84,13 +84,13 @@ ojson SiteJson(const FlightRecord& r, const FlightRecord::SiteLive& s) {
   }
   j["live_bytes"] = s.bytes;
   j["live_count"] = s.count;
-  j["seq"] = s.seq;
+  j["allocs"] = s.allocs;
   return j;
 }
 
 ojson Json(const FlightRecord& r, const PostmortemArgs& a, bool alive) {
   ojson j;
-  j["schema"] = "devmem.postmortem/1";
+  j["schema"] = "devmem.postmortem/2";
   j["file"] = a.path;
   j["pid"] = r.pid;
   j["start_unix_ns"] = r.start_unix_ns;
@@ -110,9 +110,13 @@ ojson Json(const FlightRecord& r, const PostmortemArgs& a, bool alive) {
     dj["device"] = d.device.ToString();
     dj["region"] = d.slot;
     dj["events_recorded"] = d.claimed;
-    dj["last_seq"] = d.last_seq;
-    dj["stats_seq"] = d.stats_seq;
     dj["torn"] = d.torn;
+    ojson lanes = ojson::array();
+    for (const FlightRecord::Lane& l : d.lanes) {
+      lanes.push_back({{"lane", l.lane}, {"events_recorded", l.claimed},
+                       {"last_seq", l.last_seq}, {"peak_bytes", l.peak}, {"torn", l.torn}});
+    }
+    dj["lanes"] = std::move(lanes);
     dj["stats"] = {{"allocated_bytes", d.allocated},   {"peak_allocated_bytes", d.peak_allocated},
                    {"allocations", d.allocations},     {"alloc_count", d.alloc_count},
                    {"free_count", d.free_count},       {"reserved_bytes", d.reserved},
@@ -125,7 +129,9 @@ ojson Json(const FlightRecord& r, const PostmortemArgs& a, bool alive) {
     ojson events = ojson::array();
     const size_t n = std::min(d.events.size(), static_cast<size_t>(a.events));
     for (size_t i = d.events.size() - n; i < d.events.size(); ++i) {
-      events.push_back(ojson::parse(TraceEventToJson(d.events[i])));
+      ojson e = ojson::parse(TraceEventToJson(d.events[i]));
+      e["lane"] = d.event_lanes[i];  // seq is the lane's number
+      events.push_back(std::move(e));
     }
     dj["events"] = std::move(events);
     devices.push_back(std::move(dj));
@@ -159,15 +165,19 @@ void PrintText(const FlightRecord& r, const PostmortemArgs& a, bool alive) {
   }
   if (r.devices.empty()) std::printf("no allocator recorded an event\n");
   for (const FlightRecord::Device& d : r.devices) {
-    std::printf("\n%s (region %u): allocated %s in %lld buffers (peak %s), reserved %s "
-                "(peak %s): %lld segments + %s mapped; %lld OOMs; as of event %llu of %llu\n",
+    // With several lanes the peak is the sum of theirs: an upper bound (reader.h).
+    const char* peak = d.lanes.size() > 1 ? "peak at most" : "peak";
+    std::printf("\n%s (region %u): allocated %s in %lld buffers (%s %s), reserved %s "
+                "(peak %s): %lld segments + %s mapped; %lld OOMs; %llu events recorded in %zu "
+                "lane%s\n",
                 d.device.ToString().c_str(), d.slot, Bytes(static_cast<uint64_t>(d.allocated)).c_str(),
-                static_cast<long long>(d.allocations), Bytes(static_cast<uint64_t>(d.peak_allocated)).c_str(),
+                static_cast<long long>(d.allocations), peak,
+                Bytes(static_cast<uint64_t>(d.peak_allocated)).c_str(),
                 Bytes(static_cast<uint64_t>(d.reserved)).c_str(),
                 Bytes(static_cast<uint64_t>(d.peak_reserved)).c_str(),
                 static_cast<long long>(d.segments), Bytes(static_cast<uint64_t>(d.mapped)).c_str(),
-                static_cast<long long>(d.ooms), static_cast<unsigned long long>(d.stats_seq),
-                static_cast<unsigned long long>(d.claimed));
+                static_cast<long long>(d.ooms), static_cast<unsigned long long>(d.claimed),
+                d.lanes.size(), d.lanes.size() == 1 ? "" : "s");
     const std::vector<FlightRecord::SiteLive> sites = BySize(d);
     if (sites.empty()) {
       std::printf("  nothing held\n");
@@ -187,10 +197,10 @@ void PrintText(const FlightRecord& r, const PostmortemArgs& a, bool alive) {
     const size_t n = std::min(d.events.size(), static_cast<size_t>(a.events));
     if (n == 0) continue;
     std::printf("  the last %zu events:\n", n);
-    TextTable t({"seq", "time", "thread", "<action", "addr", "size", "<site"});
+    TextTable t({"lane", "seq", "time", "thread", "<action", "addr", "size", "<site"});
     for (size_t i = d.events.size() - n; i < d.events.size(); ++i) {
       const TraceEvent& e = d.events[i];
-      t.Add({absl::StrCat(e.seq), FormatAge(e.time_ns - r.start_mono_ns), absl::StrCat(e.thread),
+      t.Add({absl::StrCat(d.event_lanes[i]), absl::StrCat(e.seq), FormatAge(e.time_ns - r.start_mono_ns), absl::StrCat(e.thread),
              std::string(AllocActionName(e.action)), absl::StrFormat("0x%x", e.addr),
              Bytes(e.size), e.site == kUnknownSite ? "-" : SiteName(r, e.site)});
     }

@@ -5,10 +5,11 @@ documented layout and not only against its own writer. Deterministic (no clock).
 
     python3 tests/data/flight/generate.py OUT.flight
 
-One region (sim:0), a ring of 64 slots, 16 site slots, 64-byte names, clock ticks in
-nanoseconds (no TSC). Three sites: 1 "model.py:10 forward" tag "attn", 2 "model.py:20
-backward" (clone), 3 "data.py:5 load"; twelve events; at the end site 1 holds 3 MiB in
-2 buffers, site 2 1 MiB in 1, site 3 nothing. Used by tests/memtrace_flags_test.py and
+Version 2: one region (sim:0) of two lanes, rings of 64 slots, 16 site slots, 64-byte
+names, clock ticks in nanoseconds (no TSC). Three sites: 1 "model.py:10 forward" tag
+"attn", 2 "model.py:20 backward" (clone), 3 "data.py:5 load"; twelve events, three of
+them on lane 1 (a second thread, which frees a block lane 0 allocated); at the end site
+1 holds 3 MiB in 2 buffers, site 2 1 MiB in 1, site 3 nothing. Used by tests/memtrace_flags_test.py and
 as the seed of tools/fuzz/fuzz_flight_record.cc (tools/fuzz/corpus/flight_record/).
 """
 import struct
@@ -16,9 +17,9 @@ import sys
 
 M = (1 << 64) - 1
 BUSY = 1 << 63
-SEED_RING, SEED_SITE, SEED_HOT, SEED_COLD = 0x72696E67, 0x73697465, 0x686F74, 0x636F6C64
+SEED_RING, SEED_SITE, SEED_PEAK, SEED_COLD = 0x72696E67, 0x73697465, 0x7065616B, 0x636F6C64
 SEED_CLOCK, SEED_IDENT, SEED_NAME = 0x636C6B, 0x6964, 0x6E616D65
-DEVICES, RING, SITES, NAME_BYTES = 1, 64, 16, 64
+DEVICES, LANES, RING, SITES, NAME_BYTES = 1, 2, 64, 16, 64
 MIB = 1 << 20
 START_NS = 5_000_000_000
 
@@ -48,10 +49,13 @@ def page(n):
 
 NAMES_OFF = 4096
 DEVICES_OFF = page(NAMES_OFF + SITES * NAME_BYTES)
-DEVICE_BYTES = 4096 + (SITES + RING) * 64
+LANE_BYTES = 4096 + (SITES + RING) * 64
+DEVICE_BYTES = 4096 + LANES * LANE_BYTES
 FILE_BYTES = DEVICES_OFF + DEVICES * DEVICE_BYTES
-SITES_OFF = DEVICES_OFF + 4096
-RING_OFF = SITES_OFF + SITES * 64
+
+
+def lane_off(lane):
+    return DEVICES_OFF + 4096 + lane * LANE_BYTES
 
 
 def put(buf, at, fmt, *values):
@@ -60,10 +64,10 @@ def put(buf, at, fmt, *values):
 
 def main():
     buf = bytearray(FILE_BYTES)
-    put(buf, 8, "IIQIIIIIIqqqqQ", 1, 4096, FILE_BYTES, DEVICES, RING, SITES, NAME_BYTES,
-        4242, 0, 1_700_000_000_000_000_000, START_NS, 0, 0, 0x0102030405060708)
+    put(buf, 8, "IIQIIIIIIqqqqQII", 2, 4096, FILE_BYTES, DEVICES, RING, SITES, NAME_BYTES,
+        4242, 0, 1_700_000_000_000_000_000, START_NS, 0, 0, 0x0102030405060708, LANES, 0)
     buf[0:8] = b"DMFLIGHT"
-    put(buf, 88, "Q", fnv(0, bytes(buf[0:88])))
+    put(buf, 96, "Q", fnv(0, bytes(buf[0:96])))
     # Names: id -> (file, line, function, tag, kind).
     names = {1: ("model.py", 10, "forward", "attn", 0), 2: ("model.py", 20, "backward", "", 1),
              3: ("data.py", 5, "load", "", 0)}
@@ -75,54 +79,58 @@ def main():
         buf[at + 32:at + 32 + len(text)] = text
         put(buf, at + 24, "Q", fnv(SEED_NAME, bytes(buf[at + 8:at + 24])) ^ fnv(SEED_NAME, text))
         put(buf, at, "Q", 2)
-    # Events: (action, addr, size, site); actions: 0 alloc, 1 free, 5 segment_map.
-    events = [(5, 0x10000000, 8 * MIB, 0), (0, 0x10000000, 2 * MIB, 1),
-              (0, 0x10200000, 1 * MIB, 1), (0, 0x10300000, 1 * MIB, 2),
-              (0, 0x10400000, 512 * 1024, 3), (1, 0x10400000, 512 * 1024, 3),
-              (0, 0x10400000, 1 * MIB, 2), (1, 0x10300000, 1 * MIB, 2),
-              (0, 0x10500000, 256 * 1024, 3), (1, 0x10500000, 256 * 1024, 3),
-              (0, 0x10600000, 4096, 0), (1, 0x10600000, 4096, 0)]
+    # Events: (lane, action, addr, size, site); actions: 0 alloc, 1 free, 5 segment_map.
+    # Lane 1 (a second thread) frees a block lane 0 allocated: a negative share.
+    events = [(0, 5, 0x10000000, 8 * MIB, 0), (0, 0, 0x10000000, 2 * MIB, 1),
+              (0, 0, 0x10200000, 1 * MIB, 1), (0, 0, 0x10300000, 1 * MIB, 2),
+              (1, 0, 0x10400000, 512 * 1024, 3), (1, 1, 0x10400000, 512 * 1024, 3),
+              (0, 0, 0x10400000, 1 * MIB, 2), (1, 1, 0x10300000, 1 * MIB, 2),
+              (0, 0, 0x10500000, 256 * 1024, 3), (0, 1, 0x10500000, 256 * 1024, 3),
+              (0, 0, 0x10600000, 4096, 0), (0, 1, 0x10600000, 4096, 0)]
     base = DEVICES_OFF
     ident = 1 << 63 | 1 << 16 | 0  # sim:0
     put(buf, base + 8, "Q", check(SEED_IDENT, ident, 0))
     put(buf, base, "Q", ident)
-    live, copies = {}, {}
-    allocated = peak = allocations = allocs = frees = reserved = mapped = maps = 0
-    hot_copy = cold_copy = 0
-    for seq, (action, addr, size, site) in enumerate(events, 1):
-        tick = START_NS + 1000 * seq
-        packed = action | 1 << 8 | 0 << 16 | 1 << 32
-        slot = RING_OFF + 64 * ((seq - 1) % RING)
+    lanes = [{"seq": 0, "live": {}, "copies": {}, "share": 0, "peak": 0, "peak_copy": 0}
+             for _ in range(LANES)]
+    reserved = mapped = maps = cold_seq = cold_copy = 0
+    for n, (lane, action, addr, size, site) in enumerate(events, 1):
+        L = lanes[lane]
+        L["seq"] += 1
+        seq = L["seq"]
+        tick = START_NS + 1000 * n
+        packed = action | 1 << 8 | 0 << 16 | (1 + lane) << 32
+        slot = lane_off(lane) + 4096 + SITES * 64 + 64 * ((seq - 1) % RING)
         words = [seq, tick, packed, 0, addr, size, size]
         c = check(SEED_RING ^ site, *words) >> 32
         put(buf, slot, "8Q", *words, site | c << 32)
         if action in (0, 1):
             sign = 1 if action == 0 else -1
-            b, n = live.get(site, (0, 0))
-            b, n = b + sign * size, n + sign
-            live[site] = (b, n)
-            k = copies.get(site, 0)
-            copies[site] = k ^ 1
-            at = SITES_OFF + 64 * site + 24 * k
-            c = check(SEED_SITE ^ (site << 8) ^ k, seq, b & M, n & 0xFFFFFFFF) >> 32
-            put(buf, at, "QQQ", seq, b & M, (n & 0xFFFFFFFF) | c << 32)
-            allocated += sign * size
-            peak = max(peak, allocated)
-            allocations += sign
-            allocs += action == 0
-            frees += action == 1
-            hot = [seq, tick, allocated, peak, allocations, allocs, frees]
-            put(buf, base + 128 + 64 * hot_copy, "8Q", *hot, check(SEED_HOT ^ hot_copy, *hot))
-            hot_copy ^= 1
+            b, k, allocs = L["live"].get(site, (0, 0, 0))
+            b, k, allocs = b + sign * size, k + sign, allocs + (action == 0)
+            L["live"][site] = (b, k, allocs)
+            cp = L["copies"].get(site, 0)
+            L["copies"][site] = cp ^ 1
+            at = lane_off(lane) + 4096 + 64 * site + 32 * cp
+            c = check(SEED_SITE ^ (site << 8) ^ cp, seq, b & M, k & 0xFFFFFFFF, allocs) >> 32
+            put(buf, at, "QQQQ", seq, b & M, (k & 0xFFFFFFFF) | c << 32, allocs)
+            L["share"] += sign * size
+            if L["share"] > L["peak"]:
+                L["peak"] = L["share"]
+                pc = L["peak_copy"]
+                L["peak_copy"] ^= 1
+                at = lane_off(lane) + 64 * pc
+                put(buf, at, "8Q", seq, L["peak"], 0, 0, 0, 0, 0,
+                    check(SEED_PEAK ^ pc, seq, L["peak"]))
         else:
             reserved += size
             mapped += size
             maps += 1
-            cold = [seq, reserved, reserved, 0, mapped, maps, 0]
+            cold_seq += 1
+            cold = [cold_seq, reserved, reserved, 0, mapped, maps, 0]
             put(buf, base + 256 + 64 * cold_copy, "8Q", *cold,
                 check(SEED_COLD ^ cold_copy, *cold))
             cold_copy ^= 1
-    put(buf, base + 64, "Q", len(events) + 1)
     clock = [1, START_NS + 100_000, START_NS + 100_000]
     put(buf, base + 384, "8Q", *clock, 0, 0, 0, 0, check(SEED_CLOCK, *clock))
     with open(sys.argv[1], "wb") as f:
