@@ -3,12 +3,11 @@
 #include "allocator/backend.h"
 
 namespace devmem {
-namespace {
+namespace internal {
 // Per thread; only its own thread reads or writes it.
-thread_local bool tls_in_stream_callback = false;
-}  // namespace
-
-bool InStreamCallback() { return tls_in_stream_callback; }
+constinit thread_local bool tls_in_stream_callback = false;
+}  // namespace internal
+using internal::tls_in_stream_callback;
 
 StreamCallbackScope::StreamCallbackScope() : previous_(tls_in_stream_callback) {
   tls_in_stream_callback = true;

@@ -70,8 +70,14 @@
 
 namespace devmem {
 
+namespace internal {
+// The marker behind InStreamCallback (backend.cc). Only its own thread reads or writes it.
+extern constinit thread_local bool tls_in_stream_callback;
+}  // namespace internal
+
 // True on a thread that is running a launch_host_fn function (see the contract above).
-bool InStreamCallback();
+// Inline: every CachingAllocator call checks it (one TLS load, no call).
+inline bool InStreamCallback() { return internal::tls_in_stream_callback; }
 
 // Marks the current thread as running a stream callback for its lifetime (nests).
 // Backends construct one around each launch_host_fn function they run.

@@ -20,6 +20,18 @@
 //     probe always reaches an empty slot, and past that new identities are looked up
 //     in the table (correct, only slower). The identity includes the outer ScopedSite
 //     frame's (pointers, line, column), so a known chain is found the same way.
+//   * The per-thread front (InternSite's fast path): a direct-mapped array of
+//     kFrontSlots (source_location identity + kind) -> id, one per thread, made on the
+//     thread's first plain intern and freed at its exit. "Plain": no tag (neither the
+//     argument nor the thread's ScopedSiteTag) and no ScopedSite frame, which is what
+//     nearly every allocation is; the identity is the address of the static record a
+//     std::source_location points at (libstdc++ and libc++ keep one pointer), so a hit
+//     is one thread_local load, one compare and one load: no hashing of strings, no
+//     shared cache line at all. Records of one translation unit lie side by side, so
+//     the index (the address / 8) puts up to kFrontSlots neighbouring sites in distinct
+//     slots; a slot that two live sites share makes them miss in turn, each miss being
+//     the pointer index's read-only lookup (then the slot is overwritten). Where
+//     std::source_location is not one pointer, the front is compiled out.
 //   * The ScopedSite stack: a thread-local bounded array of source_locations and a
 //     depth. Only frame 0 (the outermost) enters a site's identity.
 // Identity: the table compares strings by content, so the same place reached through
@@ -54,8 +66,12 @@
 
 #include <array>
 #include <atomic>
+#include <algorithm>
 #include <memory>
+#include <new>
+#include <type_traits>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <string>
@@ -390,13 +406,58 @@ SiteTable& Table() {
   return *table;
 }
 
-// The current thread's tag (ScopedSiteTag).
+// The current thread's tag (ScopedSiteTag). Whether it is non-empty is also kept in
+// tls_sites.has_tag (below), which the fast path reads instead: a string thread_local's
+// wrapper checks its initialization on every access.
 thread_local std::string tls_tag;
 
-// The current thread's ScopedSite stack: frames [0, min(depth, kMax)) are recorded.
+// The current thread's ScopedSite stack: frames [0, min(tls_sites.depth, kMax)) are
+// recorded.
 // Constant-initialized and trivially destructible, so no guard and no exit-time work.
 thread_local std::array<std::source_location, kMaxScopedSiteDepth> tls_frames;
-thread_local size_t tls_frame_depth = 0;
+
+// The per-thread front (see the top). A slot holds the identity plus kind + 1 (the
+// records are pointer-aligned, so the low three bits are free and a used slot is never
+// 0, which an empty slot reads) and the id. Only its thread reads or writes it.
+constexpr bool kHasFront = sizeof(std::source_location) == sizeof(uintptr_t) &&
+                           std::is_trivially_copyable_v<std::source_location> &&
+                           alignof(void*) >= 8 && kNumSiteKinds < 8;
+constexpr size_t kFrontSlots = 1024;  // a power of two; 16 KiB per thread that interns
+struct FrontSlot {
+  uintptr_t key = 0;
+  SiteId id = kUnknownSite;
+};
+// What InternSite's fast path reads, in one thread_local (one TLS address: in a shared
+// library each is a __tls_get_addr call). Constant-initialized, trivially destructible.
+struct ThreadSites {
+  FrontSlot* front = nullptr;  // null until the thread's first plain intern
+  size_t depth = 0;            // ScopedSite frames live (recorded or not)
+  bool has_tag = false;        // tls_tag is not empty
+  // Set at thread exit once the front is freed: later interns (from other thread_local
+  // destructors) take the index and make no new front.
+  bool front_gone = false;
+};
+constinit thread_local ThreadSites tls_sites;
+// Frees the front at thread exit (touched only when the front is made, so a thread
+// that never interns registers nothing).
+struct FrontOwner {
+  bool armed = false;
+  ~FrontOwner() {
+    delete[] tls_sites.front;
+    tls_sites.front = nullptr;
+    tls_sites.front_gone = true;
+  }
+};
+thread_local FrontOwner tls_front_owner;
+
+// (Copied, not bit_cast: well-formed whatever the layout; with kHasFront it is the one
+// pointer std::source_location holds.)
+uintptr_t FrontKey(const std::source_location& loc, SiteKind kind) {
+  uintptr_t identity = 0;
+  std::memcpy(&identity, &loc, std::min(sizeof(identity), sizeof(loc)));
+  return identity + static_cast<uintptr_t>(kind) + 1;
+}
+size_t FrontIndex(uintptr_t key) { return (key >> 3) & (kFrontSlots - 1); }
 
 }  // namespace
 
@@ -422,14 +483,17 @@ namespace {
 
 }  // namespace
 
-SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
+namespace {
+
+// InternSite through the pointer index (every case the front does not answer).
+SiteId InternIndexed(const std::source_location& loc, SiteKind kind, std::string_view tag) {
   if (tag.empty()) tag = tls_tag;
   tag = tag.substr(0, kMaxSiteTagBytes);  // as BoundedKey cuts it, so the index hits
   PointerKey pointers{loc.file_name(), loc.function_name(), tag,
                       loc.line(),      loc.column(),        kind};
   // The outermost ScopedSite, unless it is `loc` itself (a public op that pushed its
   // caller's location and allocates at it): then the site is no chain.
-  if (tls_frame_depth != 0) [[unlikely]] {
+  if (tls_sites.depth != 0) [[unlikely]] {
     const std::source_location& outer = tls_frames[0];
     if (outer.file_name() != loc.file_name() || outer.line() != loc.line() ||
         outer.column() != loc.column()) {
@@ -444,6 +508,47 @@ SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_vi
     return id;
   }
   return InternNotIndexed(pointers, hash);
+}
+
+// A plain intern that missed the front: the index, then the slot (making the front on
+// the thread's first plain intern). Out of line, so that the hit stays a leaf.
+[[gnu::noinline]] SiteId InternPlainMiss(const std::source_location& loc, SiteKind kind,
+                                         uintptr_t key) {
+  const SiteId id = InternIndexed(loc, kind, {});
+  if (tls_sites.front == nullptr) {
+    if (tls_sites.front_gone) return id;
+    tls_sites.front = new (std::nothrow) FrontSlot[kFrontSlots]();
+    if (tls_sites.front == nullptr) return id;  // no memory: the index serves this thread
+    tls_front_owner.armed = true;         // registers its destructor (thread exit)
+  }
+  tls_sites.front[FrontIndex(key)] = FrontSlot{key, id};
+  return id;
+}
+
+// Whether InternSite(loc, kind, tag) may be answered by the front.
+bool IsPlain(std::string_view tag) {
+  return kHasFront && tag.empty() && !tls_sites.has_tag && tls_sites.depth == 0;
+}
+
+// Everything but a front hit, with InternSite's own arguments: the hit then saves no
+// register and makes no call (a tail call with the arguments as they came).
+[[gnu::noinline]] SiteId InternSiteMiss(const std::source_location& loc, SiteKind kind,
+                                        std::string_view tag) {
+  if (IsPlain(tag)) return InternPlainMiss(loc, kind, FrontKey(loc, kind));
+  return InternIndexed(loc, kind, tag);
+}
+
+}  // namespace
+
+SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
+  if (IsPlain(tag)) [[likely]] {
+    if (const FrontSlot* front = tls_sites.front; front != nullptr) [[likely]] {
+      const uintptr_t key = FrontKey(loc, kind);
+      const FrontSlot& slot = front[FrontIndex(key)];
+      if (slot.key == key) [[likely]] return slot.id;
+    }
+  }
+  return InternSiteMiss(loc, kind, tag);
 }
 
 // Takes `tag` literally (an empty tag is no tag, not the thread's current tag): a
@@ -482,21 +587,25 @@ ScopedSiteTag::ScopedSiteTag(std::string_view tag) {
   std::string next(tag.substr(0, kMaxSiteTagBytes));  // as interning cuts it
   previous_ = std::move(tls_tag);
   tls_tag = std::move(next);
+  tls_sites.has_tag = !tls_tag.empty();
 }
 
-ScopedSiteTag::~ScopedSiteTag() { tls_tag = std::move(previous_); }
+ScopedSiteTag::~ScopedSiteTag() {
+  tls_tag = std::move(previous_);
+  tls_sites.has_tag = !tls_tag.empty();
+}
 
 ScopedSite::ScopedSite(std::source_location loc) {
-  if (tls_frame_depth < kMaxScopedSiteDepth) tls_frames[tls_frame_depth] = loc;
-  ++tls_frame_depth;
+  if (tls_sites.depth < kMaxScopedSiteDepth) tls_frames[tls_sites.depth] = loc;
+  ++tls_sites.depth;
 }
 
-ScopedSite::~ScopedSite() { --tls_frame_depth; }
+ScopedSite::~ScopedSite() { --tls_sites.depth; }
 
-size_t ScopedSiteDepth() { return tls_frame_depth; }
+size_t ScopedSiteDepth() { return tls_sites.depth; }
 
 const std::source_location* OutermostScopedSite() {
-  return tls_frame_depth == 0 ? nullptr : &tls_frames[0];
+  return tls_sites.depth == 0 ? nullptr : &tls_frames[0];
 }
 
 }  // namespace devmem

@@ -11,10 +11,14 @@
 // records the OUTERMOST pushed frame (`outer_*`), so a clone inside a library helper
 // names both the helper's line and the user's line that led there.
 //
-// Cost: interning a known site is a read-only lookup: a lock-free, process-wide index
-// keyed by the identity of the source_location's strings (they are static) and of the
-// outer frame's, so hundreds of hot sites cost what one does; the global table, under a mutex, is
-// reached only the first time a site is interned (site.cc). SiteId 0 is "unknown".
+// Cost: interning a known site is a read-only lookup. A plain one (no tag, no
+// ScopedSite frame: nearly every allocation) is found in a per-thread direct-mapped
+// cache keyed by the source_location's identity (one load and one compare, no string
+// hashed); the rest, and a plain site the thread's cache does not hold, in a lock-free,
+// process-wide index keyed by the identity of the source_location's strings (they are
+// static) and of the outer frame's, so hundreds of hot sites cost what one does; the
+// global table, under a mutex, is reached only the first time a site is interned
+// (site.cc). SiteId 0 is "unknown".
 //
 // Thread-safety: every function here may be called from any thread at any time. Site
 // ids are never reused; SiteInfo for an id never changes.

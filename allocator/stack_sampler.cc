@@ -45,7 +45,7 @@ namespace internal {
 std::atomic<double> g_inverse_mean{1.0 / static_cast<double>(kDefaultStackSampleBytes)};
 std::atomic<uint32_t> g_filter[kFilterBuckets];
 // 0 until the thread's first allocation draws its first countdown (see Sample).
-thread_local double tls_units_left = 0;
+constinit thread_local double tls_units_left = 0;
 
 }  // namespace internal
 

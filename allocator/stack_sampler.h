@@ -68,7 +68,8 @@ uint64_t MeanBytes();
 
 namespace internal {
 extern std::atomic<double> g_inverse_mean;  // 1 / mean, 0 when off
-extern thread_local double tls_units_left;  // the countdown, in units of the mean
+// The countdown, in units of the mean. constinit: read without a TLS init check.
+extern constinit thread_local double tls_units_left;
 void Sample(const void* owner, void* p, size_t bytes, SiteId site);
 extern std::atomic<uint32_t> g_filter[];  // live samples per address bucket
 constexpr size_t kFilterBuckets = 4096;
@@ -85,8 +86,9 @@ void Forget(const void* owner, void* p);
 inline void OnAllocate(const void* owner, void* p, size_t bytes, SiteId site) {
   const double inv = internal::g_inverse_mean.load(std::memory_order_relaxed);
   if (inv == 0 || p == nullptr) return;
-  internal::tls_units_left -= static_cast<double>(bytes) * inv;
-  if (ABSL_PREDICT_TRUE(internal::tls_units_left > 0)) return;
+  const double left = internal::tls_units_left - static_cast<double>(bytes) * inv;
+  internal::tls_units_left = left;
+  if (ABSL_PREDICT_TRUE(left > 0)) return;
   internal::Sample(owner, p, bytes, site);
 }
 // The free entry's hook, after `owner` freed `p`. A relaxed load when `p` is not in a

@@ -90,6 +90,7 @@ void ThreadCache::reserve_site(SiteId site) {
   const size_t n = std::max<size_t>(site + 1, counters_.sites.size() * 2);
   counters_.dirty.reserve(n);
   counters_.sites.resize(n);
+  site_windows_ = n;
 }
 
 void ThreadCache::reset_counters() {

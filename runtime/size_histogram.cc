@@ -6,7 +6,8 @@
 // thread, each counter written by that thread only (relaxed load + relaxed store, no
 // read-modify-write), read by counts() with relaxed loads. A shard's per-device
 // counters are allocated by its owner on the device's first event and published with a
-// release store. A thread remembers where it counted last (tls_last), so a steady
+// release store. A thread remembers where it counted last (tls_last, in the header for
+// the inline fast path), so a steady
 // stream of allocations on one device costs one thread_local read, two compares and two
 // load/store pairs.
 //
@@ -29,15 +30,7 @@
 namespace devmem {
 
 struct SizeHistogram::Shard {
-  // Cache-line aligned: one thread writes a DeviceCounts on every allocation, and two
-  // threads' counts must not share a line whatever the heap put next to them (a shard
-  // made by one thread is taken over by a later one, so neighbours in the heap are not
-  // the same thread's).
-  struct alignas(64) DeviceCounts {
-    std::array<std::atomic<uint64_t>, kNumBuckets> buckets{};
-    std::atomic<uint64_t> sum_bytes{0};
-  };
-  static_assert(sizeof(DeviceCounts) % 64 == 0, "a DeviceCounts fills whole lines");
+  using DeviceCounts = SizeHistogram::DeviceCounts;  // (size_histogram.h)
   // By device index (keys_); null until the owner first records on that device.
   std::array<std::atomic<DeviceCounts*>, kMaxDevices> devices{};
   // True while a live thread owns the shard. Cleared (release) by the owner's exit; set
@@ -50,11 +43,8 @@ struct SizeHistogram::Shard {
 
   // Counts one request into `c`, which belongs to a shard the calling thread owns.
   static void Bump(DeviceCounts& c, int bucket, size_t bytes) {
-    auto bump = [](std::atomic<uint64_t>& a, uint64_t n) {
-      a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-    };
-    bump(c.buckets[static_cast<size_t>(bucket)], 1);
-    bump(c.sum_bytes, bytes);
+    size_histogram_internal::Bump(c.buckets[static_cast<size_t>(bucket)], 1);
+    size_histogram_internal::Bump(c.sum_bytes, bytes);
   }
 
   // Owner only (not the shared shard): the counters of `device`, made on first use.
@@ -99,16 +89,8 @@ struct ThreadShards {
   ~ThreadShards();
 };
 thread_local ThreadShards tls_shards;
-// Where this thread counted last (histogram, device): record()'s fast path, one
-// thread_local read and two compares. Trivially destructible and constant-initialized
-// (no guard). `counts` lies in a shard this thread owns; it is only used while the
-// histogram `histogram_id` lives (ids are never reused), which keeps that shard.
-struct LastCounts {
-  uint64_t histogram_id = 0;
-  uint32_t device_key = 0;
-  SizeHistogram::Shard::DeviceCounts* counts = nullptr;
-};
-constinit thread_local LastCounts tls_last;
+using size_histogram_internal::LastCounts;
+using size_histogram_internal::tls_last;  // record()'s fast path (size_histogram.h)
 // Set when this thread's tls_shards is destroyed (a thread_local destructor that runs
 // later may still allocate). Trivially destructible, so it stays readable until the
 // thread is gone.
@@ -189,20 +171,6 @@ SizeHistogram::Shard& SizeHistogram::claim_shard() {
   return *shard;
 }
 
-void SizeHistogram::on_event(const AllocEvent& event) {
-  if (event.action == AllocAction::kAlloc) record(event.device, event.requested);
-}
-
-void SizeHistogram::record(DeviceId device, size_t requested) {
-  const uint32_t key = EncodeDevice(device);
-  const LastCounts& last = tls_last;
-  if (last.histogram_id == id_ && last.device_key == key) [[likely]] {
-    Shard::Bump(*last.counts, BucketOf(requested), requested);
-    return;
-  }
-  record_slow(device, requested);
-}
-
 void SizeHistogram::record_slow(DeviceId device, size_t requested) {
   const int index = device_index(device);
   if (index < 0) {
@@ -216,7 +184,7 @@ void SizeHistogram::record_slow(DeviceId device, size_t requested) {
   }
   Shard::DeviceCounts& counts = shard.owned_counts(index);
   Shard::Bump(counts, BucketOf(requested), requested);
-  tls_last = LastCounts{id_, EncodeDevice(device), &counts};
+  tls_last = LastCounts{id_, device, &counts};
 }
 
 std::vector<SizeHistogram::Counts> SizeHistogram::counts() const {

@@ -95,7 +95,9 @@ class SizeHistogram : public AllocatorObserver {
   // destroyed (allocators may report from threads still running at exit).
   static SizeHistogram& Process();
 
-  // Counts AllocAction::kAlloc events (event.requested bytes); ignores the rest.
+  // Counts AllocAction::kAlloc events (event.requested bytes); ignores the rest. Inline
+  // (below), as record's fast path: the runtime's observer calls it non-virtually on
+  // every event.
   void on_event(const AllocEvent& event) override;
   // Counts one allocation of `requested` bytes on `device`.
   void record(DeviceId device, size_t requested);
@@ -107,6 +109,15 @@ class SizeHistogram : public AllocatorObserver {
   // there to take over): bounded by the most threads recording at once.
   size_t shard_count() const;
 
+  // One shard's counters of one device. Cache-line aligned: one thread writes a
+  // DeviceCounts on every allocation, and two threads' counts must not share a line
+  // whatever the heap put next to them (a shard made by one thread is taken over by a
+  // later one, so neighbours in the heap are not the same thread's).
+  struct alignas(64) DeviceCounts {
+    std::array<std::atomic<uint64_t>, kNumBuckets> buckets{};
+    std::atomic<uint64_t> sum_bytes{0};
+  };
+  static_assert(sizeof(DeviceCounts) % 64 == 0, "a DeviceCounts fills whole lines");
   // One thread's counters (or an exited thread's, until another takes them over);
   // defined in size_histogram.cc.
   struct Shard;
@@ -123,7 +134,7 @@ class SizeHistogram : public AllocatorObserver {
   int device_index(DeviceId device);
   // record() when the calling thread last counted elsewhere (another histogram or
   // device), or never.
-  void record_slow(DeviceId device, size_t requested);
+  [[gnu::noinline]] void record_slow(DeviceId device, size_t requested);
   // The calling thread's shard, given it (a freed shard, or a new one) on first use.
   Shard& thread_shard();
   Shard& claim_shard() ABSL_LOCKS_EXCLUDED(mu_);
@@ -136,5 +147,40 @@ class SizeHistogram : public AllocatorObserver {
   std::vector<std::shared_ptr<Shard>> shards_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> dropped_{0};
 };
+
+namespace size_histogram_internal {
+// Where this thread counted last (histogram, device): record()'s fast path, one
+// thread_local read and two compares. Constant-initialized and trivially destructible
+// (no guard; readable until the thread is gone). `counts` lies in a shard this thread
+// owns; it is only used while the histogram `histogram_id` lives (ids are never reused,
+// and start at 1), which keeps that shard.
+struct LastCounts {
+  uint64_t histogram_id = 0;
+  DeviceId device;
+  SizeHistogram::DeviceCounts* counts = nullptr;
+};
+inline constinit thread_local LastCounts tls_last;
+
+// One writer per counter (the shard's owner): a relaxed load and store, no
+// read-modify-write.
+inline void Bump(std::atomic<uint64_t>& a, uint64_t n) {
+  a.store(a.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+}  // namespace size_histogram_internal
+
+inline void SizeHistogram::on_event(const AllocEvent& event) {
+  if (event.action == AllocAction::kAlloc) record(event.device, event.requested);
+}
+
+inline void SizeHistogram::record(DeviceId device, size_t requested) {
+  const size_histogram_internal::LastCounts& last = size_histogram_internal::tls_last;
+  if (last.histogram_id == id_ && last.device == device) [[likely]] {
+    const auto bucket = static_cast<size_t>(BucketOf(requested));
+    size_histogram_internal::Bump(last.counts->buckets[bucket], 1);
+    size_histogram_internal::Bump(last.counts->sum_bytes, requested);
+    return;
+  }
+  record_slow(device, requested);
+}
 
 }  // namespace devmem

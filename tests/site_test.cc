@@ -422,6 +422,63 @@ TEST(SiteTest, KnownSitesAreFoundWithoutTheTableAcrossThreads) {
   EXPECT_EQ(internal::SiteTableLookups(), before);
 }
 
+// The per-thread front answers plain interns (no tag, no ScopedSite frame) by the
+// source_location's identity and kind (site.cc): whatever it caches, every other part
+// of the identity must still count.
+TEST(SiteTest, ThePerThreadFrontKeepsKindsTagsAndFramesApart) {
+  const std::source_location loc = FixedLoc();
+  const SiteId alloc = InternSite(loc, SiteKind::kAlloc);
+  const SiteId clone = InternSite(loc, SiteKind::kClone);
+  EXPECT_NE(alloc, clone);
+  // kAlloc and kClone of one location share a front slot: each lookup evicts the
+  // other's entry, and each must still get its own id, read-only.
+  const uint64_t before = internal::SiteTableLookups();
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_EQ(InternSite(loc, SiteKind::kAlloc), alloc) << i;
+    ASSERT_EQ(InternSite(loc, SiteKind::kClone), clone) << i;
+  }
+  EXPECT_EQ(internal::SiteTableLookups(), before);
+  {
+    // A frame makes the same location a chain, although its plain site is cached.
+    const std::source_location outer = std::source_location::current();
+    ScopedSite frame(outer);
+    const SiteId chained = InternSite(loc, SiteKind::kAlloc);
+    EXPECT_NE(chained, alloc);
+    EXPECT_EQ(GetSite(chained).outer_line, outer.line());
+  }
+  EXPECT_EQ(InternSite(loc, SiteKind::kAlloc), alloc);
+  {
+    ScopedSiteTag tag("site_test.front");
+    EXPECT_EQ(GetSite(InternSite(loc, SiteKind::kAlloc)).tag, "site_test.front");
+  }
+  EXPECT_EQ(InternSite(loc, SiteKind::kAlloc), alloc);
+}
+
+// A thread_local destructor that runs after the thread's front was freed (thread exit)
+// still interns correctly, through the index, and makes no new front (which would
+// leak: LeakSanitizer in the ASan build).
+TEST(SiteTest, InterningAfterTheThreadsFrontIsFreedUsesTheIndex) {
+  const std::source_location loc = FixedLoc();
+  const SiteId id = InternSite(loc, SiteKind::kToDevice);
+  struct InternsAtExit {
+    std::source_location loc;
+    SiteId* out = nullptr;
+    ~InternsAtExit() {
+      if (out != nullptr) *out = InternSite(loc, SiteKind::kToDevice);
+    }
+  };
+  SiteId at_exit = kUnknownSite;
+  std::thread t([&] {
+    // Constructed before the thread's front, so destroyed after it.
+    thread_local InternsAtExit guard;
+    guard.loc = loc;
+    EXPECT_EQ(InternSite(loc, SiteKind::kToDevice), id);  // makes the front
+    guard.out = &at_exit;
+  });
+  t.join();
+  EXPECT_EQ(at_exit, id);
+}
+
 TEST(SiteTest, RacingFirstInternsIndexOneId) {
   // 4 threads intern the same new sites at once, each through the index's slow path:
   // every thread gets the same id for a site, and a later lookup is read-only.

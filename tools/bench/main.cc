@@ -141,6 +141,7 @@ int Main(int argc, char** argv) {
   bool arena_sweep = false;  // only the arena figures, per chunk size (tools/bench/arena.h)
   bool threads2_only = false;  // only threads2_speedup (A/B runs of the scaling work)
   bool flight_only = false;    // only flight_recorder_overhead_ratio (A/B runs)
+  bool shipped_only = false;   // only the shipped pair (A/B runs, callgrind of its loop)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
@@ -150,19 +151,23 @@ int Main(int argc, char** argv) {
       threads2_only = true;
     } else if (std::strcmp(argv[i], "--flight") == 0) {
       flight_only = true;
+    } else if (std::strcmp(argv[i], "--shipped") == 0) {
+      shipped_only = true;
     } else if (std::strcmp(argv[i], "--version") == 0) {
       std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
       return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
-          "usage: devmem-bench [--json] [--arena-sweep | --threads2 | --flight]\n"
+          "usage: devmem-bench [--json] [--arena-sweep | --threads2 | --flight | --shipped]\n"
           "Times cache-hit alloc+free pairs through devmem (sim device: a bare allocator,\n"
           "and the runtime's shipped path) beside jemalloc and mimalloc in the same run,\n"
           "threads, tensors, site interning and steady-state device maps; prints medians\n"
           "of %d passes, each beside its target. --arena-sweep prints only the scoped\n"
           "arena figures, one row per chunk size (64 KiB .. 64 MiB); --threads2 only\n"
           "threads2_speedup (for side-by-side runs of two builds); --flight only\n"
-          "flight_recorder_overhead_ratio.\n",
+          "flight_recorder_overhead_ratio; --shipped only the shipped pair beside\n"
+          "mimalloc and jemalloc, and intern_256_sites_ns (its loop is TimeShipped:\n"
+          "callgrind --toggle-collect='*TimeShipped*' counts a pair).\n",
           kRepetitions);
       return 0;
     } else {
@@ -229,6 +234,24 @@ int Main(int argc, char** argv) {
                  "not every timed pair was a cache hit\n",
                  static_cast<long long>(t.timed_segment_allocs));
     return 1;
+  }
+
+  if (shipped_only) {
+    const std::vector<size_t> sizes = LogUniformSizes(512, 32 * kKiB, 3);  // as the full run
+    const ShippedPairFigures t = MeasureShippedPairs(*shipped, sizes);
+    const double intern_ns = MeasureIntern256Ns();
+    JsonOut out;
+    out.add("tcache_pair_ns", t.devmem_ns);
+    if (t.mimalloc_ns) {
+      out.add("mimalloc_pair_ns_tcache", *t.mimalloc_ns);
+      out.add("ratio_tcache_mimalloc", t.devmem_ns / *t.mimalloc_ns, "%.3f");
+    }
+    out.add("jemalloc_pair_ns_tcache", t.jemalloc_ns);
+    if (t.instructions) out.add("instructions_per_pair", *t.instructions, "%.0f");
+    out.add("intern_256_sites_ns", intern_ns, "%.2f");
+    out.add_int("timed_segment_allocs", t.timed_segment_allocs);
+    std::printf("%s\n", out.str().c_str());  // one line, table or not
+    return t.timed_segment_allocs == 0 ? 0 : 1;
   }
 
   const PairFigures small = MeasurePairs(LogUniformSizes(512, kMiB, 1), *env);

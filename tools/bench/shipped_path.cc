@@ -16,7 +16,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double TimeShipped(const ShippedOps& ops, const std::vector<size_t>& sizes) {
+[[gnu::noinline]] double TimeShipped(const ShippedOps& ops, const std::vector<size_t>& sizes) {
   return TimePairs(
       sizes, [&](size_t n, size_t i) { return ops.allocate(n, i); },
       [&](void* p, size_t) { ops.free(p); });
