@@ -27,9 +27,9 @@
 // the chunk was recycled while copied: the copy is dropped). Events of a lane that no
 // chunk holds any more (a gap in the bases, a recycled chunk, an entry overwritten,
 // events dropped when no chunk was free) are counted as lost. The lanes' new events are
-// merged by stamp, each lane's own order kept (a k-way merge, not a sort), the lost
-// ones get the next numbers as a gap, then the merged events theirs, and all go into
-// `numbered_`, the readers' ring of the newest `capacity_` numbered events that since()
+// merged by stamp, each lane's own order kept (a k-way merge, not a sort), with the
+// lost ones as a gap of numbers where they were lost in their lane (before the lane's
+// next event read), and all go into `numbered_`, the readers' ring of the newest `capacity_` numbered events that since()
 // pages through.
 //
 // Packing of a slot's words: [0] stamp (trace.h), [1] action | device type << 8 | device
@@ -304,12 +304,25 @@ void TraceRing::Collect() const {
   }
   if (numbered_.empty()) numbered_.resize(capacity_);
   if (cursors_.size() < lanes.size()) cursors_.resize(lanes.size());
-  uint64_t lost = 0;
-  std::vector<std::vector<Numbered>> fresh(lanes.size());  // per lane, in lane order
+  // Per lane, in lane order: the events read, and a gap (seq = how many) where events
+  // of the lane were lost, so that their numbers fall where they happened (a reader of
+  // the trace sees the jump in seq there: memtrace timeline then implies the frees it
+  // misses rather than reading a double alloc). A gap's key (words[0]) is the stamp of
+  // the lane's next event read, or, with none, of its last one (0 with neither).
+  std::vector<std::vector<Numbered>> fresh(lanes.size());
   for (size_t i = 0; i < lanes.size(); ++i) {
     const Lane& lane = *lanes[i];
     Cursor& cur = cursors_[lane.id];
     std::vector<Numbered>& out = fresh[i];
+    uint64_t lost = 0;  // the lane's, not yet placed
+    auto place_gap = [&](size_t at) {
+      if (lost == 0) return;
+      Numbered gap;
+      gap.seq = lost;
+      gap.words[0] = at < out.size() ? out[at].words[0] : out.empty() ? 0 : out.back().words[0];
+      out.insert(out.begin() + static_cast<ptrdiff_t>(at), gap);
+      lost = 0;
+    };
     const uint64_t n = lane.nclaims.load(std::memory_order_acquire);
     const uint64_t h = lane.history_size;
     if (n > h && cur.claim < n - h) cur.claim = n - h;  // older entries are rewritten
@@ -340,6 +353,7 @@ void TraceRing::Collect() const {
         std::atomic_thread_fence(std::memory_order_acquire);
         if (c.gen.load(std::memory_order_relaxed) == g) {
           cur.taken = std::max(cur.taken, base + count);
+          if (out.size() > before) place_gap(before);  // before the first event after it
         } else {
           out.resize(before);  // recycled while copied
           last_recycled = k + 1 == n;
@@ -362,14 +376,15 @@ void TraceRing::Collect() const {
         cur.taken = parked;
       }
     }
+    // Events dropped for want of a chunk: where among the lane's events is not known;
+    // after what was read of it.
     const uint64_t dropped = lane.dropped.load(std::memory_order_relaxed);
     lost += dropped - cur.dropped_seen;
     cur.dropped_seen = dropped;
+    place_gap(out.size());
   }
-  // The lost events' numbers first (they are older than anything still held), then
-  // the lanes' new events merged by tick.
-  next_ += lost;
-  using Head = std::pair<int64_t, size_t>;  // (tick, lane), the smallest on top
+  // The lanes' new events and gaps merged by stamp.
+  using Head = std::pair<int64_t, size_t>;  // (stamp, lane), the smallest on top
   std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
   std::vector<size_t> at(fresh.size(), 0);
   for (size_t i = 0; i < fresh.size(); ++i) {
@@ -379,8 +394,12 @@ void TraceRing::Collect() const {
     const size_t i = heads.top().second;
     heads.pop();
     Numbered& ev = fresh[i][at[i]++];
-    ev.seq = next_++;
-    numbered_[(ev.seq - 1) % capacity_] = ev;
+    if (ev.seq != 0) {
+      next_ += ev.seq;  // a gap: numbers no event will have (since() counts them missed)
+    } else {
+      ev.seq = next_++;
+      numbered_[(ev.seq - 1) % capacity_] = ev;
+    }
     if (at[i] < fresh[i].size()) {
       heads.emplace(static_cast<int64_t>(fresh[i][at[i]].words[0]), i);
     }
