@@ -106,6 +106,11 @@ struct alignas(64) Block {
   // allocator/stream_retire.h), waiting for the retirement's event; the user did not
   // free it, so its completion is not traced as a free.
   bool retired_cache = false;
+  // The trace's causal stamp of this block's last event (AllocEvent::block_order):
+  // written by the observer during the event, so a free on another thread reads after
+  // the alloc (runtime/trace.h). Opaque here; under the same rules as `requested`.
+  // mutable: the events are emitted through const Block*.
+  mutable uint64_t trace_order = 0;
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };

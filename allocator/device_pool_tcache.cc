@@ -20,8 +20,11 @@
 namespace devmem::internal {
 namespace {
 
+// A hit's event carries the block's order word (AllocEvent::block_order) and no pool
+// word: it does not hold the device lock.
 AllocEvent HitEvent(AllocAction action, DeviceId device, const Block* b) {
-  return AllocEvent{action, device, b->stream, b->addr, b->size, b->requested, b->site};
+  return AllocEvent{action, device, b->stream, b->addr, b->size, b->requested, b->site,
+                    &b->trace_order};
 }
 
 void Emit(AllocatorObserver* observer, const AllocEvent& event) {
@@ -261,6 +264,9 @@ void DevicePool::fold_cache_locked(ThreadCache* tc) {
 }
 
 void DevicePool::release_cached_block(Block* b) {
+  // The pool now orders this memory's events after the block's last (its free, traced
+  // without the lock): AllocEvent::pool_order.
+  acct_.order_after(b->trace_order);
   block_map_.clear(b->addr);
   blocks_.thread_cached_to_free(b);
 }

@@ -45,6 +45,17 @@ struct AllocEvent {
   size_t size = 0;       // block or segment bytes
   size_t requested = 0;  // what the user asked for (alloc, free, oom)
   SiteId site = kUnknownSite;
+  // Causal-order words for an observer that stamps events (the runtime's trace,
+  // runtime/trace.h); the allocator only keeps them and never reads their meaning.
+  // block_order: the block's (Block::trace_order) for alloc, free and free_completed,
+  // so that a block's events read in order whichever threads made them; pool_order:
+  // the device pool's, for every event emitted under the device lock (null for
+  // thread-cache hits without it), so that what the pool does to an address reads in
+  // the order the lock gave it. Null: none. The observer may read and write *block_order
+  // and *pool_order during on_event (the block's owner, or the lock holder, is the
+  // caller).
+  uint64_t* block_order = nullptr;
+  uint64_t* pool_order = nullptr;
 };
 
 class AllocatorObserver {

@@ -91,14 +91,14 @@ void PoolAccounting::segment_allocated(const Segment* s) {
   ++stats_.num_device_alloc;
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentAlloc, device_, s->stream, s->addr,
-                                   s->size, 0, kUnknownSite});
+                                   s->size, 0, kUnknownSite, nullptr, &trace_order_});
   }
 }
 
 void PoolAccounting::segment_releasing(const Segment* s) {
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentFree, device_, s->stream, s->addr,
-                                   s->size, 0, kUnknownSite});
+                                   s->size, 0, kUnknownSite, nullptr, &trace_order_});
   }
 }
 
@@ -126,14 +126,14 @@ void PoolAccounting::mapped(const Reservation* r, uintptr_t at, size_t bytes) {
   ++stats_.num_device_alloc;
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentMap, device_, r->stream, at, bytes,
-                                   0, kUnknownSite});
+                                   0, kUnknownSite, nullptr, &trace_order_});
   }
 }
 
 void PoolAccounting::unmapping(const Segment* s, uintptr_t at, size_t bytes) {
   if (observer_ != nullptr) {
     observer_->on_event(AllocEvent{AllocAction::kSegmentUnmap, device_, s->stream, at,
-                                   bytes, 0, kUnknownSite});
+                                   bytes, 0, kUnknownSite, nullptr, &trace_order_});
   }
 }
 
@@ -147,7 +147,8 @@ void PoolAccounting::out_of_memory(Stream stream, size_t size, size_t requested,
   ++stats_.num_ooms;
   if (observer_ != nullptr) {
     observer_->on_event(
-        AllocEvent{AllocAction::kOom, device_, stream, 0, size, requested, site});
+        AllocEvent{AllocAction::kOom, device_, stream, 0, size, requested, site, nullptr,
+                   &trace_order_});
   }
 }
 

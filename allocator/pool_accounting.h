@@ -16,6 +16,7 @@
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -188,6 +189,9 @@ class PoolAccounting {
   size_t copy_bytes() const;
   void reset_peak();
   void reset_accumulated();
+  // The pool's order word (AllocEvent::pool_order) is at least `order` from now on: a
+  // block a thread cache gives back (its last event was traced without the lock).
+  void order_after(uint64_t order) { trace_order_ = std::max(trace_order_, order); }
   AllocatorObserver* observer() const { return observer_; }
   void set_observer(AllocatorObserver* observer) { observer_ = observer; }
 
@@ -197,14 +201,16 @@ class PoolAccounting {
  private:
   void emit(AllocAction action, const Block* b, size_t size, size_t requested) {
     if (observer_ == nullptr) return;
-    observer_->on_event(
-        AllocEvent{action, device_, b->stream, b->addr, size, requested, b->site});
+    observer_->on_event(AllocEvent{action, device_, b->stream, b->addr, size, requested,
+                                   b->site, &b->trace_order, &trace_order_});
   }
 
   const DeviceId device_;
   DeviceStats stats_;
   std::vector<SiteStats> site_stats_;
   AllocatorObserver* observer_ = nullptr;
+  // AllocEvent::pool_order of every event emitted here (all under the device lock).
+  uint64_t trace_order_ = 0;
 };
 
 }  // namespace devmem::internal

@@ -4,15 +4,17 @@
 // takes it a lane (trace.h), and the lane a chunk; the thread fills its chunk's slots in
 // order, each event seven relaxed stores and a release store of the chunk's count, and
 // when the chunk is full claims another: one fetch_add on `claims_` gives claim number
-// g, and the lane takes the first chunk from g mod C on that no lane holds open (open
-// = 0), by a compare-and-swap of the chunk's gen from its old value to kBusy | g; it
-// resets the count, fences, and commits gen = g. So a writer's only shared
+// g, and the lane takes the first chunk from g mod C on that no lane holds open: by a
+// compare-and-swap of the chunk's `open` from 0 to 1 (the chunk's ownership), then
+// gen = kBusy | g, the count reset, a fence, and gen = g. So a writer's only shared
 // read-modify-writes are one per K events, and a chunk has one writer per claim. A
-// chunk is "open" while its lane may still write it (until the lane's next claim; a
-// thread that exits keeps it open: the lane, and its chunk, go to the next thread that
-// records); open chunks are never taken, so a lane never has its slots overwritten
-// under it. Gens are unique (claim numbers), so a reader that compares a
-// chunk's gen with the claim it expects cannot be fooled by reuse.
+// chunk is "open" while its lane may still write it (until the lane's next claim); a
+// thread that exits parks its lane's chunk (open = 0, the lane still pointing at it),
+// and the next thread that takes the lane up goes on filling it if its
+// compare-and-swap of `open` wins and the gen is still the lane's claim, or claims a
+// new one if a claim recycled it. Open chunks are never taken, so a lane never has its
+// slots overwritten under it. Gens are unique (claim numbers), so a reader that
+// compares a chunk's gen with the claim it expects cannot be fooled by reuse.
 //
 // Each lane lists its claims (chunk, gen, base = the lane's event count when claimed)
 // in a ring of C entries, published by `nclaims` (release), with `nclaims_begin`
@@ -25,12 +27,12 @@
 // the chunk was recycled while copied: the copy is dropped). Events of a lane that no
 // chunk holds any more (a gap in the bases, a recycled chunk, an entry overwritten,
 // events dropped when no chunk was free) are counted as lost. The lanes' new events are
-// merged by tick, each lane's own order kept (a k-way merge, not a sort), the lost
-// ones get the next numbers as a gap, then the merged events theirs, and all go into
-// `numbered_`, the readers' ring of the newest `capacity_` numbered events that since()
+// merged by stamp, each lane's own order kept (a k-way merge, not a sort), with the
+// lost ones as a gap of numbers where they were lost in their lane (before the lane's
+// next event read), and all go into `numbered_`, the readers' ring of the newest `capacity_` numbered events that since()
 // pages through.
 //
-// Packing of a slot's words: [0] clock tick, [1] action | device type << 8 | device
+// Packing of a slot's words: [0] stamp (trace.h), [1] action | device type << 8 | device
 // index << 16 (16 bits) | thread << 32, [2] stream, [3] addr, [4] size, [5] requested,
 // [6] site.
 #include "runtime/trace.h"
@@ -104,7 +106,8 @@ struct TraceRing::Lane : TraceRing::LaneHead {
   // The writer's own state (the thread that holds the lane; handed to the next holder
   // under lanes_mu_).
   // The head's slots, count, used and limit describe `chunk`.
-  Chunk* chunk = nullptr;   // the open chunk, or null
+  Chunk* chunk = nullptr;   // the open (or parked) chunk, or null
+  uint64_t chunk_gen = 0;   // its claim's gen
   uint32_t retry_in = 0;    // events to drop before trying to claim again
   uint64_t written = 0;     // events written into chunks before the open one, ever
   uint64_t claims = 0;      // entries written to `history`, ever
@@ -113,6 +116,9 @@ struct TraceRing::Lane : TraceRing::LaneHead {
   alignas(64) std::atomic<uint64_t> nclaims{0};        // entries published
   std::atomic<uint64_t> nclaims_begin{0};              // entries being written
   std::atomic<uint64_t> dropped{0};                    // events dropped (no free chunk)
+  // At the last park (ReleaseLane): the events written in this lane's claims so far,
+  // for a reader that finds the parked chunk recycled (trace.cc, Collect).
+  std::atomic<uint64_t> parked_total{0};
   // Claim k at [3 (k mod C)]: chunk index, gen, base.
   std::unique_ptr<std::atomic<uint64_t>[]> history;
 };
@@ -198,35 +204,55 @@ TraceRing::Lane* TraceRing::AcquireLane() {
   }
   lane->thread_bits = uint64_t{TraceThreadNumber()} << 32;
   lane->retry_in = 0;
+  if (lane->chunk != nullptr) {
+    // Its parked chunk, unless a claim recycled it meanwhile (see ReleaseLane).
+    Chunk& c = *lane->chunk;
+    uint32_t closed = 0;
+    if (c.open.compare_exchange_strong(closed, 1, std::memory_order_acq_rel)) {
+      if (c.gen.load(std::memory_order_acquire) == lane->chunk_gen) return lane;
+      c.open.store(0, std::memory_order_release);  // another lane's claim since: not ours
+    }
+    DropChunk(lane);
+  }
   return lane;
 }
 
+void TraceRing::DropChunk(Lane* lane) {
+  lane->written += lane->used;
+  lane->used = 0;
+  lane->limit = 0;
+  lane->chunk = nullptr;
+}
+
 void TraceRing::ReleaseLane(Lane* lane) {
-  // The lane keeps its open chunk: the next thread that takes the lane goes on filling
-  // it, so that short-lived threads do not each waste (and recycle) a chunk.
+  // The lane parks its open chunk: closed (open = 0), so that a claim may recycle it (a
+  // lane no thread holds would otherwise keep a chunk out of the ring: one chunk of
+  // the newest events less per exited thread), but still the lane's, so that the next
+  // thread that takes the lane goes on filling it if no claim took it meanwhile
+  // (short-lived threads then do not each waste a chunk).
+  if (lane->chunk != nullptr) {
+    lane->parked_total.store(lane->written + lane->used, std::memory_order_relaxed);
+    lane->chunk->open.store(0, std::memory_order_release);
+  }
   MutexLock lock(&lanes_mu_);
   free_lanes_.push_back(lane);
 }
 
 bool TraceRing::Claim(Lane* lane) {
-  if (lane->chunk != nullptr) {
-    lane->chunk->open.store(0, std::memory_order_release);
-    lane->chunk = nullptr;
-  }
-  lane->written += lane->used;
-  lane->used = 0;
-  lane->limit = 0;
+  if (lane->chunk != nullptr) lane->chunk->open.store(0, std::memory_order_release);
+  DropChunk(lane);
   const uint64_t g = claims_.fetch_add(1, std::memory_order_relaxed) + 1;
   for (uint32_t t = 0; t < num_chunks_; ++t) {
     const uint32_t p = static_cast<uint32_t>((g + t) % num_chunks_);
     Chunk& c = chunks_[p];
-    uint64_t old = c.gen.load(std::memory_order_acquire);
-    if ((old & kBusy) != 0 || c.open.load(std::memory_order_acquire) != 0) continue;
-    if (!c.gen.compare_exchange_strong(old, kBusy | g, std::memory_order_acq_rel,
-                                       std::memory_order_relaxed)) {
-      continue;  // another lane took it first
+    // `open` is the chunk's ownership: the lane whose compare-and-swap sets it owns the
+    // chunk until it stores 0 (a claim, or a parked lane taken up again).
+    uint32_t closed = 0;
+    if (c.open.load(std::memory_order_relaxed) != 0 ||
+        !c.open.compare_exchange_strong(closed, 1, std::memory_order_acq_rel)) {
+      continue;  // held by a lane
     }
-    c.open.store(1, std::memory_order_relaxed);
+    c.gen.store(kBusy | g, std::memory_order_relaxed);
     c.count.store(0, std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_release);  // before any slot is rewritten
     c.gen.store(g, std::memory_order_release);
@@ -240,6 +266,7 @@ bool TraceRing::Claim(Lane* lane) {
     e[2].store(lane->written, std::memory_order_relaxed);
     lane->nclaims.store(k + 1, std::memory_order_release);
     lane->chunk = &c;
+    lane->chunk_gen = g;
     lane->slots = &slots_[size_t{p} * chunk_events_];
     lane->count = &c.count;
     lane->limit = chunk_events_;
@@ -250,8 +277,12 @@ bool TraceRing::Claim(Lane* lane) {
 
 void TraceRing::on_event(const AllocEvent& event) { Record(event); }
 
-void TraceRing::RecordSlow(LaneHead* head, const AllocEvent& event, int64_t tick) {
+void TraceRing::RecordSlow(LaneHead* head, const AllocEvent& event, uint64_t stamp) {
   Lane* lane = static_cast<Lane*>(head);
+  // Once per chunk: the ticker again in a forked child. (Not the exact tick: a TSC read
+  // here cost 30-150 ns on the loaded development VM, 1-2 ns an event.)
+  Commit(lane, event, stamp);
+  TraceClock::EnsureTicker();
   // Once per K events. After a failed claim, drop K events before trying again, so
   // that a starved thread does not pay a shared increment per event.
   const bool claimed = lane->retry_in == 0 && Claim(lane);
@@ -260,7 +291,7 @@ void TraceRing::RecordSlow(LaneHead* head, const AllocEvent& event, int64_t tick
     lane->dropped.store(++lane->dropped_local, std::memory_order_relaxed);
     return;
   }
-  WriteSlot(lane->slots[0], event, tick, lane->thread_bits);
+  WriteSlot(lane->slots[0], event, stamp, lane->thread_bits);
   lane->count->store(++lane->used, std::memory_order_release);
 }
 
@@ -273,15 +304,29 @@ void TraceRing::Collect() const {
   }
   if (numbered_.empty()) numbered_.resize(capacity_);
   if (cursors_.size() < lanes.size()) cursors_.resize(lanes.size());
-  uint64_t lost = 0;
-  std::vector<std::vector<Numbered>> fresh(lanes.size());  // per lane, in lane order
+  // Per lane, in lane order: the events read, and a gap (seq = how many) where events
+  // of the lane were lost, so that their numbers fall where they happened (a reader of
+  // the trace sees the jump in seq there: memtrace timeline then implies the frees it
+  // misses rather than reading a double alloc). A gap's key (words[0]) is the stamp of
+  // the lane's next event read, or, with none, of its last one (0 with neither).
+  std::vector<std::vector<Numbered>> fresh(lanes.size());
   for (size_t i = 0; i < lanes.size(); ++i) {
     const Lane& lane = *lanes[i];
     Cursor& cur = cursors_[lane.id];
     std::vector<Numbered>& out = fresh[i];
+    uint64_t lost = 0;  // the lane's, not yet placed
+    auto place_gap = [&](size_t at) {
+      if (lost == 0) return;
+      Numbered gap;
+      gap.seq = lost;
+      gap.words[0] = at < out.size() ? out[at].words[0] : out.empty() ? 0 : out.back().words[0];
+      out.insert(out.begin() + static_cast<ptrdiff_t>(at), gap);
+      lost = 0;
+    };
     const uint64_t n = lane.nclaims.load(std::memory_order_acquire);
     const uint64_t h = lane.history_size;
     if (n > h && cur.claim < n - h) cur.claim = n - h;  // older entries are rewritten
+    bool last_recycled = false;  // the claim n - 1's chunk is another claim's now
     for (uint64_t k = cur.claim; k < n; ++k) {
       const std::atomic<uint64_t>* e = &lane.history[3 * (k % h)];
       const uint64_t p = e[0].load(std::memory_order_relaxed);
@@ -308,22 +353,38 @@ void TraceRing::Collect() const {
         std::atomic_thread_fence(std::memory_order_acquire);
         if (c.gen.load(std::memory_order_relaxed) == g) {
           cur.taken = std::max(cur.taken, base + count);
+          if (out.size() > before) place_gap(before);  // before the first event after it
         } else {
           out.resize(before);  // recycled while copied
+          last_recycled = k + 1 == n;
         }
+      } else {
+        last_recycled = k + 1 == n;
       }
-      // Not whole: recycled, its events lost; the next entry's base counts them (a
-      // lane's last chunk is open, never recycled).
+      // Not whole: recycled, its events lost; the next entry's base counts them.
       if (k + 1 < n) cur.claim = k + 1;  // a later claim exists: this chunk is final
     }
+    // A lane's last chunk is recycled only once the lane parked it (ReleaseLane): its
+    // events up to the park are then lost, and no later entry's base counts them until
+    // a thread takes the lane up. parked_total was stored before the chunk was closed
+    // (and so before the claim that changed its gen, which this read saw); if the lane
+    // claimed again meanwhile, the new entry's base counts them at the next read.
+    if (last_recycled) {
+      const uint64_t parked = lane.parked_total.load(std::memory_order_acquire);
+      if (lane.nclaims.load(std::memory_order_acquire) == n && parked > cur.taken) {
+        lost += parked - cur.taken;
+        cur.taken = parked;
+      }
+    }
+    // Events dropped for want of a chunk: where among the lane's events is not known;
+    // after what was read of it.
     const uint64_t dropped = lane.dropped.load(std::memory_order_relaxed);
     lost += dropped - cur.dropped_seen;
     cur.dropped_seen = dropped;
+    place_gap(out.size());
   }
-  // The lost events' numbers first (they are older than anything still held), then
-  // the lanes' new events merged by tick.
-  next_ += lost;
-  using Head = std::pair<int64_t, size_t>;  // (tick, lane), the smallest on top
+  // The lanes' new events and gaps merged by stamp.
+  using Head = std::pair<int64_t, size_t>;  // (stamp, lane), the smallest on top
   std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
   std::vector<size_t> at(fresh.size(), 0);
   for (size_t i = 0; i < fresh.size(); ++i) {
@@ -333,8 +394,12 @@ void TraceRing::Collect() const {
     const size_t i = heads.top().second;
     heads.pop();
     Numbered& ev = fresh[i][at[i]++];
-    ev.seq = next_++;
-    numbered_[(ev.seq - 1) % capacity_] = ev;
+    if (ev.seq != 0) {
+      next_ += ev.seq;  // a gap: numbers no event will have (since() counts them missed)
+    } else {
+      ev.seq = next_++;
+      numbered_[(ev.seq - 1) % capacity_] = ev;
+    }
     if (at[i] < fresh[i].size()) {
       heads.emplace(static_cast<int64_t>(fresh[i][at[i]].words[0]), i);
     }

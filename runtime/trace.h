@@ -14,23 +14,44 @@
 // "lane"), claimed from the shared pool of chunks with one atomic increment per
 // kChunkEvents events, not per event; an event is seven relaxed stores and one release
 // store of the chunk's count, inline in the caller (Record), with no call on the path.
-// The time is the raw TraceClock tick (runtime/trace_clock.h: the TSC where the kernel
-// keeps time with it), converted to nanoseconds when read: within tens of ns of
-// CLOCK_MONOTONIC, order exact. (A tick published by a background thread every
-// millisecond would save the TSC read, ~9 ns on the AMD EPYC development VM, a quarter
-// of a cache-hit pair, but allocs and frees of one block on two threads within that
-// millisecond would then tie, and a merge by lane could put the alloc before the free:
-// memtrace timeline refuses that as a double alloc.)
+//
+// Time and order (a hybrid logical clock). An event's stamp, in TraceClock ticks
+// (runtime/trace_clock.h; converted to nanoseconds when read), is the largest of
+//   - the clock: on the cache-hit path the tick the ticker thread published (one load;
+//     a TSC read there was ~9 ns on the AMD EPYC development VM, a quarter of a pair),
+//     under the device lock (AllocEvent::pool_order given) the exact tick;
+//   - the lane's last stamp + 1 (each thread's events in its own order);
+//   - the block's last stamp + 1 (AllocEvent::block_order, Block::trace_order: set by
+//     its alloc, read by its free on whichever thread, which the program ordered after
+//     the alloc by handing the pointer over);
+//   - the device pool's last stamp + 1 (AllocEvent::pool_order: every event under the
+//     device lock, raised past the last event of every block a thread cache gives back,
+//     so that what the pool does with an address after a cache-hit free, coalesce,
+//     split, reuse, unmap, reads after that free).
+// So an event causally after another (same thread; the same block's alloc and free;
+// through the device lock) always has a larger stamp, and the merge by stamp is a
+// valid order: memtrace timeline never reads a free before its alloc or an alloc of a
+// live address. Stamps of unrelated threads' events may tie; the merge puts those in
+// lane order. A time read is the stamp's nanoseconds: events under the device lock
+// are within the clock's error (tens of ns) of when they happened; a cache hit's is at
+// most the ticker's period (1 ms) plus its scheduling delay early, and never earlier
+// than the lane's last locked event; a time runs ahead only by the +1 ticks of a
+// causal chain faster than the clock ticks (a tick is under a nanosecond: never seen). (The previous design
+// read the TSC per event: times exact, ~3-4 ns of a pair more; a published tick
+// alone saved that but tied causally related events of two threads.)
 //
 // Numbers and order: events get their sequence numbers when read (since, next_seq):
 // the reader takes what every lane published since the last read, merges the lanes by
-// time (each lane's own order kept) and numbers the result after the numbers already
+// stamp (each lane's own order kept) and numbers the result after the numbers already
 // given; events overwritten before any read took them are numbered too, as a gap, and
 // counted as missed. So when no writer is in flight (quiescent) the numbers follow the
-// events' times exactly, and every event is read or counted as missed; an event whose
+// events' stamps exactly, and every event is read or counted as missed; an event whose
 // writer is still writing while a read runs gets its number at the next read, after
 // events that happened later (as the old single ring did for a preempted writer, it
 // may then be out of time order by the length of that preemption).
+//
+// Threads that exit park their lane and its chunk: closed, so that a claim may recycle
+// it, and taken up by the next thread that records if no claim did.
 //
 // Memory: capacity + kChunkEvents slots of 64 bytes, plus, once read, the numbered
 // events the readers page through (capacity x 64 bytes), plus a chunk list per lane.
@@ -43,6 +64,7 @@
 // events as missed rather than returning torn ones.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -114,6 +136,7 @@ class TraceRing : public AllocatorObserver {
     uint32_t used = 0;                      // slots written in the open chunk
     uint32_t limit = 0;                     // its slots (K); 0 while the lane has none
     uint64_t thread_bits = 0;               // the holder's thread number << 32
+    uint64_t last = 0;                      // the stamp of the lane's last event
   };
 
  private:
@@ -122,10 +145,18 @@ class TraceRing : public AllocatorObserver {
   [[gnu::noinline]] LaneHead* ThisThreadLane();
   // Record's cold half: the lane's chunk is full (or it has none): claims the next,
   // then records the event, or drops it when no chunk is free.
-  [[gnu::noinline]] void RecordSlow(LaneHead* head, const AllocEvent& event, int64_t tick);
-  static void WriteSlot(Slot& slot, const AllocEvent& event, int64_t tick, uint64_t thread_bits);
+  [[gnu::noinline]] void RecordSlow(LaneHead* head, const AllocEvent& event, uint64_t stamp);
+  static void WriteSlot(Slot& slot, const AllocEvent& event, uint64_t stamp,
+                        uint64_t thread_bits);
+  // The event's stamp is `stamp`: it becomes the lane's and the event's order words'.
+  static void Commit(LaneHead* lane, const AllocEvent& event, uint64_t stamp) {
+    lane->last = stamp;
+    if (event.block_order != nullptr) *event.block_order = stamp;
+    if (event.pool_order != nullptr) *event.pool_order = stamp;
+  }
   Lane* AcquireLane();
-  void ReleaseLane(Lane* lane);  // at thread exit: closes its chunk, frees the lane
+  void ReleaseLane(Lane* lane);  // at thread exit: parks its chunk, frees the lane
+  static void DropChunk(Lane* lane);  // the lane has no chunk from now on
   // Gives `lane` a fresh chunk (closing its full one); false when every chunk is held
   // open by another lane (the event is then dropped and counted as missed).
   bool Claim(Lane* lane);
@@ -163,13 +194,13 @@ extern constinit thread_local uint64_t tls_ring_uid;
 extern constinit thread_local TraceRing::LaneHead* tls_ring_lane;
 }  // namespace trace_internal
 
-inline void TraceRing::WriteSlot(Slot& slot, const AllocEvent& event, int64_t tick,
+inline void TraceRing::WriteSlot(Slot& slot, const AllocEvent& event, uint64_t stamp,
                                  uint64_t thread_bits) {
   const uint64_t packed = static_cast<uint64_t>(event.action) |
                           static_cast<uint64_t>(event.device.type) << 8 |
                           (static_cast<uint64_t>(event.device.index) & 0xffff) << 16 |
                           thread_bits;
-  slot.words[0].store(static_cast<uint64_t>(tick), std::memory_order_relaxed);
+  slot.words[0].store(stamp, std::memory_order_relaxed);
   slot.words[1].store(packed, std::memory_order_relaxed);
   slot.words[2].store(event.stream.handle, std::memory_order_relaxed);
   slot.words[3].store(event.addr, std::memory_order_relaxed);
@@ -179,17 +210,23 @@ inline void TraceRing::WriteSlot(Slot& slot, const AllocEvent& event, int64_t ti
 }
 
 inline void TraceRing::Record(const AllocEvent& event) {
-  // The lane first, then the tick: a lane passes to a new thread when its thread exits,
-  // and a tick read before taking over the lane could be older than the last tick the
-  // exited thread wrote there (the merge needs each lane's ticks in order).
   LaneHead* lane = trace_internal::tls_ring_uid == uid_ ? trace_internal::tls_ring_lane
                                                         : ThisThreadLane();
-  const int64_t tick = clock_.Now();
+  // The stamp (see above): the clock, raised past the lane's last event and the
+  // event's causal predecessors. Under the device lock (pool_order given) the exact
+  // tick, costing a TSC read on a path that costs hundreds of ns anyway; on the
+  // cache-hit path the ticker's.
+  uint64_t stamp = static_cast<uint64_t>(event.pool_order != nullptr ? clock_.Now()
+                                                                     : TraceClock::Coarse());
+  stamp = std::max(stamp, lane->last + 1);
+  if (event.block_order != nullptr) stamp = std::max(stamp, *event.block_order + 1);
+  if (event.pool_order != nullptr) stamp = std::max(stamp, *event.pool_order + 1);
   if (lane->used == lane->limit) [[unlikely]] {
-    RecordSlow(lane, event, tick);
+    RecordSlow(lane, event, stamp);
     return;
   }
-  WriteSlot(lane->slots[lane->used], event, tick, lane->thread_bits);
+  Commit(lane, event, stamp);
+  WriteSlot(lane->slots[lane->used], event, stamp, lane->thread_bits);
   lane->count->store(++lane->used, std::memory_order_release);
 }
 

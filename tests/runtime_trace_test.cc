@@ -21,6 +21,8 @@
 #include "allocator/snapshot.h"
 #include "runtime/json.h"
 #include "runtime/trace.h"
+#include "runtime/trace_clock.h"
+#include "tools/timeline/timeline.h"
 
 namespace devmem {
 namespace {
@@ -214,20 +216,24 @@ TEST(TraceRingTest, PerThreadLanesMergeByTimeWhenQuiescent) {
   EXPECT_EQ(ring.next_seq(), kThreads * kPerThread + 1);
 }
 
-// Events ordered by a lock (as the device lock orders an allocator's events) are
-// numbered in that order, although each thread writes its own lane.
+// Events ordered by a lock and carrying its order word (as the device lock orders an
+// allocator's events, AllocEvent::pool_order) are numbered in that order, although each
+// thread writes its own lane.
 TEST(TraceRingTest, EventsOrderedByALockAcrossThreadsKeepThatOrder) {
   TraceRing ring(4096);
   std::mutex mu;
   std::condition_variable cv;
   uint64_t turn = 1;  // the next event; odd ones are thread 0's, even ones thread 1's
+  uint64_t lock_order = 0;
   constexpr uint64_t kEvents = 1000;
   auto player = [&](uint64_t parity) {
     for (;;) {
       std::unique_lock<std::mutex> lock(mu);
       cv.wait(lock, [&] { return turn > kEvents || turn % 2 == parity; });
       if (turn > kEvents) return;
-      ring.on_event(Synthetic(turn));
+      AllocEvent e = Synthetic(turn);
+      e.pool_order = &lock_order;  // guarded by mu, as the pool's by the device lock
+      ring.on_event(e);
       ++turn;
       cv.notify_all();
     }
@@ -287,6 +293,121 @@ TEST(TraceRingTest, PerThreadLanesAreReusedAcrossThreadExits) {
   for (size_t i = 0; i < events.size(); ++i) {
     EXPECT_EQ(events[i].addr, kThreads * kPerThread - ring.capacity() + 1 + i);
   }
+}
+
+// A thread that exits parks its chunk, and a claim may recycle it: the ring keeps its
+// capacity of the newest events however many threads exited and left their lanes to
+// no one (each such lane kept a chunk out of the ring before).
+TEST(TraceRingTest, AnExitedThreadsChunkIsRecycled) {
+  TraceRing ring(256);  // 64 slots a chunk, 5 chunks
+  constexpr int kExited = 3;
+  constexpr uint64_t kParked = 10, kMain = 1000;
+  std::latch all_have_lanes(kExited);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kExited; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 1; i <= kParked; ++i) ring.on_event(Synthetic(t * 100 + i));
+      all_have_lanes.arrive_and_wait();  // three lanes, each with its chunk
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_EQ(ring.since(0).size(), kExited * kParked);  // read before any recycling
+  // This thread takes one of the three lanes up; the other two stay parked.
+  for (uint64_t i = 1; i <= kMain; ++i) ring.on_event(Synthetic(1000 + i));
+  uint64_t missed = 0;
+  const std::vector<TraceEvent> events = ring.since(kExited * kParked, SIZE_MAX, &missed);
+  EXPECT_EQ(events.size() + missed, kMain);
+  ASSERT_EQ(events.size(), ring.capacity()) << "the newest events held";
+  for (size_t i = 0; i < events.size(); ++i) {
+    ASSERT_EQ(events[i].addr, 1000 + kMain - ring.capacity() + 1 + i);
+  }
+}
+
+// Unread events in a parked chunk that a claim recycles are counted as missed: every
+// event is read or counted when quiescent.
+TEST(TraceRingTest, UnreadEventsOfARecycledParkedChunkCountAsMissed) {
+  TraceRing ring(256);
+  constexpr uint64_t kParked = 10, kMain = 2000;
+  ring.on_event(Synthetic(1));  // this thread's own lane first: the exited one's stays parked
+  std::thread([&] {
+    for (uint64_t i = 1; i <= kParked; ++i) ring.on_event(Synthetic(100 + i));
+  }).join();
+  for (uint64_t i = 1; i <= kMain; ++i) ring.on_event(Synthetic(1000 + i));
+  uint64_t missed = 0;
+  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(events.size() + missed, 1 + kParked + kMain);
+  EXPECT_EQ(ring.next_seq(), 1 + kParked + kMain + 1);
+  ASSERT_EQ(events.size(), ring.capacity());
+  EXPECT_EQ(events.back().addr, 1000 + kMain);
+}
+
+// Holds the trace's coarse tick still for a test's scope (trace_clock.h).
+struct HeldTicker {
+  HeldTicker() { TraceClock::HoldTickerForTest(true); }
+  ~HeldTicker() { TraceClock::HoldTickerForTest(false); }
+};
+
+// One block handed back and forth between two threads within one coarse tick: each
+// thread frees the block the other allocated, then allocates it again from its own
+// cache (cache hits: no lock, no exact clock). The trace reads in the order the
+// threads handed the block on (a free after its alloc on the other thread), which a
+// merge of the two lanes by a plain coarse tick cannot give: their events tie, and
+// each lane's own count puts one thread's events all before the other's.
+TEST(TraceRingTest, ABlockHandedBetweenThreadsWithinOneTickReadsInCausalOrder) {
+  Config config;
+  config.backend = BackendKind::kSim;
+  config.sim_capacity = 64 * kMiB;
+  CachingAllocator alloc(MakeSimBackend(config, 32), config);
+  TraceRing ring(4096);
+  alloc.set_observer(&ring);
+  const SiteId site = InternSite(std::source_location::current(), SiteKind::kAlloc);
+  HeldTicker held;
+  constexpr int kSteps = 40;
+  std::mutex mu;
+  std::condition_variable cv;
+  int step = 0;  // thread step % 2 takes step `step`
+  void* block = nullptr;
+  std::vector<uint32_t> step_thread(kSteps);
+  auto player = [&](int parity) {
+    for (;;) {
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return step >= kSteps || step % 2 == parity; });
+      if (step >= kSteps) return;
+      if (block != nullptr) alloc.free(block);  // the other thread's allocation
+      block = alloc.allocate(4096, {}, site);
+      step_thread[step] = TraceThreadNumber();
+      ++step;
+      cv.notify_all();
+    }
+  };
+  std::thread a(player, 0), b(player, 1);
+  a.join();
+  b.join();
+  alloc.free(block);
+  alloc.set_observer(nullptr);
+
+  const std::vector<TraceEvent> events = ring.since(0);
+  std::vector<const TraceEvent*> user;  // the allocs and frees, in the trace's order
+  for (const TraceEvent& e : events) {
+    if (e.action == AllocAction::kAlloc || e.action == AllocAction::kFree) user.push_back(&e);
+  }
+  ASSERT_EQ(user.size(), size_t{2 * kSteps});  // step 0: alloc; 1..: free, alloc; free
+  for (int s = 0; s < kSteps; ++s) {
+    const TraceEvent& alloc_event = *user[s == 0 ? 0 : 2 * s];
+    ASSERT_EQ(alloc_event.action, AllocAction::kAlloc) << "step " << s;
+    ASSERT_EQ(alloc_event.thread, step_thread[s]) << "step " << s << "'s alloc";
+    const TraceEvent& free_event = *user[2 * s + 1];
+    ASSERT_EQ(free_event.action, AllocAction::kFree) << "step " << s + 1;
+    ASSERT_EQ(free_event.addr, alloc_event.addr);
+    if (s + 1 < kSteps) {
+      ASSERT_EQ(free_event.thread, step_thread[s + 1]) << "step " << s + 1 << "'s free";
+    }
+  }
+  // memtrace timeline reads it (a double alloc would be an error naming the line).
+  std::string text = TraceHeaderToJson(events) + "\n";
+  for (const TraceEvent& e : events) text += TraceEventToJson(e) + "\n";
+  absl::StatusOr<Timeline> t = BuildTimeline(text, "handed.jsonl", TimelineOptions{});
+  ASSERT_TRUE(t.ok()) << t.status();
 }
 
 TEST(TraceJsonTest, EventRoundTrip) {
