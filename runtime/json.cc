@@ -602,13 +602,18 @@ class SnapshotWriter {
     }
   }
 
-  void Block(const BlockInfo& b, int64_t now_ns) {  // as BlockToJson
+  // The fields a block and a live buffer start with alike: {addr, size, requested.
+  void Extent(const BlockInfo& b) {
     out_.lit("{\"addr\":");
     out_.u64(b.addr);
     out_.lit(",\"size\":");
     out_.u64(b.size);
     out_.lit(",\"requested\":");
     out_.u64(b.requested);
+  }
+
+  void Block(const BlockInfo& b, int64_t now_ns) {  // as BlockToJson
+    Extent(b);
     out_.lit(",\"state\":");
     Name(BlockStateName(b.state));
     Placement(b, now_ns);
@@ -617,12 +622,7 @@ class SnapshotWriter {
 
   void LiveBuffer(const BlockInfo& b, int64_t now_ns,
                   const BufferAnnotations* annotations) {  // as LiveBufferToJson
-    out_.lit("{\"addr\":");
-    out_.u64(b.addr);
-    out_.lit(",\"size\":");
-    out_.u64(b.size);
-    out_.lit(",\"requested\":");
-    out_.u64(b.requested);
+    Extent(b);
     Placement(b, now_ns);
     Annotation(b.addr, annotations);
     out_.ch('}');
