@@ -35,14 +35,15 @@
 // observer's lock -> site registry lock (GetSite, a leaf). The segment sources' driver
 // calls run with mu_ released (driver_in_flight.h): a regular segment's
 // allocate_segment, an expandable map, every free and unmap of the reclaimer and of
-// recycling (proactive or not), the waits for streams before them, the handle
-// reserve's release and the address ranges' release. The intent is registered first
+// recycling (proactive or not), the handle reserve's release and the address ranges'
+// release. The intent is registered first
 // (its bytes count against the memory limit, DriverInFlight; what the call works on is
 // out of everyone's reach), the pool is consistent at the release, and the caller
 // re-checks what it prepared once it is back: try_grow, new_segment_with_retry,
 // Reclaimer::reclaim and poll_locked may release mu_. Still under mu_: event record /
-// query / release, the waits for events of cross-stream frees, private pools' segment
-// releases and pool destruction.
+// query / release, the waits for events of cross-stream frees, the stream waits before
+// frees and unmaps (release_stream(s) must not return while s may still be named to
+// the driver), private pools' segment releases and pool destruction.
 #pragma once
 
 #include <cstddef>

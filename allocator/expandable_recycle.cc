@@ -182,7 +182,7 @@ size_t ExpandableSegments::unmap_holes(const std::vector<Hole>& holes,
   try {
     // Every stream first (each once), then every unmap: nothing queued before the
     // frees may still use the memory.
-    synchronize_for_release(streams, lock);
+    synchronize_for_release(streams);  // under the lock (segment_source.cc)
     ScopedUnlock unlocked(lock);
     for (; done < holes.size(); ++done) {
       backend_.unmap(reinterpret_cast<void*>(holes[done].at), holes[done].bytes);

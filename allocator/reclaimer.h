@@ -9,7 +9,7 @@
 // Waiting for pending events is the caller's step (it decides what a free completes
 // into); the reclaimer only gives memory back.
 //
-// The driver calls (frees, unmaps, waits for streams, the handle reserve's release) run
+// The driver calls (frees, unmaps, the handle reserve's release) run
 // with the device lock released (segment_source.h): the segments chosen leave the
 // table before the lock is, so reclaim() sees each chosen segment once, and another
 // thread reclaiming meanwhile chooses among the others. The caller must expect

@@ -5,23 +5,19 @@
 
 namespace devmem::internal {
 
-void SegmentSource::synchronize_for_release(const std::vector<Stream>& streams,
-                                            Mutex* lock) {
-  // A retiring stream may be destroyed already: only its retirement's event, which the
-  // retirement table owns, says when its work is done; that table is the pool's, so it
-  // is read (and the event waited for) under the lock. Rare: release_stream's window.
-  std::vector<Stream> live;
-  live.reserve(streams.size());
+void SegmentSource::synchronize_for_release(const std::vector<Stream>& streams) {
+  // Under the lock: once release_stream(s) returns, the program may destroy s, so s is
+  // named to the driver only while the lock keeps release_stream out (a wait with the
+  // lock released would need an event of the pool's own, recorded under it). A
+  // retiring stream may be destroyed already: its retirement's event says when its
+  // work is done (StreamRetirements).
   for (const Stream s : streams) {
-    if (retirements_ != nullptr && !retirements_->empty() &&
-        retirements_->state(s) != StreamRetireState::kLive) {
+    if (retirements_ != nullptr) {
       retirements_->synchronize_for_release(s);
     } else {
-      live.push_back(s);
+      backend_.synchronize_stream(s);
     }
   }
-  ScopedUnlock unlocked(lock);
-  for (const Stream s : live) backend_.synchronize_stream(s);
 }
 
 void SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
@@ -55,7 +51,7 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
   std::exception_ptr error;
   try {
     if (call) {
-      synchronize_for_release(streams, lock);
+      synchronize_for_release(streams);
       ScopedUnlock unlocked(lock);
       for (; done < segments.size(); ++done) {
         give_back_call(segments[done]->addr, segments[done]->size);

@@ -74,9 +74,9 @@ class SegmentSource {
   virtual Grown grow(const GrowRequest& req) = 0;
   // release_segment: gives unused segments of this source (each one free block) back
   // to the backend, after waiting for their streams; they are deleted. All leave the
-  // table, the free sets and the statistics first; then, with `lock` released, the
-  // streams are waited for (a retiring stream's event is waited for under the lock:
-  // the retirement table is the pool's) and the segments given back. A DriverError
+  // table, the free sets and the statistics first; then the streams are waited for
+  // (under the lock: release_stream must not return while a stream may still be named
+  // to the driver) and the segments given back with `lock` released. A DriverError
   // puts the segments not given back where they were (cached and counted) and is
   // rethrown.
   void release(const std::vector<Segment*>& segments, Mutex* lock) {
@@ -128,10 +128,9 @@ class SegmentSource {
   virtual void give_back_call(uintptr_t addr, size_t size) = 0;
   virtual void given_back(Segment* /*s*/, bool /*ok*/) {}
 
-  // Waits for `streams` (distinct) so that memory freed on them may go back: those of
-  // live streams with `lock` released, retiring ones (their retirement's event) before
-  // releasing it. The lock is held again on return, also when a wait throws.
-  void synchronize_for_release(const std::vector<Stream>& streams, Mutex* lock);
+  // Waits for `streams` (distinct) so that memory freed on them may go back (a
+  // retiring stream: its retirement's event). Under the lock: see segment_source.cc.
+  void synchronize_for_release(const std::vector<Stream>& streams);
 
   Backend& backend_;
   SegmentTable& table_;

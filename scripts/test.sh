@@ -39,14 +39,14 @@ fi
 if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
   echo "== build (build-tsan/: ThreadSanitizer, concurrency tests)"
   # Only these test files are compiled (tests/CMakeLists.txt, DEVMEM_TEST_FILES).
-  tsan_files='/(arena|caching_allocator_(random|fault|errors|recycle|unlocked_driver)|backend_conformance|site|thread_cache|tensor_(storage|live_buffers)|runtime_(trace|http|metrics)|flight_recorder)_test\.cc$'
+  tsan_files='/(arena|caching_allocator_(random|fault|errors|recycle|unlocked_driver)|unlocked_driver_window|backend_conformance|site|thread_cache|tensor_(storage|live_buffers)|runtime_(trace|http|metrics)|flight_recorder)_test\.cc$'
   bash scripts/build.sh build-tsan -DDEVMEM_SANITIZE=thread -DDEVMEM_WITH_CUDA=OFF \
     -DDEVMEM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     "-DDEVMEM_TEST_FILES=${tsan_files}"
   echo "== tests (build-tsan/)"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$(nproc)" \
-    -R 'Arena|TwoThreads|Concurrent|Racing|AcrossThreads|PerThread|EachStreamHasItsOwnWorker|HttpServerTest|ExpandableRecycleTest|UnlockedDriverTest|FlightRecorderTest'
+    -R 'Arena|TwoThreads|Concurrent|Racing|AcrossThreads|PerThread|EachStreamHasItsOwnWorker|HttpServerTest|ExpandableRecycleTest|UnlockedDriver|FlightRecorderTest'
 fi
 if [[ "${DEVMEM_SKIP_FUZZ:-0}" != 1 ]]; then
   echo "== build (build-fuzz/: libFuzzer targets only)"
