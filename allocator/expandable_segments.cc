@@ -391,7 +391,12 @@ Block* ExpandableSegments::link_mapped(Reservation* r, uintptr_t at, size_t byte
   return b;
 }
 
+void ExpandableSegments::reserve_detached(size_t n) {
+  in_flight_ranges_.reserve(in_flight_ranges_.size() + n);
+}
+
 void ExpandableSegments::detached(Segment* s) {
+  // No allocation: reserve_detached made room in the same lock hold.
   Reservation* r = s->reservation;
   r->mapped -= s->size;
   --r->runs;

@@ -265,6 +265,7 @@ class ExpandableSegments final : public SegmentSource {
   size_t round_to_granule(size_t bytes) const { return RoundToGranule(bytes, granularity_); }
   // A whole run is unmapped (release, destroy): its reservation's books, the call, and
   // the books restored when the call threw.
+  void reserve_detached(size_t n) override;
   void detached(Segment* s) override;
   void give_back_call(uintptr_t addr, size_t size) override;
   void given_back(Segment* s, bool ok) override;

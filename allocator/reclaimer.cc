@@ -34,6 +34,10 @@ size_t Reclaimer::reclaim(size_t bytes, Urgency urgency) {
     released += s->size;
     (s->expandable() ? expandable : regular).push_back(s);
   }
+  // Room for both detaches before either (a bad_alloc in the second would strand the
+  // first batch out of the books).
+  regular_.reserve_detached(regular.size());
+  if (expandable_ != nullptr) expandable_->reserve_detached(expandable.size());
   regular_.detach_for_release(regular);
   if (expandable_ != nullptr) expandable_->detach_for_release(expandable);
   try {

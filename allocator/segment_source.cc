@@ -24,6 +24,7 @@ void SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
   // The books first, under the lock: each segment leaves the free sets, the table and
   // the statistics (the trace says it goes), so no one else can find it; its bytes stay
   // counted against the memory limit until the driver has them (DriverInFlight).
+  reserve_detached(segments.size());  // may throw: before any change
   for (Segment* s : segments) {
     acct_.segment_releasing(s);
     free_.erase(s->head);  // the single free block
@@ -37,12 +38,6 @@ void SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
 void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mutex* lock,
                                        bool call) {
   if (segments.empty()) return;
-  std::vector<Stream> streams;
-  for (const Segment* s : segments) {
-    bool seen = false;
-    for (const Stream t : streams) seen = seen || t == s->stream;
-    if (!seen) streams.push_back(s->stream);
-  }
   // The block is free in stream order only: work queued on its stream before the free
   // may still use it. cudaFree synchronizes by itself, unmapping does not, and the sim
   // backend does neither; so wait first, as the Backend contract asks. Then the driver,
@@ -51,6 +46,13 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
   std::exception_ptr error;
   try {
     if (call) {
+      // Inside the try: a bad_alloc here puts every segment back, as a driver error does.
+      std::vector<Stream> streams;
+      for (const Segment* s : segments) {
+        bool seen = false;
+        for (const Stream t : streams) seen = seen || t == s->stream;
+        if (!seen) streams.push_back(s->stream);
+      }
       synchronize_for_release(streams);
       ScopedUnlock unlocked(lock);
       for (; done < segments.size(); ++done) {
@@ -79,6 +81,7 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
 }
 
 void SegmentSource::destroy(Segment* s, bool give_back_memory) {
+  if (give_back_memory) reserve_detached(1);  // may throw: before any change
   table_.remove(s);
   if (give_back_memory) {
     detached(s);

@@ -89,6 +89,12 @@ class SegmentSource {
   // source's calls failed: the device is broken) nothing reaches the driver, and the
   // segments are put back.
   void detach_for_release(const std::vector<Segment*>& segments);
+  // Makes room, before any change, for what detaching `n` segments records (host
+  // memory: a bad_alloc halfway through a detach would leave segments out of every
+  // book and their bytes "giving back" forever, which wait_for_give_backs would then
+  // wait for). detach_for_release calls it; a caller detaching from two sources in one
+  // lock hold (the reclaimer) calls both first.
+  virtual void reserve_detached(size_t /*n*/) {}
   void give_back_detached(const std::vector<Segment*>& segments, Mutex* lock,
                           bool call = true);
   // recycle: gives back up to `bytes` without releasing whole segments (unmaps whole
