@@ -581,9 +581,9 @@ struct HttpServer::Impl {
       return Error(404, "tracing is off (trace_entries:0 in the configuration): leave "
                         "trace_entries at its default, or set it, to record events");
     }
-    uint64_t missed = 0;
-    auto events =
-        std::make_shared<const std::vector<TraceEvent>>(ring->since(since, limit, &missed));
+    uint64_t missed = 0, next_since = 0;
+    auto events = std::make_shared<const std::vector<TraceEvent>>(
+        ring->since(since, limit, &missed, &next_since));
     Response r;
     r.content_type = "application/x-ndjson";
     // Two passes over the copied events (the ring may have moved on): one for the
@@ -608,11 +608,11 @@ struct HttpServer::Impl {
       }
       if (!piece.empty()) sink(piece);
     };
-    // Where to continue from (a `since` past the newest event comes back as the
+    // Where to continue from: past the last number this page returned or counted
+    // missed (TraceRing::since; a `since` past the newest event comes back as the
     // newest, so a client that is ahead resynchronises), whether more events were
     // already there, and how many were overwritten before this read.
     const uint64_t newest = ring->next_seq() - 1;
-    const uint64_t next_since = events->empty() ? std::min(since, newest) : events->back().seq;
     r.headers.emplace_back("X-Devmem-Next-Since", std::to_string(next_since));
     r.headers.emplace_back("X-Devmem-More", next_since < newest ? "1" : "0");
     r.headers.emplace_back("X-Devmem-Missed", std::to_string(missed));

@@ -277,6 +277,12 @@ bool TraceRing::Claim(Lane* lane) {
 
 void TraceRing::on_event(const AllocEvent& event) { Record(event); }
 
+void TraceRing::CountDroppedForTesting(uint64_t n) {
+  Lane* lane = static_cast<Lane*>(ThisThreadLane());
+  lane->dropped_local += n;
+  lane->dropped.store(lane->dropped_local, std::memory_order_relaxed);
+}
+
 void TraceRing::RecordSlow(LaneHead* head, const AllocEvent& event, uint64_t stamp) {
   Lane* lane = static_cast<Lane*>(head);
   // Once per chunk: the ticker again in a forked child. (Not the exact tick: a TSC read
@@ -412,8 +418,8 @@ uint64_t TraceRing::next_seq() const {
   return next_;
 }
 
-std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit,
-                                         uint64_t* missed) const {
+std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit, uint64_t* missed,
+                                         uint64_t* next_after) const {
   MutexLock lock(&read_mu_);
   Collect();
   std::vector<TraceEvent> out;
@@ -423,6 +429,7 @@ std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit,
   // after + 1, which wraps to 0 for after = 2^64 - 1 and would return the whole ring.
   if (after >= end - 1) {
     if (missed != nullptr) *missed = 0;
+    if (next_after != nullptr) *next_after = end - 1;
     return out;
   }
   // Events older than the last `capacity_` numbered are gone.
@@ -456,6 +463,7 @@ std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit,
     out.push_back(e);
   }
   if (missed != nullptr) *missed = lost;
+  if (next_after != nullptr) *next_after = q - 1;  // every number below q was returned or missed
   return out;
 }
 

@@ -111,11 +111,23 @@ class TraceRing : public AllocatorObserver {
 
   // Events with seq > after, oldest first, at most `limit`. *missed (if given) is the
   // number of events after `after` that were overwritten before this read.
+  // *next_after (if given) is the `after` to pass next: the last number this read
+  // returned or counted missed (at most next_seq() - 1, so that a reader ahead of the
+  // ring resynchronises). A follower must page with it, not with the last event's seq:
+  // numbers of lost events may be the newest (a lane's events lost after the last one
+  // read), and a follower that resumed from its last event would count them missed
+  // again on every read and never reach next_seq().
   std::vector<TraceEvent> since(uint64_t after, size_t limit = SIZE_MAX,
-                                uint64_t* missed = nullptr) const;
+                                uint64_t* missed = nullptr,
+                                uint64_t* next_after = nullptr) const;
   // The sequence number the next event will get (after numbering what was published).
   uint64_t next_seq() const;
   size_t capacity() const;
+
+  // As if this thread's lane had dropped `n` events for want of a free chunk (which
+  // only a race of more writing threads than chunks produces): for tests of how
+  // readers number and page past lost events.
+  void CountDroppedForTesting(uint64_t n);
 
   // on_event without the virtual dispatch, for observers that forward to a ring.
   // Inline (below): the runtime's observer records every event through it.

@@ -521,6 +521,37 @@ TEST(HttpServerTest, DebugTraceIsBoundedAndPages) {
   a->empty_cache();
 }
 
+// When the newest numbers are of lost events, X-Devmem-Next-Since goes past them and
+// X-Devmem-More is 0. It used to name the last event, with More 1, so that memtrace's
+// reader got the same page again and failed ("X-Devmem-More is 1 but ... did not move").
+TEST(HttpServerTest, DebugTracePagesPastLostEventsThatAreTheNewest) {
+  Runtime& rt = FreshRuntime();
+  ASSERT_TRUE(HasTheTestRing(rt));
+  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
+  ASSERT_NE(server, nullptr);
+  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+  const uint64_t start = rt.trace()->next_seq() - 1;
+  a->free(a->allocate(4096, {}, TestSite(__LINE__)));
+  // This thread's lane, which recorded the two events, loses three after them.
+  const_cast<TraceRing*>(rt.trace())->CountDroppedForTesting(3);
+  const uint64_t newest = rt.trace()->next_seq() - 1;
+  HttpResponse r = Get(server->port(), "/debug/trace?since=" + std::to_string(start));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::vector<uint64_t> seqs = TraceSeqs(r.body);
+  ASSERT_GE(seqs.size(), 2u);  // the pair (and a segment's events if it mapped one)
+  EXPECT_EQ(seqs.front(), start + 1);
+  EXPECT_EQ(seqs.back() + 3, newest);
+  EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(newest));
+  EXPECT_EQ(r.headers["x-devmem-more"], "0");
+  EXPECT_EQ(r.headers["x-devmem-missed"], "3");
+  r = Get(server->port(), "/debug/trace?since=" + r.headers["x-devmem-next-since"]);
+  ASSERT_EQ(r.status, 200);
+  EXPECT_EQ(r.body, "");
+  EXPECT_EQ(r.headers["x-devmem-missed"], "0");
+  EXPECT_EQ(r.headers["x-devmem-more"], "0");
+  a->empty_cache();
+}
+
 // since = 2^64 - 1 once wrapped to 0 (after + 1) and returned the whole ring.
 TEST(HttpServerTest, DebugTraceSinceTheLargestSeqReturnsNothing) {
   Runtime& rt = FreshRuntime();
