@@ -835,7 +835,9 @@ TEST(CachingAllocatorOomTest, LastResortExactSizeSegment) {
   std::optional<OomReport> r = CatchOom([&] { t->allocate(3 * kMiB); });
   ASSERT_TRUE(r.has_value());
   // The driver's free bytes are the device's: sim_capacity's only on the sim.
-  if (t.sim != nullptr) EXPECT_EQ(r->driver_free, 2 * kMiB);
+  if (t.sim != nullptr) {
+    EXPECT_EQ(r->driver_free, 2 * kMiB);
+  }
   // The exact-size segments are cached and reused like any other.
   t->free(p);
   void* p2 = t->allocate(3 * kMiB);
@@ -1603,7 +1605,9 @@ TEST(CachingAllocatorOomTest, ReportIsTakenAfterTheFlush) {
   // Stage (2) released the cached 40 MiB segment before giving up.
   EXPECT_EQ(r->reserved, 12 * kMiB);
   EXPECT_EQ(r->allocated, 12 * kMiB);
-  if (t.sim != nullptr) EXPECT_EQ(r->driver_free, 52 * kMiB);  // the device's (above)
+  if (t.sim != nullptr) {
+    EXPECT_EQ(r->driver_free, 52 * kMiB);  // the device's (above)
+  }
   EXPECT_EQ(r->segment_count, 1u);
   EXPECT_EQ(r->largest_free_block, 0u);
   EXPECT_EQ(r->free_blocks, 0u);

@@ -659,7 +659,9 @@ void ThreadsThreeStreams(const std::string& conf, uint64_t default_seed, uint64_
   }
   EXPECT_EQ(arena_bumps, bumps);
   EXPECT_EQ(arena_spills, spills);
-  if (conf.find("arena_max_waste:0") != std::string::npos) EXPECT_EQ(spills, 0);
+  if (conf.find("arena_max_waste:0") != std::string::npos) {
+    EXPECT_EQ(spills, 0);
+  }
   EXPECT_EQ(scopes_closed, scopes);
   EXPECT_EQ(arena_report.live_bytes, 0);
   const int64_t pool_allocs = allocs - bumps + chunk_allocs;

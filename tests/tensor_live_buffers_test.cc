@@ -185,7 +185,9 @@ TEST_F(LiveBuffersTest, StoragesFreedOnAnotherThreadAreUnlistedWhileSnapshotsRun
   EXPECT_EQ(LiveStorages::Get().size(), before);
   const RuntimeSnapshot after = Runtime::Get().snapshot();
   for (size_t i = 0; i < after.devices.size() && i < after.annotations.size(); ++i) {
-    if (after.devices[i].device == kSimDevice) EXPECT_TRUE(after.annotations[i].empty());
+    if (after.devices[i].device == kSimDevice) {
+      EXPECT_TRUE(after.annotations[i].empty());
+    }
   }
 }
 
