@@ -215,6 +215,24 @@ TEST(MetricsTest, ArenaFamiliesFollowTheArenas) {
   EXPECT_EQ(SampleValue(f.Scrape(), "devmem_arena_chunks_returned_total", {{"device", "sim:0"}}), 1);
 }
 
+// The spelling docs/metrics.md gives an arena chunk's site: the arena's name as the tag,
+// the file "<arena>", no line (a named site's line 0 is left out) and the kind. The
+// snapshot's "where", the snapshot reader and memtrace's site names are the same
+// SiteInfo::ToString, so this one literal pins them all.
+TEST(MetricsTest, ArenaChunkSiteLabelIsSpelledAsDocumented) {
+  Fixture f;
+  void* kept;
+  {
+    ArenaScope step(*f.alloc, "step");
+    kept = f.alloc->allocate(1000, {}, Site(22));
+  }
+  const std::vector<Sample> s = f.Scrape();
+  EXPECT_EQ(SampleValue(s, "devmem_site_live_bytes",
+                        {{"device", "sim:0"}, {"site", "step @ <arena> (arena)"}}),
+            kMinArenaChunkSize);
+  f.alloc->free(kept);
+}
+
 // A scrape (and a snapshot) asks the driver for its memory figures without holding the
 // device lock: from inside mem_info, another thread's stats() gets the lock. (Were the
 // lock held, that thread would wait for the scrape: the check gives up after 10 s and
