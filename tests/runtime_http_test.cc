@@ -4,11 +4,12 @@
 // scrapes running while two threads allocate and free as fast as they can.
 //
 // The runtime is process-wide: these tests install a fresh sim allocator with
-// Runtime::set_allocator and start their own HttpServer with their own Config. The
-// runtime they use is created with a trace ring of kRingEntries; ctest runs each test
-// in its own process, so it is always theirs. A runtime without that ring (another
-// test of the same process created it first: run the binary with --gtest_filter) is a
-// failure of the trace tests, not a skip: a skip there could only hide breakage.
+// Runtime::set_allocator (the HttpServerTest fixture does it for each test) and start
+// their own HttpServer with their own Config. The runtime they use is created with a
+// trace ring of kRingEntries; ctest runs each test in its own process, so it is always
+// theirs. A runtime without that ring (another test of the same process created it
+// first: run the binary with --gtest_filter) is a failure of the trace tests, not a
+// skip: a skip there could only hide breakage.
 #include "runtime/http_server.h"
 
 #include <arpa/inet.h>
@@ -216,25 +217,36 @@ SiteId TestSite(uint32_t line) {
   return InternNamedSite("tests/runtime_http_test.cc", line, "Test", SiteKind::kAlloc);
 }
 
-TEST(HttpServerTest, PortZeroPicksARealPortAndHealthzAnswers) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  EXPECT_GT(server->port(), 0);
-  EXPECT_EQ(server->url(), "http://127.0.0.1:" + std::to_string(server->port()));
-  HttpResponse r = Get(server->port(), "/healthz");
+// Each HttpServerTest's runtime: FreshRuntime's, with its fresh sim:0 allocator (a_);
+// Serve() starts the server under test (server_), a fatal test failure when it does
+// not start. Members are destroyed in reverse order: the server stops first.
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void Serve(const Config& config) {
+    server_ = StartOrDie(config, rt_);
+    ASSERT_NE(server_, nullptr);
+  }
+  void Serve(std::string_view conf = "") { Serve(HttpConfig(conf)); }
+
+  Runtime& rt_ = FreshRuntime();
+  const std::shared_ptr<CachingAllocator> a_ = rt_.allocator(DeviceId{DeviceType::kSim, 0});
+  std::unique_ptr<HttpServer> server_;
+};
+
+TEST_F(HttpServerTest, PortZeroPicksARealPortAndHealthzAnswers) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  EXPECT_GT(server_->port(), 0);
+  EXPECT_EQ(server_->url(), "http://127.0.0.1:" + std::to_string(server_->port()));
+  HttpResponse r = Get(server_->port(), "/healthz");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "ok\n");
   EXPECT_EQ(r.headers["content-length"], "3");
 }
 
-TEST(HttpServerTest, MetricsAreServedAndPromtoolClean) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  void* p = a->allocate(5000, {}, TestSite(__LINE__));
-  HttpResponse r = Get(server->port(), "/metrics");
+TEST_F(HttpServerTest, MetricsAreServedAndPromtoolClean) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  void* p = a_->allocate(5000, {}, TestSite(__LINE__));
+  HttpResponse r = Get(server_->port(), "/metrics");
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.headers["content-type"], "text/plain; version=0.0.4; charset=utf-8");
   EXPECT_EQ(PromtoolCheck(r.body), "");
@@ -246,57 +258,49 @@ TEST(HttpServerTest, MetricsAreServedAndPromtoolClean) {
   EXPECT_NE(testutil::FindSample(samples, "devmem_allocation_size_bytes_count",
                                  {{"device", "sim:0"}}),
             nullptr);
-  EXPECT_EQ(Get(server->port(), "/metrics?x=1").status, 400);
-  a->free(p);
+  EXPECT_EQ(Get(server_->port(), "/metrics?x=1").status, 400);
+  a_->free(p);
 }
 
 // Every config key of the server reaches it: site_top_k bounds the site labels of the
 // served /metrics (the collector's own test cannot see the server drop the key).
-TEST(HttpServerTest, ServedMetricsHonourSiteTopK) {
-  Runtime& rt = FreshRuntime();
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+TEST_F(HttpServerTest, ServedMetricsHonourSiteTopK) {
   std::vector<void*> held;
   for (uint32_t line = 0; line < 5; ++line) {
-    held.push_back(a->allocate(4096 * (line + 1), {}, TestSite(3000 + line)));
+    held.push_back(a_->allocate(4096 * (line + 1), {}, TestSite(3000 + line)));
   }
   for (const auto& [conf, series] : {std::pair<const char*, size_t>{"site_top_k:2", 3},
                                      std::pair<const char*, size_t>{"site_top_k:4", 5},
                                      std::pair<const char*, size_t>{"", 6}}) {
     SCOPED_TRACE(conf);
-    std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(conf), rt);
+    std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(conf), rt_);
     ASSERT_NE(server, nullptr);
     const auto samples = ParsePrometheusText(Get(server->port(), "/metrics").body);
     // K labelled sites plus "other" (the default, 10, labels all five).
     EXPECT_EQ(testutil::SamplesOf(samples, "devmem_site_live_bytes").size(), series);
   }
-  for (void* p : held) a->free(p);
+  for (void* p : held) a_->free(p);
 }
 
 // The runtime's observer forwards alloc events to SizeHistogram::Process(), which the
 // served /metrics reads (runtime/size_histogram.h, "Wiring").
-TEST(HttpServerTest, RuntimeAllocationsReachTheSizeHistogram) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
+TEST_F(HttpServerTest, RuntimeAllocationsReachTheSizeHistogram) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
   const std::map<std::string, std::string> sim0 = {{"device", "sim:0"}};
-  const double before = SampleValue(ParsePrometheusText(Get(server->port(), "/metrics").body),
+  const double before = SampleValue(ParsePrometheusText(Get(server_->port(), "/metrics").body),
                                     "devmem_allocation_size_bytes_count", sim0);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  a->free(a->allocate(5000, {}, TestSite(__LINE__)));
-  const double after = SampleValue(ParsePrometheusText(Get(server->port(), "/metrics").body),
+  a_->free(a_->allocate(5000, {}, TestSite(__LINE__)));
+  const double after = SampleValue(ParsePrometheusText(Get(server_->port(), "/metrics").body),
                                    "devmem_allocation_size_bytes_count", sim0);
   EXPECT_EQ(after, before + 1)
       << "the runtime's DeviceObserver::on_event must forward to SizeHistogram::Process()";
 }
 
-TEST(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  void* small = a->allocate(1000, {}, TestSite(1001));
-  void* big = a->allocate(3 * kMiB, {}, TestSite(1002));
-  const int port = server->port();
+TEST_F(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  void* small = a_->allocate(1000, {}, TestSite(1001));
+  void* big = a_->allocate(3 * kMiB, {}, TestSite(1002));
+  const int port = server_->port();
 
   HttpResponse r = Get(port, "/debug/buffers");
   ASSERT_EQ(r.status, 200) << r.body;
@@ -319,10 +323,10 @@ TEST(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
   EXPECT_NE(r.body.find("sim:1: no allocator in this process (it has: sim:0)"),
             std::string::npos)
       << r.body;
-  r = Get(port, "/debug/buffers?device=sim:" + std::to_string(rt.config().sim_devices));
+  r = Get(port, "/debug/buffers?device=sim:" + std::to_string(rt_.config().sim_devices));
   EXPECT_EQ(r.status, 400) << r.body;
   EXPECT_NE(r.body.find("does not exist (sim_devices is "), std::string::npos) << r.body;
-  EXPECT_EQ(rt.allocators().size(), 1u) << "a query must not create a device";
+  EXPECT_EQ(rt_.allocators().size(), 1u) << "a query must not create a device";
 
   struct Bad {
     const char* query;
@@ -336,24 +340,21 @@ TEST(HttpServerTest, DebugBuffersFiltersAndRejectsBadParameters) {
     EXPECT_EQ(r.status, 400) << bad.query;
     EXPECT_NE(r.body.find(bad.names), std::string::npos) << bad.query << ": " << r.body;
   }
-  a->free(small);
-  a->free(big);
+  a_->free(small);
+  a_->free(big);
 }
 
 // /debug/buffers?site= picks the buffers memtrace buffers --site picks from the same
 // snapshot (one rule: allocator/site.h's SiteTextMatches): the site's text (kind and
 // tag included), its file:line, its function. The server matched only file:line and
 // the tag, so "(clone)" or a function name found nothing live but everything in memtrace.
-TEST(HttpServerTest, DebugBuffersSiteMatchesWhatMemtraceBuffersSiteMatches) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  void* plain = a->allocate(4096, {}, TestSite(2001));
-  void* copy = a->allocate(8192, {},
-                           InternNamedSite("tests/copies.cc", 77, "MakeTheCopyForSiteQueries",
-                                           SiteKind::kClone, "optimizer"));
-  const HttpResponse snap_text = Get(server->port(), "/debug/snapshot");
+TEST_F(HttpServerTest, DebugBuffersSiteMatchesWhatMemtraceBuffersSiteMatches) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  void* plain = a_->allocate(4096, {}, TestSite(2001));
+  void* copy = a_->allocate(8192, {},
+                            InternNamedSite("tests/copies.cc", 77, "MakeTheCopyForSiteQueries",
+                                            SiteKind::kClone, "optimizer"));
+  const HttpResponse snap_text = Get(server_->port(), "/debug/snapshot");
   ASSERT_EQ(snap_text.status, 200);
   absl::StatusOr<memtrace::Snapshot> snap = memtrace::ParseSnapshot(snap_text.body, "live");
   ASSERT_TRUE(snap.ok()) << snap.status();
@@ -369,7 +370,7 @@ TEST(HttpServerTest, DebugBuffersSiteMatchesWhatMemtraceBuffersSiteMatches) {
     for (const char* c = needle; *c != '\0'; ++c) {
       escaped += *c == ' ' ? "%20" : *c == '@' ? "%40" : std::string(1, *c);
     }
-    const HttpResponse r = Get(server->port(), "/debug/buffers?site=" + escaped);
+    const HttpResponse r = Get(server_->port(), "/debug/buffers?site=" + escaped);
     ASSERT_EQ(r.status, 200) << r.body;
     const nlohmann::json j = nlohmann::json::parse(r.body);
     EXPECT_EQ(j["matched"], listed.size());
@@ -379,42 +380,39 @@ TEST(HttpServerTest, DebugBuffersSiteMatchesWhatMemtraceBuffersSiteMatches) {
       EXPECT_EQ(j["buffers"][i]["where"], snap->Site(listed[i].block->site).where);
     }
   }
-  EXPECT_EQ(nlohmann::json::parse(Get(server->port(), "/debug/buffers?site=(clone)").body)
+  EXPECT_EQ(nlohmann::json::parse(Get(server_->port(), "/debug/buffers?site=(clone)").body)
                 ["buffers"][0]["where"],
             "optimizer @ tests/copies.cc:77 (clone)");
-  a->free(plain);
-  a->free(copy);
+  a_->free(plain);
+  a_->free(copy);
 }
 
-TEST(HttpServerTest, DebugSnapshotIsJson) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  HttpResponse r = Get(server->port(), "/debug/snapshot");
+TEST_F(HttpServerTest, DebugSnapshotIsJson) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  HttpResponse r = Get(server_->port(), "/debug/snapshot");
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.headers["content-type"], "application/json");
   EXPECT_EQ(nlohmann::json::parse(r.body)["schema"], "devmem.snapshot/1");
-  EXPECT_EQ(Get(server->port(), "/debug/snapshot?all=1").status, 400);
+  EXPECT_EQ(Get(server_->port(), "/debug/snapshot?all=1").status, 400);
 }
 
 // /debug/snapshot is written while it is sent: chunked to an HTTP/1.1 client (no
 // Content-Length: the length is not known when the head goes out), whole with its
 // Content-Length to an HTTP/1.0 one, which cannot read chunks; the same JSON either way.
-TEST(HttpServerTest, DebugSnapshotIsChunkedToHttp11AndWholeToHttp10) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+TEST_F(HttpServerTest, DebugSnapshotIsChunkedToHttp11AndWholeToHttp10) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
   // Enough blocks for a body of many pieces (kSnapshotPieceBytes each).
   std::vector<void*> held;
-  for (int i = 0; i < 3000; ++i) held.push_back(a->allocate(512 * (1 + i % 8), {}, TestSite(__LINE__)));
-  HttpResponse chunked = Get(server->port(), "/debug/snapshot");
+  for (int i = 0; i < 3000; ++i) {
+    held.push_back(a_->allocate(512 * (1 + i % 8), {}, TestSite(__LINE__)));
+  }
+  HttpResponse chunked = Get(server_->port(), "/debug/snapshot");
   ASSERT_EQ(chunked.status, 200);
   EXPECT_EQ(chunked.headers["transfer-encoding"], "chunked");
   EXPECT_EQ(chunked.headers.count("content-length"), 0u);
   EXPECT_GT(chunked.body.size(), 4 * kSnapshotPieceBytes);
-  HttpResponse whole = RawRequest(server->port(),
-                                  "GET /debug/snapshot HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
+  HttpResponse whole = RawRequest(server_->port(),
+                                   "GET /debug/snapshot HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
   ASSERT_EQ(whole.status, 200);
   EXPECT_EQ(whole.headers.count("transfer-encoding"), 0u);
   EXPECT_EQ(whole.headers["content-length"], std::to_string(whole.body.size()));
@@ -431,18 +429,15 @@ TEST(HttpServerTest, DebugSnapshotIsChunkedToHttp11AndWholeToHttp10) {
     }
     EXPECT_GE(live, held.size());
   }
-  for (void* p : held) a->free(p);
+  for (void* p : held) a_->free(p);
 }
 
-TEST(HttpServerTest, DebugTraceServesEventsSinceN) {
-  Runtime& rt = FreshRuntime();
-  ASSERT_TRUE(HasTheTestRing(rt));
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  const uint64_t start = rt.trace()->next_seq() - 1;
-  a->free(a->allocate(2048, {}, TestSite(__LINE__)));
-  HttpResponse r = Get(server->port(), "/debug/trace?since=" + std::to_string(start));
+TEST_F(HttpServerTest, DebugTraceServesEventsSinceN) {
+  ASSERT_TRUE(HasTheTestRing(rt_));
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  const uint64_t start = rt_.trace()->next_seq() - 1;
+  a_->free(a_->allocate(2048, {}, TestSite(__LINE__)));
+  HttpResponse r = Get(server_->port(), "/debug/trace?since=" + std::to_string(start));
   ASSERT_EQ(r.status, 200) << r.body;
   std::vector<std::string> actions;
   uint64_t last = start;
@@ -459,11 +454,11 @@ TEST(HttpServerTest, DebugTraceServesEventsSinceN) {
   EXPECT_NE(std::find(actions.begin(), actions.end(), "free"), actions.end());
   EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(last));
   // Nothing after the last one.
-  r = Get(server->port(), "/debug/trace?since=" + std::to_string(last));
+  r = Get(server_->port(), "/debug/trace?since=" + std::to_string(last));
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "");
-  EXPECT_EQ(Get(server->port(), "/debug/trace?since=-3").status, 400);
-  EXPECT_EQ(Get(server->port(), "/debug/trace?since=abc").status, 400);
+  EXPECT_EQ(Get(server_->port(), "/debug/trace?since=-3").status, 400);
+  EXPECT_EQ(Get(server_->port(), "/debug/trace?since=abc").status, 400);
 }
 
 // The seq of every line of a /debug/trace body.
@@ -480,18 +475,15 @@ std::vector<uint64_t> TraceSeqs(const std::string& body) {
 
 // A response is bounded without a `limit` (10,000 events), `limit` has a maximum
 // (100,000), and X-Devmem-More / X-Devmem-Next-Since page through the rest.
-TEST(HttpServerTest, DebugTraceIsBoundedAndPages) {
-  Runtime& rt = FreshRuntime();
-  ASSERT_TRUE(HasTheTestRing(rt));
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  const uint64_t start = rt.trace()->next_seq() - 1;
-  for (int i = 0; i < 6500; ++i) a->free(a->allocate(4096, {}, TestSite(__LINE__)));
-  const uint64_t newest = rt.trace()->next_seq() - 1;
+TEST_F(HttpServerTest, DebugTraceIsBoundedAndPages) {
+  ASSERT_TRUE(HasTheTestRing(rt_));
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  const uint64_t start = rt_.trace()->next_seq() - 1;
+  for (int i = 0; i < 6500; ++i) a_->free(a_->allocate(4096, {}, TestSite(__LINE__)));
+  const uint64_t newest = rt_.trace()->next_seq() - 1;
   ASSERT_GE(newest - start, 13000u);
 
-  HttpResponse r = Get(server->port(), "/debug/trace?since=" + std::to_string(start));
+  HttpResponse r = Get(server_->port(), "/debug/trace?since=" + std::to_string(start));
   ASSERT_EQ(r.status, 200) << r.body;
   std::vector<uint64_t> seqs = TraceSeqs(r.body);
   ASSERT_EQ(seqs.size(), 10000u);
@@ -504,7 +496,7 @@ TEST(HttpServerTest, DebugTraceIsBoundedAndPages) {
   EXPECT_EQ(r.headers["x-devmem-more"], "1");
   EXPECT_EQ(r.headers["x-devmem-missed"], "0");
   // The next page holds the rest and says there is no more.
-  r = Get(server->port(), "/debug/trace?since=" + r.headers["x-devmem-next-since"]);
+  r = Get(server_->port(), "/debug/trace?since=" + r.headers["x-devmem-next-since"]);
   ASSERT_EQ(r.status, 200);
   seqs = TraceSeqs(r.body);
   ASSERT_FALSE(seqs.empty());
@@ -512,30 +504,27 @@ TEST(HttpServerTest, DebugTraceIsBoundedAndPages) {
   EXPECT_EQ(seqs.back(), newest);
   EXPECT_EQ(r.headers["x-devmem-more"], "0");
 
-  r = Get(server->port(), "/debug/trace?since=" + std::to_string(start) + "&limit=3");
+  r = Get(server_->port(), "/debug/trace?since=" + std::to_string(start) + "&limit=3");
   EXPECT_EQ(TraceSeqs(r.body).size(), 3u);
-  EXPECT_EQ(Get(server->port(), "/debug/trace?limit=100000").status, 200);
-  r = Get(server->port(), "/debug/trace?limit=100001");
+  EXPECT_EQ(Get(server_->port(), "/debug/trace?limit=100000").status, 200);
+  r = Get(server_->port(), "/debug/trace?limit=100001");
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("maximum, 100000"), std::string::npos) << r.body;
-  a->empty_cache();
+  a_->empty_cache();
 }
 
 // When the newest numbers are of lost events, X-Devmem-Next-Since goes past them and
 // X-Devmem-More is 0. It used to name the last event, with More 1, so that memtrace's
 // reader got the same page again and failed ("X-Devmem-More is 1 but ... did not move").
-TEST(HttpServerTest, DebugTracePagesPastLostEventsThatAreTheNewest) {
-  Runtime& rt = FreshRuntime();
-  ASSERT_TRUE(HasTheTestRing(rt));
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  const uint64_t start = rt.trace()->next_seq() - 1;
-  a->free(a->allocate(4096, {}, TestSite(__LINE__)));
+TEST_F(HttpServerTest, DebugTracePagesPastLostEventsThatAreTheNewest) {
+  ASSERT_TRUE(HasTheTestRing(rt_));
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  const uint64_t start = rt_.trace()->next_seq() - 1;
+  a_->free(a_->allocate(4096, {}, TestSite(__LINE__)));
   // This thread's lane, which recorded the two events, loses three after them.
-  const_cast<TraceRing*>(rt.trace())->CountDroppedForTesting(3);
-  const uint64_t newest = rt.trace()->next_seq() - 1;
-  HttpResponse r = Get(server->port(), "/debug/trace?since=" + std::to_string(start));
+  const_cast<TraceRing*>(rt_.trace())->CountDroppedForTesting(3);
+  const uint64_t newest = rt_.trace()->next_seq() - 1;
+  HttpResponse r = Get(server_->port(), "/debug/trace?since=" + std::to_string(start));
   ASSERT_EQ(r.status, 200) << r.body;
   const std::vector<uint64_t> seqs = TraceSeqs(r.body);
   ASSERT_GE(seqs.size(), 2u);  // the pair (and a segment's events if it mapped one)
@@ -544,28 +533,25 @@ TEST(HttpServerTest, DebugTracePagesPastLostEventsThatAreTheNewest) {
   EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(newest));
   EXPECT_EQ(r.headers["x-devmem-more"], "0");
   EXPECT_EQ(r.headers["x-devmem-missed"], "3");
-  r = Get(server->port(), "/debug/trace?since=" + r.headers["x-devmem-next-since"]);
+  r = Get(server_->port(), "/debug/trace?since=" + r.headers["x-devmem-next-since"]);
   ASSERT_EQ(r.status, 200);
   EXPECT_EQ(r.body, "");
   EXPECT_EQ(r.headers["x-devmem-missed"], "0");
   EXPECT_EQ(r.headers["x-devmem-more"], "0");
-  a->empty_cache();
+  a_->empty_cache();
 }
 
 // since = 2^64 - 1 once wrapped to 0 (after + 1) and returned the whole ring.
-TEST(HttpServerTest, DebugTraceSinceTheLargestSeqReturnsNothing) {
-  Runtime& rt = FreshRuntime();
-  ASSERT_TRUE(HasTheTestRing(rt));
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  a->free(a->allocate(2048, {}, TestSite(__LINE__)));
-  const uint64_t newest = rt.trace()->next_seq() - 1;
+TEST_F(HttpServerTest, DebugTraceSinceTheLargestSeqReturnsNothing) {
+  ASSERT_TRUE(HasTheTestRing(rt_));
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  a_->free(a_->allocate(2048, {}, TestSite(__LINE__)));
+  const uint64_t newest = rt_.trace()->next_seq() - 1;
   for (const std::string& since : {std::string("18446744073709551615"),
                                   std::string("18446744073709551614"),
                                   std::to_string(newest), std::to_string(newest + 1000)}) {
     SCOPED_TRACE(since);
-    HttpResponse r = Get(server->port(), "/debug/trace?since=" + since);
+    HttpResponse r = Get(server_->port(), "/debug/trace?since=" + since);
     ASSERT_EQ(r.status, 200);
     EXPECT_EQ(r.body, "");
     EXPECT_EQ(r.headers["x-devmem-missed"], "0");
@@ -574,18 +560,16 @@ TEST(HttpServerTest, DebugTraceSinceTheLargestSeqReturnsNothing) {
     EXPECT_EQ(r.headers["x-devmem-next-since"], std::to_string(newest));
   }
   uint64_t missed = 7;
-  EXPECT_TRUE(rt.trace()->since(UINT64_MAX, SIZE_MAX, &missed).empty());
+  EXPECT_TRUE(rt_.trace()->since(UINT64_MAX, SIZE_MAX, &missed).empty());
   EXPECT_EQ(missed, 0u);
-  EXPECT_EQ(Get(server->port(), "/debug/trace?since=18446744073709551616").status, 400);
+  EXPECT_EQ(Get(server_->port(), "/debug/trace?since=18446744073709551616").status, 400);
 }
 
 // DNS rebinding: a page on evil.example that resolves its name to 127.0.0.1 sends
 // "Host: evil.example"; nothing may answer it. Loopback names and addresses may.
-TEST(HttpServerTest, HostHeaderMustNameThisServer) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+TEST_F(HttpServerTest, HostHeaderMustNameThisServer) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  const int port = server_->port();
   const std::string p = ":" + std::to_string(port);
   for (const char* path : {"/metrics", "/healthz", "/debug/snapshot", "/debug/trace"}) {
     SCOPED_TRACE(path);
@@ -610,25 +594,20 @@ TEST(HttpServerTest, HostHeaderMustNameThisServer) {
   EXPECT_NE(bad.body.find("\"host:port\""), std::string::npos) << bad.body;
 }
 
-TEST(HttpServerTest, HttpAllowedHostsWidensTheHostCheck) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server =
-      StartOrDie(HttpConfig("http_allowed_hosts:devbox  Devbox.LAN"), rt);
-  ASSERT_NE(server, nullptr);
-  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "devbox").status, 200);
-  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "devbox.lan:80").status, 200);
-  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "localhost").status, 200);
-  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "evil.example").status, 403);
-  server = StartOrDie(HttpConfig("http_allowed_hosts:*"), rt);
-  ASSERT_NE(server, nullptr);
-  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "evil.example").status, 200);
+TEST_F(HttpServerTest, HttpAllowedHostsWidensTheHostCheck) {
+  ASSERT_NO_FATAL_FAILURE(Serve("http_allowed_hosts:devbox  Devbox.LAN"));
+  EXPECT_EQ(GetWithHost(server_->port(), "/healthz", "devbox").status, 200);
+  EXPECT_EQ(GetWithHost(server_->port(), "/healthz", "devbox.lan:80").status, 200);
+  EXPECT_EQ(GetWithHost(server_->port(), "/healthz", "localhost").status, 200);
+  EXPECT_EQ(GetWithHost(server_->port(), "/healthz", "evil.example").status, 403);
+  ASSERT_NO_FATAL_FAILURE(Serve("http_allowed_hosts:*"));
+  EXPECT_EQ(GetWithHost(server_->port(), "/healthz", "evil.example").status, 200);
   // The name given in `http` is accepted (it is how clients reach the server).
-  server = StartOrDie(HttpConfig("http:localhost:0"), rt);
-  ASSERT_NE(server, nullptr);
-  EXPECT_EQ(GetWithHost(server->port(), "/healthz", "localhost").status, 200);
+  ASSERT_NO_FATAL_FAILURE(Serve("http:localhost:0"));
+  EXPECT_EQ(GetWithHost(server_->port(), "/healthz", "localhost").status, 200);
 
   Config bad = HttpConfig("http_allowed_hosts:good bad/name");
-  absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start(bad, &rt);
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start(bad, &rt_);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("\"bad/name\""), std::string::npos) << s.status();
   Config no_http = testutil::MakeSimConfig("http_allowed_hosts:devbox");
@@ -636,34 +615,30 @@ TEST(HttpServerTest, HttpAllowedHostsWidensTheHostCheck) {
             std::string::npos);
 }
 
-TEST(HttpServerTest, HttpMetricsTokenGuardsMetricsToo) {
-  Runtime& rt = FreshRuntime();
+TEST_F(HttpServerTest, HttpMetricsTokenGuardsMetricsToo) {
   const std::string token_file = WriteTempFile("s3cret-token\n");
   Config config = HttpConfig("http_metrics_token:true");
   config.http_token_file = token_file;
-  std::unique_ptr<HttpServer> server = StartOrDie(config, rt);
-  ASSERT_NE(server, nullptr);
-  HttpResponse r = Get(server->port(), "/metrics");
+  ASSERT_NO_FATAL_FAILURE(Serve(config));
+  HttpResponse r = Get(server_->port(), "/metrics");
   EXPECT_EQ(r.status, 401);
   EXPECT_NE(r.body.find("/metrics needs"), std::string::npos) << r.body;
-  EXPECT_EQ(Get(server->port(), "/metrics", "Authorization: Bearer wrong\r\n").status, 401);
-  r = Get(server->port(), "/metrics", "Authorization: Bearer s3cret-token\r\n");
+  EXPECT_EQ(Get(server_->port(), "/metrics", "Authorization: Bearer wrong\r\n").status, 401);
+  r = Get(server_->port(), "/metrics", "Authorization: Bearer s3cret-token\r\n");
   EXPECT_EQ(r.status, 200);
   EXPECT_NE(r.body.find("devmem_allocated_bytes"), std::string::npos);
-  EXPECT_EQ(Get(server->port(), "/healthz").status, 200);  // liveness stays open
-  EXPECT_EQ(Get(server->port(), "/debug/snapshot").status, 401);
-  server.reset();
+  EXPECT_EQ(Get(server_->port(), "/healthz").status, 200);  // liveness stays open
+  EXPECT_EQ(Get(server_->port(), "/debug/snapshot").status, 401);
+  server_.reset();
   unlink(token_file.c_str());
   // Without a token there is nothing to require.
   absl::Status s = ValidateHttpConfig(HttpConfig("http_metrics_token:true"));
   EXPECT_NE(s.message().find("http_token_file"), std::string::npos) << s;
 }
 
-TEST(HttpServerTest, UnknownPathsAndMethodsAndMalformedRequestsGet4xx) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+TEST_F(HttpServerTest, UnknownPathsAndMethodsAndMalformedRequestsGet4xx) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  const int port = server_->port();
   HttpResponse r = Get(port, "/nope");
   EXPECT_EQ(r.status, 404);
   EXPECT_NE(r.body.find("/nope"), std::string::npos) << r.body;
@@ -683,14 +658,12 @@ TEST(HttpServerTest, UnknownPathsAndMethodsAndMalformedRequestsGet4xx) {
   EXPECT_EQ(Get(port, "/healthz").status, 200);
 }
 
-TEST(HttpServerTest, TokenGuardsDebugEndpointsOnly) {
-  Runtime& rt = FreshRuntime();
+TEST_F(HttpServerTest, TokenGuardsDebugEndpointsOnly) {
   const std::string token_file = WriteTempFile("  s3cret-token\n");
   Config config = HttpConfig();
   config.http_token_file = token_file;
-  std::unique_ptr<HttpServer> server = StartOrDie(config, rt);
-  ASSERT_NE(server, nullptr);
-  const int port = server->port();
+  ASSERT_NO_FATAL_FAILURE(Serve(config));
+  const int port = server_->port();
   for (const char* path : {"/debug/snapshot", "/debug/buffers", "/debug/trace",
                            "/debug/nope"}) {
     SCOPED_TRACE(path);
@@ -711,42 +684,41 @@ TEST(HttpServerTest, TokenGuardsDebugEndpointsOnly) {
   // /metrics and /healthz stay open (Prometheus scrapes without credentials).
   EXPECT_EQ(Get(port, "/metrics").status, 200);
   EXPECT_EQ(Get(port, "/healthz").status, 200);
-  server.reset();
+  server_.reset();
   unlink(token_file.c_str());
 }
 
-TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
-  Runtime& rt = FreshRuntime();
+TEST_F(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
   Config config = HttpConfig();
   config.http_token_file = "/nonexistent/devmem-token";
-  absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start(config, &rt);
+  absl::StatusOr<std::unique_ptr<HttpServer>> s = HttpServer::Start(config, &rt_);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("/nonexistent/devmem-token"), std::string::npos)
       << s.status();
 
   const std::string empty = WriteTempFile(" \n");
   config.http_token_file = empty;
-  s = HttpServer::Start(config, &rt);
+  s = HttpServer::Start(config, &rt_);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find(empty), std::string::npos) << s.status();
   unlink(empty.c_str());
 
   config = HttpConfig("http:0.0.0.0:0");
-  s = HttpServer::Start(config, &rt);
+  s = HttpServer::Start(config, &rt_);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find("http_allow_remote"), std::string::npos)
       << s.status();
   config.http_allow_remote = true;
-  s = HttpServer::Start(config, &rt);
+  s = HttpServer::Start(config, &rt_);
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Get((*s)->port(), "/healthz").status, 200);  // 0.0.0.0 includes loopback
   s->reset();
 
   // A port in use.
-  std::unique_ptr<HttpServer> first = StartOrDie(HttpConfig(), rt);
+  std::unique_ptr<HttpServer> first = StartOrDie(HttpConfig(), rt_);
   ASSERT_NE(first, nullptr);
   config = HttpConfig("http:127.0.0.1:" + std::to_string(first->port()));
-  s = HttpServer::Start(config, &rt);
+  s = HttpServer::Start(config, &rt_);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.status().message().find(config.http), std::string::npos) << s.status();
   EXPECT_NE(s.status().message().find("Address already in use (EADDRINUSE " +
@@ -757,7 +729,7 @@ TEST(HttpServerTest, StartRefusesWhatItCannotServeSafely) {
   // IPv6: served where civetweb has it, else refused with the reason (Debian's civetweb
   // is built without USE_IPV6, and failed with only "cannot bind").
   config = HttpConfig("http:[::1]:0");
-  s = HttpServer::Start(config, &rt);
+  s = HttpServer::Start(config, &rt_);
   if (HttpServer::Ipv6Supported()) {
     EXPECT_TRUE(s.ok()) << s.status();
   } else {
@@ -835,23 +807,20 @@ TEST(HttpTokenFileTest, ATokenFileWithoutHttpIsAnError) {
   EXPECT_TRUE(ValidateHttpConfig(testutil::MakeSimConfig("")).ok());
 }
 
-TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
+TEST_F(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
   // Half a request, never finished, and a finished one whose response is never read.
-  const int stalled = Connect(server->port());
+  const int stalled = Connect(server_->port());
   ASSERT_GE(stalled, 0);
   ASSERT_GT(send(stalled, "GET /debug/snap", 15, MSG_NOSIGNAL), 0);
-  const int unread = Connect(server->port());
+  const int unread = Connect(server_->port());
   ASSERT_GE(unread, 0);
   const std::string req = "GET /debug/snapshot HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
   ASSERT_GT(send(unread, req.data(), req.size(), MSG_NOSIGNAL), 0);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
   const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 10000; ++i) a->free(a->allocate(4096));
+  for (int i = 0; i < 10000; ++i) a_->free(a_->allocate(4096));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
-  EXPECT_EQ(Get(server->port(), "/metrics").status, 200);
+  EXPECT_EQ(Get(server_->port(), "/metrics").status, 200);
   close(stalled);
   close(unread);
 }
@@ -859,14 +828,12 @@ TEST(HttpServerTest, AStalledClientDoesNotBlockAllocationOrOtherClients) {
 // Slow clients (connected, a partial request, then nothing) each hold a worker until
 // the request timeout. A handful of them must not starve scrapes: with 4 workers and
 // a 10 s timeout, 8 such clients once left /metrics answering 1 probe in 13.
-TEST(HttpServerTest, SlowClientsDoNotStarveScrapes) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
+TEST_F(HttpServerTest, SlowClientsDoNotStarveScrapes) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
   constexpr int kSlowClients = 8;
   std::vector<int> slow;
   for (int i = 0; i < kSlowClients; ++i) {
-    const int fd = Connect(server->port());
+    const int fd = Connect(server_->port());
     ASSERT_GE(fd, 0);
     ASSERT_GT(send(fd, "GET /metrics HTTP/1.1\r\nHo", 25, MSG_NOSIGNAL), 0);
     slow.push_back(fd);
@@ -876,7 +843,7 @@ TEST(HttpServerTest, SlowClientsDoNotStarveScrapes) {
   // remain (or after the slow clients time out, which this bound rules out).
   for (int probe = 0; probe < 5; ++probe) {
     const auto t0 = std::chrono::steady_clock::now();
-    HttpResponse m = Get(server->port(), "/metrics");
+    HttpResponse m = Get(server_->port(), "/metrics");
     const auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_EQ(m.status, 200) << "probe " << probe;
     EXPECT_LT(took, std::chrono::milliseconds(1500)) << "probe " << probe;
@@ -887,11 +854,8 @@ TEST(HttpServerTest, SlowClientsDoNotStarveScrapes) {
   for (int fd : slow) close(fd);
 }
 
-TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
-  Runtime& rt = FreshRuntime();
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+TEST_F(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
+  ASSERT_NO_FATAL_FAILURE(Serve());
   // Bounded: 2 s or 100k operations per thread, whichever comes first.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   std::atomic<bool> stop{false};
@@ -903,7 +867,7 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
            SampleValue(samples, name, {{"device", "sim:0"}, {"pool", "large"}});
   };
   const std::vector<testutil::Sample> first =
-      ParsePrometheusText(Get(server->port(), "/metrics").body);
+      ParsePrometheusText(Get(server_->port(), "/metrics").body);
   const double allocs_before = total(first, "devmem_allocations_total");
   const double frees_before = total(first, "devmem_frees_total");
   auto storm = [&](uint32_t seed) {
@@ -912,11 +876,11 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
     for (int i = 0; i < 100000 && !stop.load(std::memory_order_relaxed); ++i) {
       if (held.size() < 64 && (held.empty() || rng() % 2 == 0)) {
         const size_t sizes[] = {512, 4000, 65536, 1 << 20, 3 << 20};
-        held.push_back(a->allocate(sizes[rng() % 5], {}, TestSite(2000 + rng() % 16)));
+        held.push_back(a_->allocate(sizes[rng() % 5], {}, TestSite(2000 + rng() % 16)));
         allocs.fetch_add(1, std::memory_order_relaxed);
       } else {
         const size_t k = rng() % held.size();
-        a->free(held[k]);
+        a_->free(held[k]);
         frees.fetch_add(1, std::memory_order_relaxed);
         held[k] = held.back();
         held.pop_back();
@@ -924,7 +888,7 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
       ops.fetch_add(1, std::memory_order_relaxed);
       if (std::chrono::steady_clock::now() > deadline) break;
     }
-    for (void* p : held) a->free(p);
+    for (void* p : held) a_->free(p);
     frees.fetch_add(static_cast<int64_t>(held.size()), std::memory_order_relaxed);
   };
   std::thread t1(storm, 1);
@@ -935,7 +899,7 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
   auto scrape = [&] {
     double last_allocations = 0;
     while (std::chrono::steady_clock::now() < deadline) {
-      HttpResponse m = Get(server->port(), "/metrics");
+      HttpResponse m = Get(server_->port(), "/metrics");
       EXPECT_EQ(m.status, 200);
       if (m.status != 200) break;
       const auto samples = ParsePrometheusText(m.body);
@@ -958,8 +922,8 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
       const double allocations = total(samples, "devmem_allocations_total");
       EXPECT_GE(allocations, last_allocations);  // counters never go down
       last_allocations = allocations;
-      EXPECT_EQ(Get(server->port(), "/debug/buffers?limit=5").status, 200);
-      EXPECT_EQ(Get(server->port(), "/debug/snapshot").status, 200);
+      EXPECT_EQ(Get(server_->port(), "/debug/buffers?limit=5").status, 200);
+      EXPECT_EQ(Get(server_->port(), "/debug/snapshot").status, 200);
       scrapes.fetch_add(1, std::memory_order_relaxed);
     }
   };
@@ -973,8 +937,8 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
   // Scrapes ran while the storm held buffers, and the counters account for exactly
   // the storm's operations.
   EXPECT_GT(busy_scrapes.load(), 0) << scrapes.load() << " scrapes, " << ops.load() << " ops";
-  EXPECT_TRUE(a->validate().ok()) << a->validate();
-  HttpResponse m = Get(server->port(), "/metrics");
+  EXPECT_TRUE(a_->validate().ok()) << a_->validate();
+  HttpResponse m = Get(server_->port(), "/metrics");
   EXPECT_EQ(PromtoolCheck(m.body), "");
   const std::vector<testutil::Sample> last = ParsePrometheusText(m.body);
   EXPECT_EQ(total(last, "devmem_allocations_total") - allocs_before, allocs.load());
@@ -994,24 +958,21 @@ TEST(HttpServerTest, ScrapesRunConcurrentlyWithATwoThreadAllocationStorm) {
 // earlier test's thread whose chunk was recycled after it exited, a gap where those
 // events were: runtime/trace.cc), and what it holds (this test's 13,000 among them, all
 // of them: more than one default page) must come back in order.
-TEST(HttpServerTest, MemtraceReadsTheWholeTraceInPagesWithSiteNames) {
-  Runtime& rt = FreshRuntime();
-  ASSERT_TRUE(HasTheTestRing(rt));
-  std::unique_ptr<HttpServer> server = StartOrDie(HttpConfig(), rt);
-  ASSERT_NE(server, nullptr);
-  std::shared_ptr<CachingAllocator> a = rt.allocator(DeviceId{DeviceType::kSim, 0});
-  const uint64_t before = rt.trace()->next_seq() - 1;
+TEST_F(HttpServerTest, MemtraceReadsTheWholeTraceInPagesWithSiteNames) {
+  ASSERT_TRUE(HasTheTestRing(rt_));
+  ASSERT_NO_FATAL_FAILURE(Serve());
+  const uint64_t before = rt_.trace()->next_seq() - 1;
   const uint32_t line = __LINE__;
   // One buffer of the site stays live throughout, so that every point of the timeline
   // holds bytes of it whichever events the points' intervals end on.
-  void* held_buffer = a->allocate(4096, {}, TestSite(line));
-  for (int i = 0; i < 6500; ++i) a->free(a->allocate(4096, {}, TestSite(line)));
-  const uint64_t newest = rt.trace()->next_seq() - 1;
+  void* held_buffer = a_->allocate(4096, {}, TestSite(line));
+  for (int i = 0; i < 6500; ++i) a_->free(a_->allocate(4096, {}, TestSite(line)));
+  const uint64_t newest = rt_.trace()->next_seq() - 1;
   ASSERT_GT(newest - before, 10000u);
   ASSERT_LE(newest - before, kRingEntries);  // this test's events are all in the ring
   const uint64_t held = std::min<uint64_t>(newest, kRingEntries);
 
-  const std::string base = "http://127.0.0.1:" + std::to_string(server->port());
+  const std::string base = "http://127.0.0.1:" + std::to_string(server_->port());
   absl::StatusOr<memtrace::LiveTrace> live =
       memtrace::FetchLiveTrace(base, "", /*max_pages=*/100, /*page=*/4000);
   ASSERT_TRUE(live.ok()) << live.status();
@@ -1049,10 +1010,10 @@ TEST(HttpServerTest, MemtraceReadsTheWholeTraceInPagesWithSiteNames) {
   ASSERT_LT(k, t->site_names.size()) << name << " not among " << t->site_names.size()
                                      << " site names";
   EXPECT_EQ(t->site_kinds[k], "alloc");
-  a->free(held_buffer);
+  a_->free(held_buffer);
 
   // header= takes 0 or 1 only.
-  HttpResponse r = Get(server->port(), "/debug/trace?header=yes");
+  HttpResponse r = Get(server_->port(), "/debug/trace?header=yes");
   EXPECT_EQ(r.status, 400);
   EXPECT_NE(r.body.find("header: expected 0 or 1"), std::string::npos) << r.body;
 }
