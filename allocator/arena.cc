@@ -500,20 +500,21 @@ void Arenas::unregister_locked(ArenaChunk* c) {
 }
 
 void Arenas::publish_filter_locked() {
-  // The seqlock's writer side (one writer: table_mu_ is held exclusively). The release
-  // fence orders the odd sequence before the entries; the release store of the even
-  // one orders the entries before it.
+  // The seqlock's writer side (one writer: table_mu_ is held exclusively), without
+  // fences (ThreadSanitizer does not model atomic_thread_fence): every entry is stored
+  // with release, so a reader whose acquire load sees a new entry also sees the odd
+  // sequence stored before it, and its recheck fails; the release store of the even
+  // sequence orders the entries before it. On x86 a release store is a plain store.
   const uint64_t seq = filter_seq_.load(std::memory_order_relaxed);
   filter_seq_.store(seq + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
   if (table_.size() > kFilterCapacity) {
-    filter_size_.store(kFilterOverflow, std::memory_order_relaxed);
+    filter_size_.store(kFilterOverflow, std::memory_order_release);
   } else {
     for (size_t i = 0; i < table_.size(); ++i) {
-      filter_begin_[i].store(table_[i]->begin, std::memory_order_relaxed);
-      filter_end_[i].store(table_[i]->begin + table_[i]->size, std::memory_order_relaxed);
+      filter_begin_[i].store(table_[i]->begin, std::memory_order_release);
+      filter_end_[i].store(table_[i]->begin + table_[i]->size, std::memory_order_release);
     }
-    filter_size_.store(table_.size(), std::memory_order_relaxed);
+    filter_size_.store(table_.size(), std::memory_order_release);
   }
   filter_seq_.store(seq + 2, std::memory_order_release);
 }
@@ -523,22 +524,24 @@ bool Arenas::maybe_in_chunk(uintptr_t addr) const {
   // bump follows the chunk's registration on the owning thread, and the freeing
   // thread got the pointer after that), and is unpublished only once it is empty: a
   // stable read that finds no range is a certain "no".
+  // The reader side: the entries are loaded with acquire (plain loads on x86, as the
+  // acquire fence this replaces was), which keeps the recheck of the sequence after
+  // them and makes it see the writer's odd store if any entry read is a new one.
   for (int attempt = 0; attempt < 2; ++attempt) {
     const uint64_t seq = filter_seq_.load(std::memory_order_acquire);
     if (seq % 2 != 0) continue;
-    const size_t n = filter_size_.load(std::memory_order_relaxed);
+    const size_t n = filter_size_.load(std::memory_order_acquire);
     if (n > kFilterCapacity) return true;
     size_t lo = 0, hi = n;  // the first range that begins after addr
     while (lo < hi) {
       const size_t mid = lo + (hi - lo) / 2;
-      if (filter_begin_[mid].load(std::memory_order_relaxed) <= addr) {
+      if (filter_begin_[mid].load(std::memory_order_acquire) <= addr) {
         lo = mid + 1;
       } else {
         hi = mid;
       }
     }
-    const bool inside = lo > 0 && addr < filter_end_[lo - 1].load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    const bool inside = lo > 0 && addr < filter_end_[lo - 1].load(std::memory_order_acquire);
     if (filter_seq_.load(std::memory_order_relaxed) == seq) return inside;
   }
   return true;  // a writer kept publishing: ask the table
