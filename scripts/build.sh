@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# scripts/build.sh [BUILD_DIR] [cmake args...]: configures (once) and builds devmem.
+# scripts/build.sh [BUILD_DIR] [cmake args...]: configures and builds devmem.
+# BUILD_DIR is configured when it is new, and again when the cmake args differ from
+# the ones it was last given here (kept in BUILD_DIR/.build-args): scripts/test.sh's
+# settings for its sanitizer builds reach a directory an earlier run made, too.
 # The default build directory is build/; executables land in BUILD_DIR/bin/.
 # DEVMEM_BUILD_TARGETS="a b" builds only those targets (scripts/demo.sh builds the demo
 # first that way).
@@ -19,6 +22,10 @@ if command -v ccache >/dev/null; then
 fi
 if [[ ! -f "$dir/build.ninja" ]]; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "${launcher[@]}" "$@"
+  printf '%s\n' "$@" >"$dir/.build-args"
+elif [[ $# -gt 0 && "$(printf '%s\n' "$@")" != "$(cat "$dir/.build-args" 2>/dev/null)" ]]; then
+  cmake -S . -B "$dir" "${launcher[@]}" "$@" >/dev/null
+  printf '%s\n' "$@" >"$dir/.build-args"
 fi
 targets=()
 for t in ${DEVMEM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
