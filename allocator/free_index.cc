@@ -11,8 +11,14 @@
 
 namespace devmem::internal {
 
-FreeIndex::~FreeIndex() {
-  for (Block* b : spares_) delete b;
+// The slabs free every Block, spare or not (the pool's segments are gone by then).
+FreeIndex::~FreeIndex() = default;
+
+void FreeIndex::add_slab() {
+  auto slab = std::make_unique<Block[]>(kSlabBlocks);
+  slabs_.reserve(slabs_.size() + 1);
+  slabs_.push_back(std::move(slab));  // cannot throw now (room reserved)
+  slab_used_ = 0;
 }
 
 void FreeIndex::delete_block(Block* b) {
@@ -34,7 +40,7 @@ void FreeIndex::delete_block(Block* b) {
   try {
     spares_.push_back(b);
   } catch (...) {
-    delete b;
+    // Without room to list it, the Block stays unused in its slab (freed with it).
   }
 }
 

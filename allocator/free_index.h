@@ -28,6 +28,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/container/btree_set.h"
@@ -161,20 +162,30 @@ class FreeIndex {
     insert(b);
   }
 
-  // Block objects: from the spares when there are any.
+  // Block objects: from the spares when there are any, else the next unused one of the
+  // newest slab (a new slab when it is used up: may throw std::bad_alloc, changing
+  // nothing). Every Block of a pool lives in its slabs until the pool is destroyed:
+  // never `delete` one, give it back with delete_block().
   Block* new_block() {
-    if (spares_.empty()) return new Block;
-    Block* b = spares_.back();
-    spares_.pop_back();
-    return b;
+    if (!spares_.empty()) {
+      Block* b = spares_.back();
+      spares_.pop_back();
+      return b;
+    }
+    if (slab_used_ == kSlabBlocks) add_slab();
+    return &slabs_.back()[slab_used_++];
   }
   // Resets `b` and keeps it as a spare. Never throws: callers delete blocks in the
-  // middle of relinking; without memory to keep it, the Block goes back to the heap.
+  // middle of relinking; without memory to keep it, the Block stays unused in its slab
+  // until the pool is destroyed.
   void delete_block(Block* b);
   // Makes sure one spare exists (may throw std::bad_alloc; changes nothing else), so
   // that a split on the allocation path needs no memory.
   void reserve_spare() {
-    if (spares_.empty()) delete_block(new Block);
+    if (spares_.empty()) {
+      spares_.reserve(spares_.size() + 1);  // may throw: nothing changed yet
+      spares_.push_back(new_block());       // cannot throw now (room reserved)
+    }
   }
 
   // This part's share of validate(): `b`, a free block of a segment, is in its set
@@ -219,6 +230,15 @@ class FreeIndex {
   FreeSet large_;
   mutable std::array<Summary, 2> summary_{};  // [0] large, [1] small (indexed by `small`)
   std::vector<Block*> spares_;
+  // Blocks are made kSlabBlocks at a time, in one array each (64 KiB), rather than one
+  // `new` each: glibc's aligned new put them 192 B apart (a 128 B Block, 64 B aligned)
+  // among the heap's other objects, and the snapshot walk, which reads one line of every
+  // Block under the device lock (allocator/snapshot_walk.h), is bound by the memory and
+  // pages it touches: 128 B apart, 100,000 Blocks span 12.8 MB instead of 19.2 MB.
+  static constexpr size_t kSlabBlocks = 512;
+  void add_slab();  // may throw std::bad_alloc; changes nothing then
+  std::vector<std::unique_ptr<Block[]>> slabs_;
+  size_t slab_used_ = kSlabBlocks;  // Blocks handed out of slabs_.back()
 };
 
 }  // namespace devmem::internal
