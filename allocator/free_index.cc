@@ -1,9 +1,13 @@
 // allocator/free_index.cc: see free_index.h.
 #include "allocator/free_index.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
+#include <new>
 #include <tuple>
 #include <utility>
 
@@ -12,13 +16,28 @@
 namespace devmem::internal {
 
 // The slabs free every Block, spare or not (the pool's segments are gone by then).
-FreeIndex::~FreeIndex() = default;
+FreeIndex::~FreeIndex() {
+  for (Slab& slab : slabs_) {
+    for (size_t i = 0; i < slab.made; ++i) slab.blocks[i].~Block();
+    std::free(slab.blocks);
+  }
+}
 
 void FreeIndex::add_slab() {
-  auto slab = std::make_unique<Block[]>(kSlabBlocks);
-  slabs_.reserve(slabs_.size() + 1);
-  slabs_.push_back(std::move(slab));  // cannot throw now (room reserved)
-  slab_used_ = 0;
+  static_assert(kHugeSlabBytes / sizeof(Block) >= 2 * kFirstSlabBlocks);
+  constexpr size_t kHugeSlabBlocks = kHugeSlabBytes / sizeof(Block);
+  const size_t blocks =
+      slabs_.empty() ? kFirstSlabBlocks : std::min(2 * slabs_.back().capacity, kHugeSlabBlocks);
+  const bool huge = blocks == kHugeSlabBlocks;
+  // aligned_alloc wants a size that is a multiple of the alignment: Blocks' size is.
+  const size_t bytes = huge ? kHugeSlabBytes : blocks * sizeof(Block);
+  slabs_.reserve(slabs_.size() + 1);  // may throw: nothing changed yet
+  void* p = std::aligned_alloc(huge ? kHugeSlabBytes : alignof(Block), bytes);
+  if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages, 4 KiB ones
+#endif
+  slabs_.push_back({static_cast<Block*>(p), blocks, 0});  // cannot throw (room reserved)
 }
 
 void FreeIndex::delete_block(Block* b) {

@@ -28,7 +28,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <memory>
+#include <new>
 #include <vector>
 
 #include "absl/container/btree_set.h"
@@ -172,8 +172,9 @@ class FreeIndex {
       spares_.pop_back();
       return b;
     }
-    if (slab_used_ == kSlabBlocks) add_slab();
-    return &slabs_.back()[slab_used_++];
+    if (slabs_.empty() || slabs_.back().made == slabs_.back().capacity) add_slab();
+    Slab& slab = slabs_.back();
+    return new (&slab.blocks[slab.made++]) Block;
   }
   // Resets `b` and keeps it as a spare. Never throws: callers delete blocks in the
   // middle of relinking; without memory to keep it, the Block stays unused in its slab
@@ -230,15 +231,24 @@ class FreeIndex {
   FreeSet large_;
   mutable std::array<Summary, 2> summary_{};  // [0] large, [1] small (indexed by `small`)
   std::vector<Block*> spares_;
-  // Blocks are made kSlabBlocks at a time, in one array each (64 KiB), rather than one
-  // `new` each: glibc's aligned new put them 192 B apart (a 128 B Block, 64 B aligned)
-  // among the heap's other objects, and the snapshot walk, which reads one line of every
-  // Block under the device lock (allocator/snapshot_walk.h), is bound by the memory and
-  // pages it touches: 128 B apart, 100,000 Blocks span 12.8 MB instead of 19.2 MB.
-  static constexpr size_t kSlabBlocks = 512;
+  // Blocks are made in slabs, arrays of raw memory whose first `made` Blocks are
+  // constructed, rather than one `new` each: glibc's aligned new put them 192 B apart (a
+  // 128 B Block, 64 B aligned) among the heap's other objects, and the snapshot walk,
+  // which reads one line of every Block under the device lock (allocator/snapshot_walk.h),
+  // is bound by the memory and the pages it touches. The first slab holds
+  // kFirstSlabBlocks (64 KiB), each next one twice its predecessor's up to 2 MiB: those
+  // are aligned to 2 MiB and asked to be transparent huge pages (madvise, a hint), so a
+  // pool of 10^5 Blocks has most of them on a few huge pages (12.8 MB, instead of 19.2
+  // MB of 4 KiB pages), and a small pool costs no more than 64 KiB.
+  struct Slab {
+    Block* blocks = nullptr;  // room for `capacity` Blocks (std::free'd with the index)
+    size_t capacity = 0;
+    size_t made = 0;          // constructed so far: blocks[0, made)
+  };
+  static constexpr size_t kFirstSlabBlocks = 512;
+  static constexpr size_t kHugeSlabBytes = size_t{2} << 20;
   void add_slab();  // may throw std::bad_alloc; changes nothing then
-  std::vector<std::unique_ptr<Block[]>> slabs_;
-  size_t slab_used_ = kSlabBlocks;  // Blocks handed out of slabs_.back()
+  std::vector<Slab> slabs_;
 };
 
 }  // namespace devmem::internal
