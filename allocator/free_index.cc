@@ -29,10 +29,14 @@ void FreeIndex::add_slab() {
   const size_t blocks =
       slabs_.empty() ? kFirstSlabBlocks : std::min(2 * slabs_.back().capacity, kHugeSlabBlocks);
   const bool huge = blocks == kHugeSlabBlocks;
-  // aligned_alloc wants a size that is a multiple of the alignment: Blocks' size is.
+  // At least 128 B aligned: with a 128 B Block, no two Blocks share a 128 B pair of
+  // lines, which the adjacent-line prefetcher fetches together (another thread's hit
+  // writes would otherwise take a neighbour's line away). aligned_alloc wants a size that
+  // is a multiple of the alignment: 512 * 2^k Blocks of a multiple of 64 B are.
+  constexpr size_t kPair = 128;
   const size_t bytes = huge ? kHugeSlabBytes : blocks * sizeof(Block);
   slabs_.reserve(slabs_.size() + 1);  // may throw: nothing changed yet
-  void* p = std::aligned_alloc(huge ? kHugeSlabBytes : alignof(Block), bytes);
+  void* p = std::aligned_alloc(huge ? kHugeSlabBytes : std::max(alignof(Block), kPair), bytes);
   if (p == nullptr) throw std::bad_alloc();
 #ifdef MADV_HUGEPAGE
   if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages, 4 KiB ones
