@@ -1,9 +1,13 @@
 // allocator/free_index.cc: see free_index.h.
 #include "allocator/free_index.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iterator>
+#include <new>
 #include <tuple>
 #include <utility>
 
@@ -11,8 +15,33 @@
 
 namespace devmem::internal {
 
+// The slabs free every Block, spare or not (the pool's segments are gone by then).
 FreeIndex::~FreeIndex() {
-  for (Block* b : spares_) delete b;
+  for (Slab& slab : slabs_) {
+    for (size_t i = 0; i < slab.made; ++i) slab.blocks[i].~Block();
+    std::free(slab.blocks);
+  }
+}
+
+void FreeIndex::add_slab() {
+  static_assert(kHugeSlabBytes / sizeof(Block) >= 2 * kFirstSlabBlocks);
+  constexpr size_t kHugeSlabBlocks = kHugeSlabBytes / sizeof(Block);
+  const size_t blocks =
+      slabs_.empty() ? kFirstSlabBlocks : std::min(2 * slabs_.back().capacity, kHugeSlabBlocks);
+  const bool huge = blocks == kHugeSlabBlocks;
+  // At least 128 B aligned: with a 128 B Block, no two Blocks share a 128 B pair of
+  // lines, which the adjacent-line prefetcher fetches together (another thread's hit
+  // writes would otherwise take a neighbour's line away). aligned_alloc wants a size that
+  // is a multiple of the alignment: 512 * 2^k Blocks of a multiple of 64 B are.
+  constexpr size_t kPair = 128;
+  const size_t bytes = huge ? kHugeSlabBytes : blocks * sizeof(Block);
+  slabs_.reserve(slabs_.size() + 1);  // may throw: nothing changed yet
+  void* p = std::aligned_alloc(huge ? kHugeSlabBytes : std::max(alignof(Block), kPair), bytes);
+  if (p == nullptr) throw std::bad_alloc();
+#ifdef MADV_HUGEPAGE
+  if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages, 4 KiB ones
+#endif
+  slabs_.push_back({static_cast<Block*>(p), blocks, 0});  // cannot throw (room reserved)
 }
 
 void FreeIndex::delete_block(Block* b) {
@@ -34,7 +63,7 @@ void FreeIndex::delete_block(Block* b) {
   try {
     spares_.push_back(b);
   } catch (...) {
-    delete b;
+    // Without room to list it, the Block stays unused in its slab (freed with it).
   }
 }
 

@@ -95,7 +95,7 @@ void SegmentSource::destroy(Segment* s, bool give_back_memory) {
   }
   for (Block* b = s->head; b != nullptr;) {
     Block* next = b->next;
-    delete b;
+    free_.delete_block(b);  // Blocks live in the FreeIndex's slabs: never deleted
     b = next;
   }
   delete s;

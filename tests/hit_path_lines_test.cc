@@ -33,8 +33,8 @@ bool OwnsItsLines(const void* p, size_t size) {
 
 TEST(HitPathLinesTest, BlocksFromNewOwnTheirLines) {
   EXPECT_EQ(alignof(Block) % kLine, 0u);
-  // Made one after another, as a pool makes them while splitting: none shares a line
-  // with the next.
+  // Made one after another: none shares a line with the next. (A pool makes its Blocks
+  // in slabs instead: SnapshotWalkTest.APoolsBlocksLieTogether.)
   std::vector<std::unique_ptr<Block>> blocks;
   for (int i = 0; i < 32; ++i) {
     blocks.push_back(std::make_unique<Block>());

@@ -14,6 +14,9 @@
 //                      the allocator (CachingAllocator::snapshot_lock_stats; target <= 1)
 //   lock_hold_cpu_ms   the same in the holder's CPU time (on a loaded machine the wall
 //                      time is mostly preemption while the lock is held)
+//   lock_hold_median_ms, lock_hold_median_cpu_ms  the median hold, wall and CPU: the
+//                      typical stall, where the longest is the worst one (a single
+//                      preemption, or a neighbour's burst of memory traffic, sets it)
 //   served_cpu_ms      the CPU time one GET took, medians: the server's (the process's
 //   client_cpu_ms      CPU time over the GET less the client thread's: the copy, the
 //                      JSON and the sends) and the client's (receiving and de-chunking);
@@ -215,6 +218,8 @@ int Main(int argc, char** argv) {
   }
   const double lock_max = *std::max_element(holds.begin(), holds.end());
   const double lock_cpu_max = *std::max_element(cpu_holds.begin(), cpu_holds.end());
+  const double lock_median = Median(holds);
+  const double lock_cpu_median = Median(cpu_holds);
   const double served_ms = Median(served);
   for (void* p : live) alloc->free(p);
 
@@ -223,11 +228,12 @@ int Main(int argc, char** argv) {
         "{\"live_buffers\": %zu, \"trace_entries\": %zu, \"snapshot_bytes\": %zu, "
         "\"served_ms\": %.2f, \"served_cpu_ms\": %.2f, \"client_cpu_ms\": %.2f, "
         "\"lock_hold_ms\": %.3f, \"lock_hold_cpu_ms\": %.3f, "
+        "\"lock_hold_median_ms\": %.3f, \"lock_hold_median_cpu_ms\": %.3f, "
         "\"snapshot_ms\": %.2f, \"json_ms\": %.2f, \"snapshot_cpu_ms\": %.2f, "
         "\"json_cpu_ms\": %.2f}\n",
         live.size(), trace_held, body_bytes, served_ms, Median(server_cpu), Median(client_cpu),
-        lock_max, lock_cpu_max, Median(copy_ms), Median(json_ms), Median(copy_cpu_ms),
-        Median(json_cpu_ms));
+        lock_max, lock_cpu_max, lock_median, lock_cpu_median, Median(copy_ms), Median(json_ms),
+        Median(copy_cpu_ms), Median(json_cpu_ms));
     return 0;
   }
   std::printf("/debug/snapshot of sim:0: %zu live buffers, %zu trace entries, %zu bytes\n",
@@ -239,6 +245,8 @@ int Main(int argc, char** argv) {
   std::printf("%-34s %8.3f ms   target <= %.0f ms\n", "device lock held (longest)", lock_max,
               kLockTargetMs);
   std::printf("%-34s %8.3f ms   (without preemption)\n", "  in the holder's CPU time", lock_cpu_max);
+  std::printf("%-34s %8.3f ms   (CPU %.3f ms)\n", "device lock held (median)", lock_median,
+              lock_cpu_median);
   std::printf("%-34s %8.2f ms   (CPU %.2f ms)\n", "in process: the copy (median)",
               Median(copy_ms), Median(copy_cpu_ms));
   std::printf("%-34s %8.2f ms   (CPU %.2f ms)\n", "in process: the JSON (median)",
