@@ -59,10 +59,10 @@
 
 #include <algorithm>
 #include <queue>
-#include <unordered_map>
 #include <utility>
 
 #include "allocator/errors.h"
+#include "runtime/thread_lanes.h"
 
 namespace devmem {
 namespace {
@@ -74,18 +74,6 @@ constexpr int kWords = 7;
 
 std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t tls_thread = 0;
-std::atomic<uint64_t> g_next_ring_uid{1};
-
-// The live rings by uid, so that a thread that exits gives its lanes back only to rings
-// that still exist. Leaked: threads may exit after static destructors ran.
-struct RingRegistry {
-  Mutex mu;
-  std::unordered_map<uint64_t, TraceRing*> rings ABSL_GUARDED_BY(mu);
-};
-RingRegistry& Rings() {
-  static RingRegistry* registry = new RingRegistry;
-  return *registry;
-}
 
 uint32_t ChunkEventsFor(size_t capacity) {
   return static_cast<uint32_t>(
@@ -164,22 +152,19 @@ struct TraceRing::Cursor {
   uint64_t dropped_seen = 0;  // of lane.dropped
 };
 
-// A thread's lanes in every ring it recorded into; gives them back when it exits.
+// A thread's lanes in every ring it recorded into, given back when it exits to the rings
+// that still exist (runtime/thread_lanes.h).
 struct LaneCache {
-  std::vector<std::pair<uint64_t, TraceRing::Lane*>> lanes;
-  ~LaneCache() {
-    RingRegistry& registry = Rings();
-    MutexLock lock(&registry.mu);
-    for (const auto& [uid, lane] : lanes) {
-      auto it = registry.rings.find(uid);
-      if (it != registry.rings.end()) it->second->ReleaseLane(lane);
-    }
+  using Owner = TraceRing;
+  using Lane = TraceRing::Lane*;
+  static void Release(TraceRing* ring, Lane lane) { ring->ReleaseLane(lane); }
+  static void Forget() {
     tls_ring_uid = 0;
     tls_ring_lane = nullptr;
   }
 };
 namespace {
-thread_local LaneCache tls_lane_cache;
+using RingLanes = ThreadLanes<LaneCache>;
 }  // namespace
 
 TraceRing::TraceRing(size_t capacity)
@@ -187,35 +172,27 @@ TraceRing::TraceRing(size_t capacity)
       chunk_events_(ChunkEventsFor(capacity)),
       num_chunks_(static_cast<uint32_t>(
           capacity == 0 ? 0 : (capacity + chunk_events_ - 1) / chunk_events_ + 1)),
-      uid_(g_next_ring_uid.fetch_add(1, std::memory_order_relaxed)) {
+      uid_(RingLanes::NewUid()) {
   if (capacity == 0) {
     throw InvalidArgumentError("TraceRing: capacity must be at least 1 (got 0)");
   }
   chunks_.reset(new Chunk[num_chunks_]);
   slots_.reset(new Slot[size_t{num_chunks_} * chunk_events_]);
-  RingRegistry& registry = Rings();
-  MutexLock lock(&registry.mu);
-  registry.rings.emplace(uid_, this);
+  RingLanes::Register(uid_, this);  // last: nothing after it throws
 }
 
-TraceRing::~TraceRing() {
-  RingRegistry& registry = Rings();
-  MutexLock lock(&registry.mu);
-  registry.rings.erase(uid_);
-}
+TraceRing::~TraceRing() { RingLanes::Unregister(uid_); }
 
 size_t TraceRing::capacity() const { return capacity_; }
 
 TraceRing::LaneHead* TraceRing::ThisThreadLane() {
   if (tls_ring_uid == uid_) return tls_ring_lane;
-  LaneCache& cache = tls_lane_cache;
-  Lane* lane = nullptr;
-  for (const auto& [uid, l] : cache.lanes) {
-    if (uid == uid_) lane = l;
-  }
-  if (lane == nullptr) {
+  Lane* lane;
+  if (Lane* const* held = RingLanes::Find(uid_)) {
+    lane = *held;
+  } else {
     lane = AcquireLane();
-    cache.lanes.emplace_back(uid_, lane);
+    RingLanes::Remember(uid_, lane);
   }
   tls_ring_uid = uid_;
   tls_ring_lane = lane;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <fstream>
 #include <latch>
+#include <memory>
 #include <mutex>
 #include <source_location>
 #include <sstream>
@@ -488,6 +489,34 @@ TEST(TraceRingTest, ThreadsWritingAtDifferentRatesKeepAboutTheNewestEventsOveral
                          << (n > kAlone && (n - kAlone) % (kFast + 1) == 1 ? "slow" : "busy")
                          << " thread) was not kept";
   }
+}
+
+// A thread that recorded into a ring destroyed before the thread exits: its exit gives
+// the lane back to no one and touches nothing of the freed ring (an ASan build reports
+// the use after free otherwise), nor a ring made since, perhaps at the same address,
+// which still hands out and reads its own lanes (runtime/thread_lanes.h).
+TEST(TraceRingTest, AThreadThatOutlivesItsRingLeavesItAlone) {
+  auto ring = std::make_unique<TraceRing>(64);
+  std::latch recorded(1), destroyed(1);
+  std::thread t([&] {
+    ring->on_event(Synthetic(1));
+    recorded.count_down();
+    destroyed.wait();
+  });
+  recorded.wait();
+  ring.reset();
+  ring = std::make_unique<TraceRing>(64);
+  destroyed.count_down();
+  t.join();
+  for (uint64_t i = 0; i < 2; ++i) {  // two threads, one after the other: one lane reused
+    std::thread([&] { ring->on_event(Synthetic(10 + i)); }).join();
+  }
+  uint64_t missed = 0;
+  const std::vector<TraceEvent> events = ring->since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(missed, 0u);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].addr, 10u);
+  EXPECT_EQ(events[1].addr, 11u);
 }
 
 // Holds the trace's coarse tick still for a test's scope (trace_clock.h).
