@@ -32,9 +32,8 @@
 // (`fresh_`, a fetch_add, only until the pool is used up: after that, a load); once
 // it holds its share (C / the lanes threads hold) it reuses its own oldest chunk, so
 // that its slot lines stay in its own core's caches and the lanes share no line that
-// is written (a chunk handed from one writing core to the other, as round-robin
-// claims from one pool did, moved its 4 KiB of lines between the cores at every claim:
-// two threads then ran at the speed of one). Below its share it takes the chunk that
+// is written (round-robin claims from one pool wrote one counter per claim and handed
+// a chunk one core had written, 4 KiB of lines, to the other). Below its share it takes the chunk that
 // was closed first of all the lanes' oldest (its own when that is the oldest), walking
 // the lanes without a lock (`lane_list_`): a parked lane's chunks, a quiet lane's
 // beyond its share, or a slower lane's oldest.

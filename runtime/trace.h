@@ -36,9 +36,10 @@
 // but lives keeps up to its share of old events out of the other lanes' reach (with
 // two threads that both write, each keeps at least half the ring). (The previous
 // policy, each claim the next chunk round-robin from one pool, kept the newest N of
-// the process; but a chunk one thread had written was next claimed by the other, and
-// two threads then paid its lines' moves between their cores and the shared claim
-// counter: threads2_speedup 0.99-1.95 on the development VM.)
+// the process, but every claim wrote one shared counter, and a chunk one thread had
+// written was next claimed by another, its lines moving between the cores. Removing
+// both did not end threads2_speedup's bimodal runs on the development VM, which
+// trace_entries:0 does: the trace's remaining cost beside another thread is elsewhere.)
 //
 // Time and order (a hybrid logical clock). An event's stamp, in TraceClock ticks
 // (runtime/trace_clock.h; converted to nanoseconds when read), is the largest of
