@@ -28,6 +28,7 @@
 #include "allocator/site.h"
 #include "allocator/snapshot.h"
 #include "runtime/flight_record_format.h"
+#include "runtime/thread_lanes.h"
 #include "runtime/trace.h"
 
 namespace devmem {
@@ -99,19 +100,6 @@ std::string_view CutUtf8(std::string_view s, size_t n) {
   return s.substr(0, n);
 }
 
-std::atomic<uint64_t> g_next_recorder_uid{1};
-
-// The live recorders by uid, so that a thread that exits gives its lane back only to a
-// recorder that still exists. Leaked: threads may exit after static destructors ran.
-struct RecorderRegistry {
-  Mutex mu;
-  std::unordered_map<uint64_t, FlightRecorder*> recorders ABSL_GUARDED_BY(mu);
-};
-RecorderRegistry& Recorders() {
-  static RecorderRegistry* registry = new RecorderRegistry;
-  return *registry;
-}
-
 }  // namespace
 
 namespace {
@@ -127,22 +115,16 @@ struct ThreadLane {
 constinit thread_local ThreadLane tls_flight;
 }  // namespace
 
-// A thread's lane index in every recorder it recorded into; gives them back when it
-// exits.
+// A thread's lane index in every recorder it recorded into, given back when it exits to
+// the recorders that still exist (runtime/thread_lanes.h).
 struct FlightLaneCache {
-  std::vector<std::pair<uint64_t, uint32_t>> lanes;
-  ~FlightLaneCache() {
-    RecorderRegistry& registry = Recorders();
-    MutexLock lock(&registry.mu);
-    for (const auto& [uid, lane] : lanes) {
-      auto it = registry.recorders.find(uid);
-      if (it != registry.recorders.end()) it->second->ReleaseLane(lane);
-    }
-    tls_flight.uid = 0;
-  }
+  using Owner = FlightRecorder;
+  using Lane = uint32_t;
+  static void Release(FlightRecorder* recorder, Lane lane) { recorder->ReleaseLane(lane); }
+  static void Forget() { tls_flight.uid = 0; }
 };
 namespace {
-thread_local FlightLaneCache tls_lane_cache;
+using RecorderLanes = ThreadLanes<FlightLaneCache>;
 }  // namespace
 
 // --- FlightRecorder -------------------------------------------------------------------
@@ -204,7 +186,7 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
       bytes_(bytes),
       options_(options),
       name_limit_(options.site_slots - 1),
-      uid_(g_next_recorder_uid.fetch_add(1, std::memory_order_relaxed)),
+      uid_(RecorderLanes::NewUid()),
       named_(new std::atomic<uint8_t>[options.site_slots]) {
   for (uint32_t i = 0; i < options.site_slots; ++i) named_[i].store(0, std::memory_order_relaxed);
   // The header, magic last: a reader that sees the magic sees the whole header.
@@ -234,17 +216,11 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
   std::atomic_thread_fence(std::memory_order_release);
   now_ns_.store(NowNs(), std::memory_order_relaxed);
   ticker_ = std::thread([this] { Tick(); });
-  RecorderRegistry& registry = Recorders();
-  MutexLock lock(&registry.mu);
-  registry.recorders.emplace(uid_, this);
+  RecorderLanes::Register(uid_, this);
 }
 
 FlightRecorder::~FlightRecorder() {
-  {
-    RecorderRegistry& registry = Recorders();
-    MutexLock lock(&registry.mu);
-    registry.recorders.erase(uid_);
-  }
+  RecorderLanes::Unregister(uid_);
   {
     std::lock_guard<std::mutex> lock(tick_mu_);
     stop_ = true;
@@ -290,17 +266,12 @@ FlightDevice* FlightRecorder::AddAllocator(DeviceId device) {
 
 uint32_t FlightRecorder::ThisThreadLane() {
   if (tls_flight.uid == uid_) return tls_flight.lane;
-  FlightLaneCache& cache = tls_lane_cache;
-  uint32_t lane = UINT32_MAX;
-  for (const auto& [uid, l] : cache.lanes) {
-    if (uid == uid_) lane = l;
-  }
-  if (lane == UINT32_MAX) {
+  uint32_t lane;
+  if (const uint32_t* held = RecorderLanes::Find(uid_)) {
+    lane = *held;
+  } else {
     lane = AcquireLane();
-    try {
-      cache.lanes.emplace_back(uid_, lane);
-    } catch (...) {  // out of memory: the lane is then never given back (no crash)
-    }
+    RecorderLanes::Remember(uid_, lane);  // out of memory: never given back (no crash)
   }
   tls_flight.uid = uid_;
   tls_flight.lane = lane;

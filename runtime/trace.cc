@@ -3,23 +3,40 @@
 // Writers. The ring's slots are cut into C chunks of K slots. A thread's first event
 // takes it a lane (trace.h), and the lane a chunk; the thread fills its chunk's slots in
 // order, each event seven relaxed stores and a release store of the chunk's count, and
-// when the chunk is full claims another: one fetch_add on `claims_` gives claim number
-// g, and the lane takes the first chunk from g mod C on that no lane holds open: by a
-// compare-and-swap of the chunk's `open` from 0 to 1 (the chunk's ownership), then
-// gen = kBusy | g, the count reset, a fence, and gen = g. So a writer's only shared
-// read-modify-writes are one per K events, and a chunk has one writer per claim. A
-// chunk is "open" while its lane may still write it (until the lane's next claim); a
-// thread that exits parks its lane's chunk (open = 0, the lane still pointing at it),
-// and the next thread that takes the lane up goes on filling it if its
-// compare-and-swap of `open` wins and the gen is still the lane's claim, or claims a
-// new one if a claim recycled it. Open chunks are never taken, so a lane never has its
-// slots overwritten under it. Gens are unique (claim numbers), so a reader that
-// compares a chunk's gen with the claim it expects cannot be fooled by reuse.
+// when the chunk is full claims another (Claim, which policy: trace.h "What the ring
+// keeps"). A chunk's `gen` is its ownership and its claim at once: the claim's number
+// (per chunk: 1 for its first claim, one more for each next, so never reused), with
+// kOpen while its lane may still write it (until the lane's next claim) and kBusy
+// while it is being claimed. Whoever takes a chunk (Take) compare-and-swaps its closed
+// gen g to kBusy | g + 1, resets the count, fences, and stores g + 1 | kOpen; a lane
+// closes its chunk (gen = g) when it claims the next one or parks. So a chunk has one
+// writer per claim, open chunks are never taken (a lane never has its slots
+// overwritten under it), and a reader or taker that compares a chunk's gen with the
+// claim it expects cannot be fooled by reuse. A thread that exits parks its lane's
+// chunk (closed, the lane still pointing at it), and the next thread that takes the
+// lane up goes on filling it if its compare-and-swap of the gen back to open wins, or
+// claims a new one if another lane took it meanwhile.
 //
 // Each lane lists its claims (chunk, gen, base = the lane's event count when claimed)
-// in a ring of C entries, published by `nclaims` (release), with `nclaims_begin`
+// in a ring of C + 2 entries, published by `nclaims` (release), with `nclaims_begin`
 // stored and fenced before an entry is rewritten, so that a reader can tell an entry
-// it read while it was overwritten (seqlock-style, Boehm 2012).
+// it read while it was overwritten (seqlock-style, Boehm 2012). The chunks a lane
+// holds are those of its entries [front, nclaims), oldest first (its chain; the last
+// one open while a thread holds the lane): a chunk leaves a chain only at its front,
+// taken by the lane itself (reuse) or by another (a steal), and the one that took it
+// advances `front`. A lane holds at most C chunks, so the entries of its chain are
+// never rewritten (the + 2: the one whose chunk was just taken while `front` is not
+// yet advanced, and the one being written).
+//
+// Claiming without a shared write: a lane takes chunks no lane had yet from the pool
+// (`fresh_`, a fetch_add, only until the pool is used up: after that, a load); once
+// it holds its share (C / the lanes threads hold) it reuses its own oldest chunk, so
+// that its slot lines stay in its own core's caches and the lanes share no line that
+// is written (round-robin claims from one pool wrote one counter per claim and handed
+// a chunk one core had written, 4 KiB of lines, to the other). Below its share it takes the chunk that
+// was closed first of all the lanes' oldest (its own when that is the oldest), walking
+// the lanes without a lock (`lane_list_`): a parked lane's chunks, a quiet lane's
+// beyond its share, or a slower lane's oldest.
 //
 // Readers (under read_mu_). Collect walks every lane's claims from where the last read
 // stopped: for each claim whose chunk still has that gen it copies the slots not read
@@ -29,8 +46,10 @@
 // events dropped when no chunk was free) are counted as lost. The lanes' new events are
 // merged by stamp, each lane's own order kept (a k-way merge, not a sort), with the
 // lost ones as a gap of numbers where they were lost in their lane (before the lane's
-// next event read), and all go into `numbered_`, the readers' ring of the newest `capacity_` numbered events that since()
-// pages through.
+// next event read), and the events go into `numbered_`, the readers' ring of the newest
+// `capacity_` events (events only: the numbers of lost ones take no room there, so that
+// what the chunks keep of a quiet lane is not pushed out by a busy lane's lost numbers)
+// that since() pages through.
 //
 // Packing of a slot's words: [0] stamp (trace.h), [1] action | device type << 8 | device
 // index << 16 (16 bits) | thread << 32, [2] stream, [3] addr, [4] size, [5] requested,
@@ -39,31 +58,21 @@
 
 #include <algorithm>
 #include <queue>
-#include <unordered_map>
 #include <utility>
 
 #include "allocator/errors.h"
+#include "runtime/thread_lanes.h"
 
 namespace devmem {
 namespace {
 
-constexpr uint64_t kBusy = uint64_t{1} << 63;
+constexpr uint64_t kBusy = uint64_t{1} << 63;  // a chunk's gen while it is being claimed
+constexpr uint64_t kOpen = uint64_t{1} << 62;  // its lane may write it
+constexpr uint64_t kGenMask = kOpen - 1;        // the claim's number
 constexpr int kWords = 7;
 
 std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t tls_thread = 0;
-std::atomic<uint64_t> g_next_ring_uid{1};
-
-// The live rings by uid, so that a thread that exits gives its lanes back only to rings
-// that still exist. Leaked: threads may exit after static destructors ran.
-struct RingRegistry {
-  Mutex mu;
-  std::unordered_map<uint64_t, TraceRing*> rings ABSL_GUARDED_BY(mu);
-};
-RingRegistry& Rings() {
-  static RingRegistry* registry = new RingRegistry;
-  return *registry;
-}
 
 uint32_t ChunkEventsFor(size_t capacity) {
   return static_cast<uint32_t>(
@@ -89,9 +98,10 @@ uint32_t TraceThreadNumber() {
 }
 
 struct alignas(64) TraceRing::Chunk {
-  std::atomic<uint64_t> gen{0};     // 0: never claimed; kBusy | g: being claimed; g
+  // 0: never claimed (in the pool); else its claim g (file comment), | kOpen while its
+  // lane may write it, | kBusy while being claimed.
+  std::atomic<uint64_t> gen{0};
   std::atomic<uint32_t> count{0};   // slots written and published in this claim
-  std::atomic<uint32_t> open{0};    // 1 while its lane may write it
 };
 
 // The writer's hot state is the LaneHead (trace.h), first, so that Record's pointer to
@@ -102,18 +112,25 @@ struct TraceRing::Lane : TraceRing::LaneHead {
     for (uint32_t i = 0; i < 3 * history; ++i) this->history[i].store(0, std::memory_order_relaxed);
   }
   const uint32_t id;
-  const uint32_t history_size;  // C: entries in `history`
+  const uint32_t history_size;  // C + 2: entries in `history`
   // The writer's own state (the thread that holds the lane; handed to the next holder
   // under lanes_mu_).
   // The head's slots, count, used and limit describe `chunk`.
   Chunk* chunk = nullptr;   // the open (or parked) chunk, or null
-  uint64_t chunk_gen = 0;   // its claim's gen
+  uint64_t chunk_gen = 0;   // its claim's gen (without kOpen)
   uint32_t retry_in = 0;    // events to drop before trying to claim again
   uint64_t written = 0;     // events written into chunks before the open one, ever
   uint64_t claims = 0;      // entries written to `history`, ever
   uint64_t dropped_local = 0;
+  Lane* next_lane = nullptr;  // the ring's lane list (lane_list_); set before published
+  // Shared with the other lanes' claims: whether a thread holds the lane (else it is
+  // parked and its chunks go to whoever needs them), under lanes_mu_ when written.
+  std::atomic<bool> in_use{false};
   // Shared with readers.
   alignas(64) std::atomic<uint64_t> nclaims{0};        // entries published
+  // Shared with the other lanes' claims: the entry of the oldest chunk the lane holds
+  // (advanced by whoever takes that chunk, file comment).
+  std::atomic<uint64_t> front{0};
   std::atomic<uint64_t> nclaims_begin{0};              // entries being written
   std::atomic<uint64_t> dropped{0};                    // events dropped (no free chunk)
   // At the last park (ReleaseLane): the events written in this lane's claims so far,
@@ -134,22 +151,19 @@ struct TraceRing::Cursor {
   uint64_t dropped_seen = 0;  // of lane.dropped
 };
 
-// A thread's lanes in every ring it recorded into; gives them back when it exits.
+// A thread's lanes in every ring it recorded into, given back when it exits to the rings
+// that still exist (runtime/thread_lanes.h).
 struct LaneCache {
-  std::vector<std::pair<uint64_t, TraceRing::Lane*>> lanes;
-  ~LaneCache() {
-    RingRegistry& registry = Rings();
-    MutexLock lock(&registry.mu);
-    for (const auto& [uid, lane] : lanes) {
-      auto it = registry.rings.find(uid);
-      if (it != registry.rings.end()) it->second->ReleaseLane(lane);
-    }
+  using Owner = TraceRing;
+  using Lane = TraceRing::Lane*;
+  static void Release(TraceRing* ring, Lane lane) { ring->ReleaseLane(lane); }
+  static void Forget() {
     tls_ring_uid = 0;
     tls_ring_lane = nullptr;
   }
 };
 namespace {
-thread_local LaneCache tls_lane_cache;
+using RingLanes = ThreadLanes<LaneCache>;
 }  // namespace
 
 TraceRing::TraceRing(size_t capacity)
@@ -157,35 +171,27 @@ TraceRing::TraceRing(size_t capacity)
       chunk_events_(ChunkEventsFor(capacity)),
       num_chunks_(static_cast<uint32_t>(
           capacity == 0 ? 0 : (capacity + chunk_events_ - 1) / chunk_events_ + 1)),
-      uid_(g_next_ring_uid.fetch_add(1, std::memory_order_relaxed)) {
+      uid_(RingLanes::NewUid()) {
   if (capacity == 0) {
     throw InvalidArgumentError("TraceRing: capacity must be at least 1 (got 0)");
   }
   chunks_.reset(new Chunk[num_chunks_]);
   slots_.reset(new Slot[size_t{num_chunks_} * chunk_events_]);
-  RingRegistry& registry = Rings();
-  MutexLock lock(&registry.mu);
-  registry.rings.emplace(uid_, this);
+  RingLanes::Register(uid_, this);  // last: nothing after it throws
 }
 
-TraceRing::~TraceRing() {
-  RingRegistry& registry = Rings();
-  MutexLock lock(&registry.mu);
-  registry.rings.erase(uid_);
-}
+TraceRing::~TraceRing() { RingLanes::Unregister(uid_); }
 
 size_t TraceRing::capacity() const { return capacity_; }
 
 TraceRing::LaneHead* TraceRing::ThisThreadLane() {
   if (tls_ring_uid == uid_) return tls_ring_lane;
-  LaneCache& cache = tls_lane_cache;
-  Lane* lane = nullptr;
-  for (const auto& [uid, l] : cache.lanes) {
-    if (uid == uid_) lane = l;
-  }
-  if (lane == nullptr) {
+  Lane* lane;
+  if (Lane* const* held = RingLanes::Find(uid_)) {
+    lane = *held;
+  } else {
     lane = AcquireLane();
-    cache.lanes.emplace_back(uid_, lane);
+    RingLanes::Remember(uid_, lane);
   }
   tls_ring_uid = uid_;
   tls_ring_lane = lane;
@@ -199,18 +205,22 @@ TraceRing::Lane* TraceRing::AcquireLane() {
     lane = free_lanes_.back();
     free_lanes_.pop_back();
   } else {
-    lanes_.push_back(std::make_unique<Lane>(static_cast<uint32_t>(lanes_.size()), num_chunks_));
+    lanes_.push_back(
+        std::make_unique<Lane>(static_cast<uint32_t>(lanes_.size()), num_chunks_ + 2));
     lane = lanes_.back().get();
+    lane->next_lane = lane_list_.load(std::memory_order_relaxed);
+    lane_list_.store(lane, std::memory_order_release);
   }
+  active_lanes_.fetch_add(1, std::memory_order_relaxed);
+  lane->in_use.store(true, std::memory_order_relaxed);
   lane->thread_bits = uint64_t{TraceThreadNumber()} << 32;
   lane->retry_in = 0;
   if (lane->chunk != nullptr) {
-    // Its parked chunk, unless a claim recycled it meanwhile (see ReleaseLane).
-    Chunk& c = *lane->chunk;
-    uint32_t closed = 0;
-    if (c.open.compare_exchange_strong(closed, 1, std::memory_order_acq_rel)) {
-      if (c.gen.load(std::memory_order_acquire) == lane->chunk_gen) return lane;
-      c.open.store(0, std::memory_order_release);  // another lane's claim since: not ours
+    // Its parked chunk, unless another lane took it meanwhile (see ReleaseLane).
+    uint64_t closed = lane->chunk_gen;
+    if (lane->chunk->gen.compare_exchange_strong(closed, lane->chunk_gen | kOpen,
+                                                 std::memory_order_acq_rel)) {
+      return lane;
     }
     DropChunk(lane);
   }
@@ -225,54 +235,127 @@ void TraceRing::DropChunk(Lane* lane) {
 }
 
 void TraceRing::ReleaseLane(Lane* lane) {
-  // The lane parks its open chunk: closed (open = 0), so that a claim may recycle it (a
-  // lane no thread holds would otherwise keep a chunk out of the ring: one chunk of
-  // the newest events less per exited thread), but still the lane's, so that the next
-  // thread that takes the lane goes on filling it if no claim took it meanwhile
-  // (short-lived threads then do not each waste a chunk).
+  // The lane parks its open chunk: closed, so that another lane may take it (a lane no
+  // thread holds would otherwise keep a chunk out of the ring: one chunk of the newest
+  // events less per exited thread), but still the lane's, so that the next thread that
+  // takes the lane goes on filling it if no one took it meanwhile (short-lived threads
+  // then do not each waste a chunk). Its other chunks stay in its chain until lanes
+  // below their share take them (trace.h): it no longer counts among the lanes that
+  // shares are of.
   if (lane->chunk != nullptr) {
     lane->parked_total.store(lane->written + lane->used, std::memory_order_relaxed);
-    lane->chunk->open.store(0, std::memory_order_release);
+    lane->chunk->gen.store(lane->chunk_gen, std::memory_order_release);
   }
   MutexLock lock(&lanes_mu_);
+  lane->in_use.store(false, std::memory_order_relaxed);
+  active_lanes_.fetch_sub(1, std::memory_order_relaxed);
   free_lanes_.push_back(lane);
 }
 
-bool TraceRing::Claim(Lane* lane) {
-  if (lane->chunk != nullptr) lane->chunk->open.store(0, std::memory_order_release);
-  DropChunk(lane);
-  const uint64_t g = claims_.fetch_add(1, std::memory_order_relaxed) + 1;
-  for (uint32_t t = 0; t < num_chunks_; ++t) {
-    const uint32_t p = static_cast<uint32_t>((g + t) % num_chunks_);
-    Chunk& c = chunks_[p];
-    // `open` is the chunk's ownership: the lane whose compare-and-swap sets it owns the
-    // chunk until it stores 0 (a claim, or a parked lane taken up again).
-    uint32_t closed = 0;
-    if (c.open.load(std::memory_order_relaxed) != 0 ||
-        !c.open.compare_exchange_strong(closed, 1, std::memory_order_acq_rel)) {
-      continue;  // held by a lane
-    }
-    c.gen.store(kBusy | g, std::memory_order_relaxed);
-    c.count.store(0, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);  // before any slot is rewritten
-    c.gen.store(g, std::memory_order_release);
-    // The claim's history entry (seqlock-style, see the file comment).
-    const uint64_t k = lane->claims++;
-    std::atomic<uint64_t>* e = &lane->history[3 * (k % lane->history_size)];
-    lane->nclaims_begin.store(k + 1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_release);
-    e[0].store(p, std::memory_order_relaxed);
-    e[1].store(g, std::memory_order_relaxed);
-    e[2].store(lane->written, std::memory_order_relaxed);
-    lane->nclaims.store(k + 1, std::memory_order_release);
-    lane->chunk = &c;
-    lane->chunk_gen = g;
-    lane->slots = &slots_[size_t{p} * chunk_events_];
-    lane->count = &c.count;
-    lane->limit = chunk_events_;
-    return true;
+bool TraceRing::Take(Lane* lane, uint32_t p, uint64_t closed) {
+  Chunk& c = chunks_[p];
+  uint64_t expected = closed;
+  const uint64_t g = (closed & kGenMask) + 1;
+  if (!c.gen.compare_exchange_strong(expected, kBusy | g, std::memory_order_acq_rel)) {
+    return false;  // open in its lane, or taken by another since `closed` was read
   }
-  return false;  // every chunk is open in another lane (more writing threads than chunks)
+  c.count.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);  // before any slot is rewritten
+  c.gen.store(g | kOpen, std::memory_order_release);
+  // The claim's history entry (seqlock-style, see the file comment).
+  const uint64_t k = lane->claims++;
+  std::atomic<uint64_t>* e = &lane->history[3 * (k % lane->history_size)];
+  lane->nclaims_begin.store(k + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  e[0].store(p, std::memory_order_relaxed);
+  e[1].store(g, std::memory_order_relaxed);
+  e[2].store(lane->written, std::memory_order_relaxed);
+  lane->nclaims.store(k + 1, std::memory_order_release);
+  lane->chunk = &c;
+  lane->chunk_gen = g;
+  lane->slots = &slots_[size_t{p} * chunk_events_];
+  lane->count = &c.count;
+  lane->limit = chunk_events_;
+  return true;
+}
+
+TraceRing::Front TraceRing::FrontOf(const Lane* lane) const {
+  Front f;
+  const uint64_t k = lane->front.load(std::memory_order_acquire);
+  if (k >= lane->nclaims.load(std::memory_order_acquire)) return f;  // holds none
+  const std::atomic<uint64_t>* e = &lane->history[3 * (k % lane->history_size)];
+  const uint64_t p = e[0].load(std::memory_order_relaxed);
+  const uint64_t g = e[1].load(std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  // Rewritten while read: the chain moved on meanwhile (the caller tries again).
+  if (lane->nclaims_begin.load(std::memory_order_relaxed) > k + lane->history_size) return f;
+  if (p >= num_chunks_) return f;
+  const Chunk& c = chunks_[p];
+  if (c.gen.load(std::memory_order_acquire) != g) return f;  // open, or taken since
+  const uint32_t count = c.count.load(std::memory_order_acquire);
+  f.ok = true;
+  f.entry = k;
+  f.chunk = static_cast<uint32_t>(p);
+  f.gen = g;
+  // Closed when its last event was written: that event's stamp (0 for an empty chunk).
+  f.closed_at = count == 0 ? 0
+                           : slots_[p * chunk_events_ + count - 1].words[0].load(
+                                 std::memory_order_relaxed);
+  return f;
+}
+
+bool TraceRing::TakeFront(Lane* lane, Lane* from, const Front& f) {
+  if (!f.ok || !Take(lane, f.chunk, f.gen)) return false;
+  // The chunk was `from`'s front (its gen proves the claim): no one else can advance
+  // `front` past this entry, whose chunk only this call took.
+  from->front.store(f.entry + 1, std::memory_order_release);
+  return true;
+}
+
+bool TraceRing::TakeOldest(Lane* lane, uint64_t share) {
+  // A few tries: a front read here may be taken by another lane before this one's
+  // compare-and-swap, and the list is walked again.
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    Lane* best = nullptr;
+    Front oldest;
+    for (Lane* l = lane_list_.load(std::memory_order_acquire); l != nullptr; l = l->next_lane) {
+      // Not from a lane a thread holds that has no more than its share (trace.h).
+      if (l != lane && l->in_use.load(std::memory_order_relaxed) &&
+          l->nclaims.load(std::memory_order_relaxed) -
+                  l->front.load(std::memory_order_relaxed) <= share) {
+        continue;
+      }
+      const Front f = FrontOf(l);
+      if (f.ok && (!oldest.ok || f.closed_at < oldest.closed_at)) {
+        oldest = f;
+        best = l;
+      }
+    }
+    if (best == nullptr) return false;  // every lane's oldest chunk is open
+    if (TakeFront(lane, best, oldest)) return true;
+  }
+  return false;
+}
+
+bool TraceRing::Claim(Lane* lane) {
+  if (lane->chunk != nullptr) lane->chunk->gen.store(lane->chunk_gen, std::memory_order_release);
+  DropChunk(lane);
+  // A chunk no lane had yet, while the pool has one (then only this load is left).
+  if (fresh_.load(std::memory_order_relaxed) < num_chunks_) {
+    const uint32_t p = fresh_.fetch_add(1, std::memory_order_relaxed);
+    if (p < num_chunks_ && Take(lane, p, 0)) return true;
+  }
+  // Below its share (trace.h): the oldest chunk of all, its own when that is the oldest.
+  const uint32_t active = std::max<uint32_t>(1, active_lanes_.load(std::memory_order_relaxed));
+  const uint64_t share = num_chunks_ / active;
+  const uint64_t held = lane->claims - lane->front.load(std::memory_order_relaxed);
+  if (held < share && TakeOldest(lane, share)) return true;
+  // At its share: its own oldest (the one just closed, if it holds no other).
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    if (TakeFront(lane, lane, FrontOf(lane))) return true;
+  }
+  // It holds none (more lanes write than there are chunks): anyone's oldest closed one.
+  return TakeOldest(lane, 0);
 }
 
 void TraceRing::on_event(const AllocEvent& event) { Record(event); }
@@ -346,7 +429,7 @@ void TraceRing::Collect() const {
         cur.taken = base;
       }
       const Chunk& c = chunks_[p];
-      if (c.gen.load(std::memory_order_acquire) == g) {
+      if ((c.gen.load(std::memory_order_acquire) & ~kOpen) == g) {
         const uint32_t count = c.count.load(std::memory_order_acquire);
         const size_t before = out.size();
         const Slot* slots = &slots_[p * chunk_events_];
@@ -357,7 +440,7 @@ void TraceRing::Collect() const {
           }
         }
         std::atomic_thread_fence(std::memory_order_acquire);
-        if (c.gen.load(std::memory_order_relaxed) == g) {
+        if ((c.gen.load(std::memory_order_relaxed) & ~kOpen) == g) {
           cur.taken = std::max(cur.taken, base + count);
           if (out.size() > before) place_gap(before);  // before the first event after it
         } else {
@@ -404,7 +487,7 @@ void TraceRing::Collect() const {
       next_ += ev.seq;  // a gap: numbers no event will have (since() counts them missed)
     } else {
       ev.seq = next_++;
-      numbered_[(ev.seq - 1) % capacity_] = ev;
+      numbered_[kept_++ % capacity_] = ev;
     }
     if (at[i] < fresh[i].size()) {
       heads.emplace(static_cast<int64_t>(fresh[i][at[i]].words[0]), i);
@@ -432,24 +515,27 @@ std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit, uint64_t*
     if (next_after != nullptr) *next_after = end - 1;
     return out;
   }
-  // Events older than the last `capacity_` numbered are gone.
-  const uint64_t oldest_kept = end > capacity_ ? end - capacity_ : 1;
-  uint64_t q = after + 1;
-  if (q < oldest_kept) {
-    lost += oldest_kept - q;
-    q = oldest_kept;
-  }
-  const TraceClock::Mapping map = clock_.Map();
-  if (end > q) out.reserve(std::min<uint64_t>(end - q, limit));
-  for (; q < end && out.size() < limit; ++q) {
-    const Numbered& n = numbered_[(q - 1) % capacity_];
-    if (n.seq != q) {  // a number given to a lost event
-      ++lost;
-      continue;
+  // numbered_ holds the newest min(kept_, capacity_) events in number order, event i
+  // (counting from 0, ever) at i mod capacity_: the first of them numbered after `after`.
+  uint64_t lo = kept_ > capacity_ ? kept_ - capacity_ : 0, hi = kept_;
+  while (lo < hi) {
+    const uint64_t mid = lo + (hi - lo) / 2;
+    if (numbered_[mid % capacity_].seq <= after) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
     }
+  }
+  uint64_t q = after + 1;  // the first number not yet returned or counted missed
+  const TraceClock::Mapping map = clock_.Map();
+  out.reserve(std::min<uint64_t>(kept_ - lo, limit));
+  for (uint64_t i = lo; i < kept_ && out.size() < limit; ++i) {
+    const Numbered& n = numbered_[i % capacity_];
+    lost += n.seq - q;  // the numbers between: lost events, or overwritten ones
+    q = n.seq + 1;
     const uint64_t* w = n.words;
     TraceEvent e;
-    e.seq = q;
+    e.seq = n.seq;
     e.time_ns = map.ToNs(static_cast<int64_t>(w[0]));
     e.action = static_cast<AllocAction>(w[1] & 0xff);
     e.device.type = static_cast<DeviceType>((w[1] >> 8) & 0xff);
@@ -461,6 +547,10 @@ std::vector<TraceEvent> TraceRing::since(uint64_t after, size_t limit, uint64_t*
     e.requested = static_cast<size_t>(w[5]);
     e.site = static_cast<SiteId>(w[6]);
     out.push_back(e);
+  }
+  if (out.size() < limit) {  // the numbers after the newest kept event: lost ones
+    lost += end - q;
+    q = end;
   }
   if (missed != nullptr) *missed = lost;
   if (next_after != nullptr) *next_after = q - 1;  // every number below q was returned or missed

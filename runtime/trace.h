@@ -2,18 +2,44 @@
 //
 // A TraceRing is an AllocatorObserver: attach it to allocators with set_observer and
 // every alloc, free, free_completed, segment_alloc/free/map/unmap and oom lands here
-// with the time, the thread and the site. It keeps about the newest `capacity` events;
-// each event read has a sequence number (starting at 1, never reused), so a reader asks
-// for "everything after N" and learns how many it missed.
+// with the time, the thread and the site. It keeps about `capacity` events, the newest
+// of each writing thread (below, "What the ring keeps"); each event read has a sequence
+// number (starting at 1, never reused), so a reader asks for "everything after N" and
+// learns how many it missed.
 //
 // Cost: on_event runs on every allocation and free, under the device lock or, for
 // thread-cache hits, on the allocating thread without it (allocator/observer.h); the
 // runtime records by default (trace_entries), so devmem-bench reports
 // tracing_overhead_ratio on the shipped path (target <= 1.15). So a writer touches
 // nothing another thread writes: each thread writes into a chunk of slots it owns (a
-// "lane"), claimed from the shared pool of chunks with one atomic increment per
-// kChunkEvents events, not per event; an event is seven relaxed stores and one release
-// store of the chunk's count, inline in the caller (Record), with no call on the path.
+// "lane"); an event is seven relaxed stores and one release store of the chunk's count,
+// inline in the caller (Record), with no call on the path, and a full chunk's successor
+// is, once the lane holds its share, the lane's own oldest chunk (no shared write, and
+// its lines stay in the thread's core's caches).
+//
+// What the ring keeps. The C = capacity / K + 1 chunks of K = kChunkEvents slots start
+// in a pool; a lane takes chunks from it while it has some. After that, a lane whose
+// chunk is full, of the L lanes that threads hold (a lane of an exited thread is
+// parked: it counts in none of the shares), takes
+//   - while it holds fewer than its share, C / L chunks: the chunk whose last event is
+//     the oldest among the oldest chunks of itself, of parked lanes and of lanes that
+//     hold more than their share;
+//   - once it holds its share: its own oldest chunk.
+// So the ring holds, of each thread that records, at least its newest C / L chunks
+// (minus the one it is filling) or all it wrote since, whichever is less: a thread
+// that writes little keeps its history while a busy one laps the ring, which one ring
+// of the newest N events of the process did not (the busy thread overwrote it); and
+// chunks beyond the shares go to the lanes by age, the oldest chunk first, so that
+// threads writing at different rates get about the newest N events overall. A parked
+// lane's chunks, and a quiet lane's beyond its share, stay readable until a lane below
+// its share takes them (the oldest first). The price: a thread that stopped recording
+// but lives keeps up to its share of old events out of the other lanes' reach (with
+// two threads that both write, each keeps at least half the ring). (The previous
+// policy, each claim the next chunk round-robin from one pool, kept the newest N of
+// the process, but every claim wrote one shared counter, and a chunk one thread had
+// written was next claimed by another, its lines moving between the cores. Removing
+// both did not end threads2_speedup's bimodal runs on the development VM, which
+// trace_entries:0 does: the trace's remaining cost beside another thread is elsewhere.)
 //
 // Time and order (a hybrid logical clock). An event's stamp, in TraceClock ticks
 // (runtime/trace_clock.h; converted to nanoseconds when read), is the largest of
@@ -50,11 +76,13 @@
 // events that happened later (as the old single ring did for a preempted writer, it
 // may then be out of time order by the length of that preemption).
 //
-// Threads that exit park their lane and its chunk: closed, so that a claim may recycle
-// it, and taken up by the next thread that records if no claim did.
+// Threads that exit park their lane and its chunks: closed, so that other lanes may take
+// them (above), and taken up by the next thread that records, which goes on filling
+// the last one if no one took it.
 //
-// Memory: capacity + kChunkEvents slots of 64 bytes, plus, once read, the numbered
-// events the readers page through (capacity x 64 bytes), plus a chunk list per lane.
+// Memory: capacity + kChunkEvents slots of 64 bytes (C chunks), plus, once read, the
+// numbered events the readers page through (capacity x 64 bytes), plus a list of
+// C + 2 claims per lane (24 bytes each).
 // docs/configuration.md ("Trace ring size") has the measurement behind the default.
 //
 // Thread-safety: on_event may be called concurrently from any threads (each thread
@@ -169,9 +197,25 @@ class TraceRing : public AllocatorObserver {
   Lane* AcquireLane();
   void ReleaseLane(Lane* lane);  // at thread exit: parks its chunk, frees the lane
   static void DropChunk(Lane* lane);  // the lane has no chunk from now on
-  // Gives `lane` a fresh chunk (closing its full one); false when every chunk is held
-  // open by another lane (the event is then dropped and counted as missed).
+  // Gives `lane` a fresh chunk (closing its full one) by the policy of "What the ring
+  // keeps" above; false when every chunk it may take is held open by another lane (the
+  // event is then dropped and counted as missed).
   bool Claim(Lane* lane);
+  // A lane's oldest chunk as read by another claim (ok = false: it holds none closed).
+  struct Front {
+    bool ok = false;
+    uint64_t entry = 0;      // its claim entry (Lane::front)
+    uint32_t chunk = 0;
+    uint64_t gen = 0;        // its claim's gen (closed)
+    uint64_t closed_at = 0;  // the stamp of its last event
+  };
+  Front FrontOf(const Lane* lane) const;
+  // Makes chunk p `lane`'s open chunk if its gen is still `closed`.
+  bool Take(Lane* lane, uint32_t p, uint64_t closed);
+  bool TakeFront(Lane* lane, Lane* from, const Front& f);  // f = FrontOf(from)
+  // The front closed first among `lane`'s own, parked lanes' and those of lanes that
+  // hold more than `share` chunks.
+  bool TakeOldest(Lane* lane, uint64_t share);
   // Numbers what the lanes published since the last call (see above).
   void Collect() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(read_mu_);
 
@@ -182,7 +226,10 @@ class TraceRing : public AllocatorObserver {
   std::unique_ptr<Chunk[]> chunks_;  // C headers
   std::unique_ptr<Slot[]> slots_;    // C x K slots: chunk p's are [p K, (p + 1) K)
   TraceClock clock_;
-  alignas(64) std::atomic<uint64_t> claims_{0};  // chunk claims so far (one per K events)
+  // Chunks handed out of the pool (never claimed before); only loaded once it reaches C.
+  alignas(64) std::atomic<uint32_t> fresh_{0};
+  std::atomic<uint32_t> active_lanes_{0};      // lanes a thread holds: shares are C / this
+  std::atomic<Lane*> lane_list_{nullptr};      // every lane, newest first (Lane::next_lane)
 
   mutable Mutex lanes_mu_;
   std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(lanes_mu_);
@@ -194,6 +241,7 @@ class TraceRing : public AllocatorObserver {
   struct Cursor;
   mutable Mutex read_mu_;
   mutable uint64_t next_ ABSL_GUARDED_BY(read_mu_) = 1;  // the seq the next event gets
+  mutable uint64_t kept_ ABSL_GUARDED_BY(read_mu_) = 0;  // events put into numbered_, ever
   mutable std::vector<Numbered> numbered_ ABSL_GUARDED_BY(read_mu_);
   mutable std::vector<Cursor> cursors_ ABSL_GUARDED_BY(read_mu_);
 };

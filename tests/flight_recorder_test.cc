@@ -16,6 +16,7 @@
 #include <iterator>
 #include <latch>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -494,6 +495,46 @@ TEST(FlightRecorderTest, ThreadsPastTheLanesShareTheLastAndExitedLanesAreReused)
   EXPECT_EQ(rd.alloc_count, 31);
   EXPECT_EQ(rd.free_count, 12);
   EXPECT_EQ(OrderProblem(rd.events), "");
+}
+
+// A thread that recorded into a recorder destroyed before the thread exits: its exit
+// gives the lane back to no one and touches nothing of the freed recorder (an ASan build
+// reports the use after free otherwise); a recorder made since hands out its lanes from
+// the first, as if that thread had never been (runtime/thread_lanes.h).
+TEST(FlightRecorderTest, AThreadThatOutlivesItsRecorderLeavesItAlone) {
+  TempDir dir;
+  const DeviceId dev{DeviceType::kSim, 0};
+  auto first = FlightRecorder::Create(dir / "first.flight", SmallOptions());
+  ASSERT_TRUE(first.ok()) << first.status();
+  std::unique_ptr<FlightRecorder> recorder = std::move(*first);
+  FlightDevice* d = recorder->AddAllocator(dev);
+  std::latch recorded(1), destroyed(1);
+  std::thread t([&] {
+    d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 0x1000, 512, 512, 4});
+    recorded.count_down();
+    destroyed.wait();
+  });
+  recorded.wait();
+  recorder.reset();
+  const std::string path = dir / "second.flight";
+  auto second = FlightRecorder::Create(path, SmallOptions());
+  ASSERT_TRUE(second.ok()) << second.status();
+  recorder = std::move(*second);
+  d = recorder->AddAllocator(dev);
+  destroyed.count_down();
+  t.join();
+  for (uintptr_t i = 0; i < 2; ++i) {  // one after the other: both in lane 0
+    std::thread([&] {
+      d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 0x2000 + 512 * i, 512, 512, 4});
+    }).join();
+  }
+  absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->consistent());
+  const FlightRecord::Device& rd = r->devices.at(0);
+  ASSERT_EQ(rd.events.size(), 2u);
+  EXPECT_EQ(rd.event_lanes, (std::vector<uint32_t>{0, 0}));
+  EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{4, 1024}}));
 }
 
 TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset) {

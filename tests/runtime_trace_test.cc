@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <fstream>
 #include <latch>
+#include <memory>
 #include <mutex>
 #include <source_location>
 #include <sstream>
@@ -378,6 +379,144 @@ TEST(TraceRingTest, UnreadEventsOfARecycledParkedChunkCountAsMissed) {
   EXPECT_EQ(ring.next_seq(), 1 + kParked + kMain + 1);
   ASSERT_EQ(events.size(), ring.capacity());
   EXPECT_EQ(events.back().addr, 1000 + kMain);
+}
+
+// Two threads record: one writes a little and stays (its lane held), the other laps the
+// ring ten times. Each lane a thread holds keeps at least its share of the chunks (C /
+// the lanes held: trace.h, "What the ring keeps"), so the quiet thread's events are all
+// still read, beside the busy one's newest; one ring of the process's newest events
+// had overwritten them. Once the quiet thread exits, its chunks go to the busy one.
+TEST(TraceRingTest, AQuietThreadKeepsItsShareWhileABusyOneLapsTheRing) {
+  TraceRing ring(1024);  // 64 slots a chunk, 17 chunks: a share of 8 for each of two lanes
+  // The quiet lane: 3 chunks and 8 events of a 4th; the busy one's newest chunk holds 8
+  // events too, so that what the chunks keep (976) fits the readers' copy (1024).
+  constexpr uint64_t kQuiet = 200, kBusy = 10 * 1024 + 8, kQuietBase = 1'000'000;
+  std::latch wrote(1), go_on(1);
+  std::thread quiet([&] {
+    for (uint64_t i = 1; i <= kQuiet; ++i) ring.on_event(Synthetic(kQuietBase + i));
+    wrote.count_down();
+    go_on.wait();  // holds its lane while the other writes
+  });
+  wrote.wait();
+  for (uint64_t i = 1; i <= kBusy; ++i) ring.on_event(Synthetic(i));
+  uint64_t missed = 0, next_after = 0;
+  std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed, &next_after);
+  EXPECT_EQ(events.size() + missed, kQuiet + kBusy);
+  EXPECT_EQ(next_after, kQuiet + kBusy);
+  std::vector<uint64_t> quiet_read, busy_read;
+  for (const TraceEvent& e : events) {
+    (e.addr > kQuietBase ? quiet_read : busy_read).push_back(e.addr);
+    ASSERT_EQ(e.size, e.addr * 3);
+  }
+  ASSERT_EQ(quiet_read.size(), kQuiet) << "the quiet thread's events were overwritten";
+  for (uint64_t i = 0; i < kQuiet; ++i) EXPECT_EQ(quiet_read[i], kQuietBase + 1 + i);
+  // The busy one: its newest, contiguous, in the rest of the ring (13 chunks, the last
+  // one with 8 events).
+  ASSERT_EQ(busy_read.size(), 12 * 64 + 8u);
+  for (size_t i = 0; i < busy_read.size(); ++i) {
+    ASSERT_EQ(busy_read[i], kBusy - busy_read.size() + 1 + i);
+  }
+  // The quiet thread exits: its lane is parked and counts in no share, and the busy
+  // lane takes its chunks (the oldest first) as it needs them.
+  go_on.count_down();
+  quiet.join();
+  constexpr uint64_t kMore = 2048;
+  for (uint64_t i = 1; i <= kMore; ++i) ring.on_event(Synthetic(kBusy + i));
+  events = ring.since(next_after, SIZE_MAX, &missed, &next_after);
+  EXPECT_EQ(events.size() + missed, kMore);
+  ASSERT_EQ(events.size(), ring.capacity()) << "the busy lane holds every chunk now";
+  EXPECT_EQ(events.back().addr, kBusy + kMore);
+  // Every event, read or not, was counted once: the quiet lane's taken chunks were
+  // read before they were taken.
+  EXPECT_EQ(ring.next_seq(), kQuiet + kBusy + kMore + 1);
+}
+
+// A busy thread laps the ring alone, then a second thread records one event for every
+// seven of the busy one's. The slow lane, below its share, takes the chunk closed first
+// of its own and the busy lane's (trace.h, "What the ring keeps"), so the ring still
+// holds about the newest events of the process: every one of the newest 3/4 of the
+// capacity is read, of both threads. (A lane that only ever reused its own chunks
+// kept the slow thread's newest chunk alone.) The events carry a lock's order word (as
+// the device lock's events do), so that their stamps follow the order they were
+// recorded in.
+TEST(TraceRingTest, ThreadsWritingAtDifferentRatesKeepAboutTheNewestEventsOverall) {
+  TraceRing ring(1024);  // 64 slots a chunk, 17 chunks: a share of 8 for each of two lanes
+  constexpr uint64_t kAlone = 2048, kRounds = 1024, kFast = 7, kSlowTag = 1'000'000'000;
+  std::mutex mu;
+  std::condition_variable cv;
+  int turn = 0;         // 0: the busy (this) thread's, 1: the slow one's, 2: the end
+  uint64_t order = 0;   // the lock's order word
+  uint64_t total = 0;   // events so far, both threads: the order they were recorded in
+  auto record = [&](uint64_t tag) {  // under mu
+    AllocEvent e = Synthetic(tag + ++total);
+    e.pool_order = &order;
+    ring.on_event(e);
+  };
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (uint64_t i = 0; i < kAlone; ++i) record(0);
+  }
+  std::thread slow([&] {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return turn != 0; });
+      if (turn == 2) return;
+      record(kSlowTag);
+      turn = 0;
+      cv.notify_all();
+    }
+  });
+  std::vector<bool> read;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    for (uint64_t r = 0; r < kRounds; ++r) {
+      turn = 1;
+      cv.notify_all();
+      cv.wait(lock, [&] { return turn == 0; });
+      for (uint64_t i = 0; i < kFast; ++i) record(0);
+    }
+    read.assign(total + 1, false);
+    uint64_t missed = 0;
+    const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+    EXPECT_EQ(events.size() + missed, total);
+    for (const TraceEvent& e : events) read[e.addr % kSlowTag] = true;
+    turn = 2;
+    cv.notify_all();
+  }
+  slow.join();
+  for (uint64_t n = total - ring.capacity() * 3 / 4 + 1; n <= total; ++n) {
+    ASSERT_TRUE(read[n]) << "event " << n << " of " << total << " ("
+                         << (n > kAlone && (n - kAlone) % (kFast + 1) == 1 ? "slow" : "busy")
+                         << " thread) was not kept";
+  }
+}
+
+// A thread that recorded into a ring destroyed before the thread exits: its exit gives
+// the lane back to no one and touches nothing of the freed ring (an ASan build reports
+// the use after free otherwise), nor a ring made since, perhaps at the same address,
+// which still hands out and reads its own lanes (runtime/thread_lanes.h).
+TEST(TraceRingTest, AThreadThatOutlivesItsRingLeavesItAlone) {
+  auto ring = std::make_unique<TraceRing>(64);
+  std::latch recorded(1), destroyed(1);
+  std::thread t([&] {
+    ring->on_event(Synthetic(1));
+    recorded.count_down();
+    destroyed.wait();
+  });
+  recorded.wait();
+  ring.reset();
+  ring = std::make_unique<TraceRing>(64);
+  destroyed.count_down();
+  t.join();
+  for (uint64_t i = 0; i < 2; ++i) {  // two threads, one after the other: one lane reused
+    std::thread([&] { ring->on_event(Synthetic(10 + i)); }).join();
+  }
+  uint64_t missed = 0;
+  const std::vector<TraceEvent> events = ring->since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(missed, 0u);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].addr, 10u);
+  EXPECT_EQ(events[1].addr, 11u);
 }
 
 // Holds the trace's coarse tick still for a test's scope (trace_clock.h).
