@@ -200,22 +200,24 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
   u32(header::kSiteSlots, options.site_slots);
   u32(header::kNameSlotBytes, options.name_slot_bytes);
   u32(header::kPid, static_cast<uint32_t>(getpid()));
-  u32(header::kFlags, 0);  // times are CLOCK_MONOTONIC_COARSE ns, not TSC ticks
+  // Stamps are trace clock ticks (flight_recorder.h, "Time"): TSC ticks, mapped by the
+  // anchor here and the regions' clock points, or CLOCK_MONOTONIC ns (flag 0).
+  const TraceClock::Mapping anchor = clock_.Map();
+  u32(header::kFlags, clock_.uses_tsc() ? kFlagTsc : 0);
   u64(header::kStartUnixNs,
       U(std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::system_clock::now().time_since_epoch())
             .count()));
   u64(header::kStartMonoNs, U(NowNs()));
-  u64(header::kTick0, 0);
-  u64(header::kNs0, 0);
+  u64(header::kTick0, clock_.uses_tsc() ? U(anchor.tick0) : 0);
+  u64(header::kNs0, clock_.uses_tsc() ? U(anchor.ns0) : 0);
   u64(header::kByteOrder, kByteOrder);
   u32(header::kLaneSlots, options.lane_slots);
   u32(header::kReserved, 0);
   std::memcpy(base_ + header::kMagic, kMagic, sizeof(kMagic));
   u64(header::kCheck, FlightCheckBytes(0, base_, header::kCheck));
   std::atomic_thread_fence(std::memory_order_release);
-  now_ns_.store(NowNs(), std::memory_order_relaxed);
-  ticker_ = std::thread([this] { Tick(); });
+  if (clock_.uses_tsc()) ticker_ = std::thread([this] { Tick(); });  // clock points
   RecorderLanes::Register(uid_, this);
 }
 
@@ -226,7 +228,10 @@ FlightRecorder::~FlightRecorder() {
     stop_ = true;
   }
   tick_cv_.notify_all();
-  ticker_.join();
+  if (ticker_.joinable()) {
+    ticker_.join();
+    WriteClockPoints();  // the last, farthest from the anchor: the best mapping
+  }
   munmap(base_, bytes_);
   close(fd_);
 }
@@ -234,9 +239,19 @@ FlightRecorder::~FlightRecorder() {
 void FlightRecorder::Tick() {
   std::unique_lock<std::mutex> lock(tick_mu_);
   while (!stop_) {
-    now_ns_.store(NowNs(), std::memory_order_relaxed);
-    tick_cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; });
+    tick_cv_.wait_for(lock, std::chrono::milliseconds(kClockPointPeriodMs),
+                      [this] { return stop_; });
+    if (!stop_) WriteClockPoints();
   }
+}
+
+void FlightRecorder::WriteClockPoints() {
+  // Tick, then ns, back to back: the point is within one clock read's jitter.
+  const int64_t tick = clock_.Now();
+  const int64_t ns = NowNs();
+  const uint64_t seq = ++clock_seq_;
+  MutexLock lock(&mu_);
+  for (const std::unique_ptr<FlightDevice>& d : devices_) d->WriteClock(seq, tick, ns);
 }
 
 FlightDevice* FlightRecorder::AddAllocator(DeviceId device) {
@@ -417,6 +432,16 @@ void FlightDevice::WriteCold(uint64_t seq) {
   Commit(w, seq);
 }
 
+void FlightDevice::WriteClock(uint64_t seq, int64_t tick, int64_t ns) {
+  uint64_t* w = page_ + device::kClock / 8 + 8 * clock_copy_;
+  clock_copy_ ^= 1;
+  MarkBusy(w);
+  Put(w + 1, U(tick));
+  Put(w + 2, U(ns));
+  Put(w + 7, FlightCheck(kSeedClock, seq, U(tick), U(ns)));
+  Commit(w, seq);
+}
+
 void FlightDevice::RecordCold(const AllocEvent& e) {
   const auto size = static_cast<int64_t>(e.size);
   switch (e.action) {
@@ -463,10 +488,16 @@ void FlightDevice::RecordCold(const AllocEvent& e) {
 }
 
 inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
-  // The recorder's clock: one relaxed load of what its ticker thread last read (see
-  // flight_recorder.h, "Time"). Read after the lane was found: a lane passes to a new
-  // thread when its thread exits, and the lane's times must not go back.
-  const int64_t tick = recorder_->now_ns_.load(std::memory_order_relaxed);
+  // The stamp (flight_recorder.h, "Order"): the coarse tick (one relaxed load), raised
+  // past the lane's last event and the event's causal predecessors; it becomes theirs.
+  // The lane's, read after the lane was found: a lane passes to a new thread when its
+  // thread exits, and its stamps must not go back.
+  uint64_t tick = std::max(static_cast<uint64_t>(TraceClock::Coarse()), lane.last + 1);
+  if (e.block_order != nullptr) tick = std::max(tick, *e.block_order + 1);
+  if (e.pool_order != nullptr) tick = std::max(tick, *e.pool_order + 1);
+  lane.last = tick;
+  if (e.block_order != nullptr) *e.block_order = tick;
+  if (e.pool_order != nullptr) *e.pool_order = tick;
   const uint64_t s = lane.next_seq++;
   // The event's words, read once (the stores below are atomic: the compiler would
   // read them again after each).
@@ -478,14 +509,14 @@ inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
   const uint64_t packed = static_cast<uint64_t>(action) | device_bits_ |
                           tls_flight.thread_bits;  // set with the lane (ThisThreadLane)
   MarkBusy(w);
-  Put(w + 1, U(tick));
+  Put(w + 1, tick);
   Put(w + 2, packed);
   Put(w + 3, stream);
   Put(w + 4, addr);
   Put(w + 5, bytes);
   Put(w + 6, req);
   Put(w + 7, uint64_t{site} |
-                 uint64_t{FlightCheck32(FlightCheck(kSeedRing ^ site, s, U(tick), packed,
+                 uint64_t{FlightCheck32(FlightCheck(kSeedRing ^ site, s, tick, packed,
                                                     stream, addr, bytes, req))}
                      << 32);
   Commit(w, s);
