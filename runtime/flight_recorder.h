@@ -134,10 +134,15 @@ class FlightDevice final : public AllocatorObserver {
   // The event into `lane` (its one writer). Inlined into Record and RecordShared with
   // the site entry's write: one call per event, no more.
   [[gnu::always_inline]] inline void Write(Lane& lane, const AllocEvent& e);
-  [[gnu::always_inline]] inline void RecordSite(Lane& lane, SiteId site, int64_t bytes,
+  // True when the site's name is to be written (the lane's first write of the site).
+  [[gnu::always_inline]] inline bool RecordSite(Lane& lane, SiteId site, int64_t bytes,
                                                 int64_t count, uint64_t allocs, uint64_t seq);
   [[gnu::noinline]] void RecordShared(Lane& lane, const AllocEvent& e);
-  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq);
+  // The thread's first event in this recorder: takes its lane, then records.
+  [[gnu::noinline]] void RecordFirst(const AllocEvent& e);
+  // The lane's new peak (lane.live), then the name of `name` unless kNoName.
+  static constexpr SiteId kNoName = ~SiteId{0};
+  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq, SiteId name);
   // A segment event's stats (under the device lock, see the file comment).
   [[gnu::noinline]] void RecordCold(const AllocEvent& e);
   void WriteCold(uint64_t seq);
