@@ -140,13 +140,17 @@ inline constexpr uint64_t Rotl(uint64_t x, int r) { return (x << r) | (x >> (64 
 // The check of up to 8 words: each rotated by its position, xor-ed, then mixed by one
 // multiply. Cheap (independent operations) and position-sensitive; detects any change
 // of one word and almost any of several.
+// FlightCheck's last step, for a writer that xors the rotated words in as it stores
+// them (word i rotated by 7 i), so that no word has to stay live until the check.
+inline constexpr uint64_t FlightCheckMix(uint64_t h) {
+  h *= 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 31);
+}
 inline constexpr uint64_t FlightCheck(uint64_t seed, uint64_t w0, uint64_t w1 = 0,
                                       uint64_t w2 = 0, uint64_t w3 = 0, uint64_t w4 = 0,
                                       uint64_t w5 = 0, uint64_t w6 = 0) {
-  uint64_t h = (seed ^ w0) ^ Rotl(w1, 7) ^ Rotl(w2, 14) ^ Rotl(w3, 21) ^ Rotl(w4, 28) ^
-               Rotl(w5, 35) ^ Rotl(w6, 42);
-  h *= 0x9E3779B97F4A7C15ull;
-  return h ^ (h >> 31);
+  return FlightCheckMix((seed ^ w0) ^ Rotl(w1, 7) ^ Rotl(w2, 14) ^ Rotl(w3, 21) ^
+                        Rotl(w4, 28) ^ Rotl(w5, 35) ^ Rotl(w6, 42));
 }
 inline constexpr uint32_t FlightCheck32(uint64_t h) { return static_cast<uint32_t>(h >> 32); }
 

@@ -16,9 +16,8 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
+#include <queue>
 #include <tuple>
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -441,74 +440,35 @@ class Parser {
     if (!events->empty()) lane->last_seq = events->back().e.seq;
   }
 
-  // The lanes' events as one sequence: by time, each lane's own order kept. Among the
-  // lanes' next events of one tick (the ticker's millisecond) the order is decided by
-  // the addresses (each address's events must go alloc, free, alloc, ...): first an
-  // event that fits the addresses seen so far and is not an alloc (a free of a live
-  // block, a segment event); else an alloc of an address not live whose lane frees it
-  // again within the tick (it gives the block back: a block handed between threads
-  // and back); else any fitting alloc; else (a damaged or crafted file) the first by
-  // lane. So a block freed on one thread and allocated on another within a tick reads
-  // free first, as it happened.
+  // The lanes' events as one sequence: by stamp, each lane's own order kept (a lane's
+  // stamps rise), ties in lane order (a k-way merge). The writer's stamps are causal
+  // (flight_recorder.h, "Order"): an event that had to come after another, the free of
+  // a block after its alloc on another thread, has the larger stamp, so ties are
+  // events no thread ordered and any order of them is valid. (A damaged or crafted
+  // file's stamps may be in any order: the merge still takes every event once.)
   static void Merge(std::vector<std::vector<LaneEvent>>& lanes, FlightRecord::Device* dev,
                     std::vector<int64_t>* ticks) {
     size_t total = 0;
     for (const auto& l : lanes) total += l.size();
-    // gives_back[l][i]: event i of lane l is an alloc that its lane frees again at the
-    // same tick (scanning each run of one tick backwards).
-    std::vector<std::vector<bool>> gives_back(lanes.size());
-    for (size_t l = 0; l < lanes.size(); ++l) {
-      const std::vector<LaneEvent>& le = lanes[l];
-      gives_back[l].assign(le.size(), false);
-      std::unordered_map<uintptr_t, bool> freed_later;
-      for (size_t i = le.size(); i-- > 0;) {
-        if (i + 1 < le.size() && le[i + 1].tick != le[i].tick) freed_later.clear();
-        if (le[i].e.action == AllocAction::kFree) freed_later[le[i].e.addr] = true;
-        if (le[i].e.action == AllocAction::kAlloc) {
-          auto it = freed_later.find(le[i].e.addr);
-          gives_back[l][i] = it != freed_later.end() && it->second;
-          freed_later[le[i].e.addr] = false;  // an earlier alloc needs a free after it
-        }
-      }
-    }
+    using Head = std::pair<int64_t, size_t>;  // (stamp, lane), the smallest on top
+    std::priority_queue<Head, std::vector<Head>, std::greater<Head>> heads;
     std::vector<size_t> next(lanes.size(), 0);
-    std::unordered_map<uintptr_t, bool> live;  // address -> live (false: known freed)
-    auto fits = [&](const TraceEvent& e) {
-      if (e.action != AllocAction::kAlloc && e.action != AllocAction::kFree) return true;
-      auto it = live.find(e.addr);
-      if (it == live.end()) return true;
-      return e.action == AllocAction::kAlloc ? !it->second : it->second;
-    };
+    for (size_t l = 0; l < lanes.size(); ++l) {
+      if (!lanes[l].empty()) heads.emplace(lanes[l][0].tick, l);
+    }
     dev->events.reserve(total);
     dev->event_lanes.reserve(total);
     ticks->reserve(total);
-    for (size_t n = 0; n < total; ++n) {
-      int64_t t = INT64_MAX;
-      for (size_t l = 0; l < lanes.size(); ++l) {
-        if (next[l] < lanes[l].size()) t = std::min(t, lanes[l][next[l]].tick);
-      }
-      // 0: not an alloc, 1: an alloc given back within the tick, 2: another alloc,
-      // 3: does not fit.
-      size_t pick = SIZE_MAX;
-      int best = 4;
-      for (size_t l = 0; l < lanes.size() && best > 0; ++l) {
-        if (next[l] >= lanes[l].size() || lanes[l][next[l]].tick != t) continue;
-        const TraceEvent& e = lanes[l][next[l]].e;
-        const int rank = !fits(e)                         ? 3
-                         : e.action != AllocAction::kAlloc ? 0
-                         : gives_back[l][next[l]]          ? 1
-                                                           : 2;
-        if (rank < best) {
-          best = rank;
-          pick = l;
-        }
-      }
-      const LaneEvent& le = lanes[pick][next[pick]++];
-      if (le.e.action == AllocAction::kAlloc) live[le.e.addr] = true;
-      if (le.e.action == AllocAction::kFree) live[le.e.addr] = false;
+    while (!heads.empty()) {
+      const size_t l = heads.top().second;
+      heads.pop();
+      const LaneEvent& le = lanes[l][next[l]++];
       dev->events.push_back(le.e);
-      dev->event_lanes.push_back(static_cast<uint32_t>(pick));
+      dev->event_lanes.push_back(static_cast<uint32_t>(l));
       ticks->push_back(le.tick);
+      if (next[l] < lanes[l].size()) {
+        heads.emplace(lanes[l][next[l]].tick, l);
+      }
     }
   }
 

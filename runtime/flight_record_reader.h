@@ -68,9 +68,10 @@ struct FlightRecord {
     int64_t device_allocs = 0, device_frees = 0, ooms = 0;
     std::vector<SiteLive> sites;    // live (count or bytes non-zero), by site id
     std::vector<Lane> lanes;        // lanes written (events or torn records), by index
-    // The rings' complete events, the lanes merged: by time, each lane's own order
-    // kept, ties taken in an order that fits the addresses (flight_recorder.h,
-    // "Order"). Each event's seq is its lane's number; event_lanes[i] its lane.
+    // The rings' complete events, the lanes merged by (stamp, lane), each lane's own
+    // order kept: the stamps are causal (flight_recorder.h, "Order"), so ties are
+    // events no thread ordered. Each event's seq is its lane's number; event_lanes[i]
+    // its lane.
     std::vector<TraceEvent> events;
     std::vector<uint32_t> event_lanes;
     uint64_t torn = 0;              // torn records skipped in this region

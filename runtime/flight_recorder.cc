@@ -200,22 +200,24 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
   u32(header::kSiteSlots, options.site_slots);
   u32(header::kNameSlotBytes, options.name_slot_bytes);
   u32(header::kPid, static_cast<uint32_t>(getpid()));
-  u32(header::kFlags, 0);  // times are CLOCK_MONOTONIC_COARSE ns, not TSC ticks
+  // Stamps are trace clock ticks (flight_recorder.h, "Time"): TSC ticks, mapped by the
+  // anchor here and the regions' clock points, or CLOCK_MONOTONIC ns (flag 0).
+  const TraceClock::Mapping anchor = clock_.Map();
+  u32(header::kFlags, clock_.uses_tsc() ? kFlagTsc : 0);
   u64(header::kStartUnixNs,
       U(std::chrono::duration_cast<std::chrono::nanoseconds>(
             std::chrono::system_clock::now().time_since_epoch())
             .count()));
   u64(header::kStartMonoNs, U(NowNs()));
-  u64(header::kTick0, 0);
-  u64(header::kNs0, 0);
+  u64(header::kTick0, clock_.uses_tsc() ? U(anchor.tick0) : 0);
+  u64(header::kNs0, clock_.uses_tsc() ? U(anchor.ns0) : 0);
   u64(header::kByteOrder, kByteOrder);
   u32(header::kLaneSlots, options.lane_slots);
   u32(header::kReserved, 0);
   std::memcpy(base_ + header::kMagic, kMagic, sizeof(kMagic));
   u64(header::kCheck, FlightCheckBytes(0, base_, header::kCheck));
   std::atomic_thread_fence(std::memory_order_release);
-  now_ns_.store(NowNs(), std::memory_order_relaxed);
-  ticker_ = std::thread([this] { Tick(); });
+  if (clock_.uses_tsc()) ticker_ = std::thread([this] { Tick(); });  // clock points
   RecorderLanes::Register(uid_, this);
 }
 
@@ -226,7 +228,10 @@ FlightRecorder::~FlightRecorder() {
     stop_ = true;
   }
   tick_cv_.notify_all();
-  ticker_.join();
+  if (ticker_.joinable()) {
+    ticker_.join();
+    WriteClockPoints();  // the last, farthest from the anchor: the best mapping
+  }
   munmap(base_, bytes_);
   close(fd_);
 }
@@ -234,9 +239,19 @@ FlightRecorder::~FlightRecorder() {
 void FlightRecorder::Tick() {
   std::unique_lock<std::mutex> lock(tick_mu_);
   while (!stop_) {
-    now_ns_.store(NowNs(), std::memory_order_relaxed);
-    tick_cv_.wait_for(lock, std::chrono::milliseconds(1), [this] { return stop_; });
+    tick_cv_.wait_for(lock, std::chrono::milliseconds(kClockPointPeriodMs),
+                      [this] { return stop_; });
+    if (!stop_) WriteClockPoints();
   }
+}
+
+void FlightRecorder::WriteClockPoints() {
+  // Tick, then ns, back to back: the point is within one clock read's jitter.
+  const int64_t tick = clock_.Now();
+  const int64_t ns = NowNs();
+  const uint64_t seq = ++clock_seq_;
+  MutexLock lock(&mu_);
+  for (const std::unique_ptr<FlightDevice>& d : devices_) d->WriteClock(seq, tick, ns);
 }
 
 FlightDevice* FlightRecorder::AddAllocator(DeviceId device) {
@@ -360,7 +375,7 @@ FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, Devi
   }
 }
 
-inline void FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int64_t count,
+inline bool FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int64_t count,
                                      uint64_t allocs, uint64_t seq) {
   const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
   // The entry's newer copy is the one with the larger seq (both 0: never written, all
@@ -383,14 +398,14 @@ inline void FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int
                      << 32);
   Put(w + 3, a);
   Commit(w, seq);
-  // The site's name, asked the first time this lane writes the site (the name flags
-  // are shared by the lanes; sites past the last slot, which share it, have no name).
-  if ((seq0 | seq1) == 0 && recorder_->NeedsName(site)) [[unlikely]] {
-    recorder_->NameSite(site);
-  }
+  // The site's name is asked (by the caller, after the event) the first time this lane
+  // writes the site: the name flags are shared by the lanes; sites past the last slot,
+  // which share it, have no name.
+  return (seq0 | seq1) == 0 && recorder_->NeedsName(site);
 }
 
-void FlightDevice::WritePeak(Lane& lane, uint64_t seq) {
+void FlightDevice::WritePeak(Lane& lane, uint64_t seq, SiteId name) {
+  lane.peak = lane.live;
   const uint64_t c = lane.peak_copy;
   lane.peak_copy ^= 1;
   uint64_t* w = lane.page + lane::kPeak / 8 + 8 * c;
@@ -398,6 +413,7 @@ void FlightDevice::WritePeak(Lane& lane, uint64_t seq) {
   Put(w + 1, U(lane.peak));
   Put(w + 7, FlightCheck(kSeedPeak ^ c, seq, U(lane.peak)));
   Commit(w, seq);
+  if (name != kNoName) recorder_->NameSite(name);
 }
 
 void FlightDevice::WriteCold(uint64_t seq) {
@@ -414,6 +430,16 @@ void FlightDevice::WriteCold(uint64_t seq) {
   Put(w + 6, U(device_frees_));
   Put(w + 7, FlightCheck(kSeedCold ^ c, seq, U(reserved_), U(peak_reserved_), packed,
                          U(mapped_), U(device_allocs_), U(device_frees_)));
+  Commit(w, seq);
+}
+
+void FlightDevice::WriteClock(uint64_t seq, int64_t tick, int64_t ns) {
+  uint64_t* w = page_ + device::kClock / 8 + 8 * clock_copy_;
+  clock_copy_ ^= 1;
+  MarkBusy(w);
+  Put(w + 1, U(tick));
+  Put(w + 2, U(ns));
+  Put(w + 7, FlightCheck(kSeedClock, seq, U(tick), U(ns)));
   Commit(w, seq);
 }
 
@@ -463,49 +489,66 @@ void FlightDevice::RecordCold(const AllocEvent& e) {
 }
 
 inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
-  // The recorder's clock: one relaxed load of what its ticker thread last read (see
-  // flight_recorder.h, "Time"). Read after the lane was found: a lane passes to a new
-  // thread when its thread exits, and the lane's times must not go back.
-  const int64_t tick = recorder_->now_ns_.load(std::memory_order_relaxed);
-  const uint64_t s = lane.next_seq++;
-  // The event's words, read once (the stores below are atomic: the compiler would
-  // read them again after each).
+  // The event's words the summaries need, read once (the stores below are atomic: the
+  // compiler would read them again after each). The ring slot's other words are read
+  // where they are stored, each xor-ed into the check at once: keeping all seven live
+  // until the check spilled them to the stack (7 instructions an event more under
+  // callgrind, tools/bench/flight_recorder.cc's pairs).
   const AllocAction action = e.action;
+  // The thread's number, set with the lane (ThisThreadLane); read first, while few
+  // values are live (GCC 12 spilled four around the thread-pointer read further down:
+  // 4 instructions an event).
+  const uint64_t packed = static_cast<uint64_t>(action) | device_bits_ | tls_flight.thread_bits;
   const SiteId site = e.site;
-  const uint64_t stream = e.stream.handle, addr = e.addr, bytes = e.size, req = e.requested;
-  // 1. The ring slot (a seqlock: busy, the words, the number).
+  const uint64_t bytes = e.size;
+  uint64_t* const block_order = e.block_order;
+  uint64_t* const pool_order = e.pool_order;
+  const uint64_t s = lane.next_seq++;
+  // The stamp (flight_recorder.h, "Order"): the coarse tick (one relaxed load), raised
+  // past the lane's last event and the event's causal predecessors; it becomes theirs.
+  // The lane's, read after the lane was found: a lane passes to a new thread when its
+  // thread exits, and its stamps must not go back.
+  uint64_t tick = std::max(static_cast<uint64_t>(TraceClock::Coarse()), lane.last + 1);
+  if (block_order != nullptr) tick = std::max(tick, *block_order + 1);
+  if (pool_order != nullptr) tick = std::max(tick, *pool_order + 1);
+  lane.last = tick;
+  if (block_order != nullptr) *block_order = tick;
+  if (pool_order != nullptr) *pool_order = tick;
+  // 1. The ring slot (a seqlock: busy, the words, the number), check FlightCheck(seed,
+  // s, tick, packed, stream, addr, size, requested) built as the words are stored.
   uint64_t* w = lane.ring + 8 * ((s - 1) & ring_mask_);
-  const uint64_t packed = static_cast<uint64_t>(action) | device_bits_ |
-                          tls_flight.thread_bits;  // set with the lane (ThisThreadLane)
+  uint64_t h = (kSeedRing ^ site) ^ s;
+  auto put = [&](int i, uint64_t v) {
+    Put(w + i, v);
+    h ^= Rotl(v, 7 * i);
+  };
   MarkBusy(w);
-  Put(w + 1, U(tick));
-  Put(w + 2, packed);
-  Put(w + 3, stream);
-  Put(w + 4, addr);
-  Put(w + 5, bytes);
-  Put(w + 6, req);
-  Put(w + 7, uint64_t{site} |
-                 uint64_t{FlightCheck32(FlightCheck(kSeedRing ^ site, s, U(tick), packed,
-                                                    stream, addr, bytes, req))}
-                     << 32);
+  put(1, tick);
+  put(2, packed);
+  put(3, e.stream.handle);
+  put(4, e.addr);
+  put(5, bytes);
+  put(6, e.requested);
+  Put(w + 7, uint64_t{site} | uint64_t{FlightCheck32(FlightCheckMix(h))} << 32);
   Commit(w, s);
   // 2. The summaries the event changes: the lane's share of the site, its peak (only
   // when it rises), or the segment stats.
   const auto size = static_cast<int64_t>(bytes);
+  // The calls (rare) come last, as tail calls, so that the hot path keeps its values in
+  // registers the calls would clobber (4-5 instructions an event fewer, callgrind).
+  __builtin_prefetch(lane.ring + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
+  bool name;
   if (action == AllocAction::kAlloc) {
-    RecordSite(lane, site, size, 1, 1, s);
+    name = RecordSite(lane, site, size, 1, 1, s);
     lane.live += size;
-    if (lane.live > lane.peak) [[unlikely]] {
-      lane.peak = lane.live;
-      WritePeak(lane, s);
-    }
+    if (lane.live > lane.peak) [[unlikely]] return WritePeak(lane, s, name ? site : kNoName);
   } else if (action == AllocAction::kFree) {
-    RecordSite(lane, site, -size, -1, 0, s);
+    name = RecordSite(lane, site, -size, -1, 0, s);
     lane.live -= size;
   } else {
-    RecordCold(e);  // and its site's name, if any
+    return RecordCold(e);  // and its site's name, if any
   }
-  __builtin_prefetch(lane.ring + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
+  if (name) [[unlikely]] return recorder_->NameSite(site);
 }
 
 void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
@@ -513,14 +556,15 @@ void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
   Write(lane, e);
 }
 
+void FlightDevice::RecordFirst(const AllocEvent& e) {
+  recorder_->ThisThreadLane();  // the thread's lane in this recorder, now in tls_flight
+  Record(e);
+}
+
 void FlightDevice::Record(const AllocEvent& e) {
-  const uint32_t l =
-      tls_flight.uid == uid_ ? tls_flight.lane : recorder_->ThisThreadLane();
-  Lane& lane = lanes_[l];
-  if (lane.shared) [[unlikely]] {
-    RecordShared(lane, e);
-    return;
-  }
+  if (tls_flight.uid != uid_) [[unlikely]] return RecordFirst(e);
+  Lane& lane = lanes_[tls_flight.lane];
+  if (lane.shared) [[unlikely]] return RecordShared(lane, e);
   Write(lane, e);
 }
 

@@ -44,21 +44,35 @@
 // allocators of one device (an override, a replaced allocator) get two regions, never
 // one shared by two device locks.
 //
-// Order. A lane's events are numbered 1, 2, ... in its own order; across lanes the
-// reader merges by time, and among events of one tick it takes first one that fits
-// the addresses seen so far (a free of a live block before another lane's alloc of
-// the same address: a block handed from one thread to another within a tick reads in
-// the order it happened; flight_record_reader.h).
+// Order (a hybrid logical clock, the trace ring's: runtime/trace.h, "Time and order").
+// A lane's events are numbered 1, 2, ... in its own order, and each carries a stamp in
+// the trace clock's ticks (runtime/trace_clock.h), the largest of
+//   - the clock as its ticker thread last published it (one relaxed load);
+//   - the lane's last stamp + 1;
+//   - the block's last stamp + 1 (AllocEvent::block_order: its alloc's, read by its
+//     free on whichever thread);
+//   - the device pool's last stamp + 1 (AllocEvent::pool_order, events under the
+//     device lock);
+// and becomes the lane's, the block's and the pool's. With the trace ring on as well
+// (the default) the ring stamps the event first and the recorder's stamp is one tick
+// past it: both stay causal. So an event causally after another (the same thread, the
+// same block's alloc and free on two threads, through the device lock) has a larger
+// stamp, and the reader merges the lanes by (stamp, lane): ties are events no thread
+// ordered, and a free never reads before its block's alloc, whatever the clock's
+// steps (flight_record_reader.h).
 //
 // Cost: Record runs on every allocation and free; devmem-bench reports
 // flight_recorder_overhead_ratio (tools/bench/flight_recorder.cc), target <= 1.15.
 //
-// Time. Events are stamped with CLOCK_MONOTONIC (NowNs) as a thread of the recorder
-// last read it: it refreshes one atomic every millisecond, and Record loads it. So an
-// event's time is up to about a millisecond early (more while that thread waits for a
-// CPU). Reading a clock per event cost more than all the rest of Record on the
-// development VM (the TSC 10-30 ns a read, the vDSO's coarse clock 5-15 ns, under
-// load).
+// Time. A stamp is the trace clock's coarse tick (the TSC, or CLOCK_MONOTONIC ns where
+// the kernel does not keep time with the TSC), raised for order as above: up to about
+// a millisecond early (more while the ticker waits for a CPU), and ahead only by the
+// +1 ticks of a causal chain. Reading a clock per event cost more than all the rest of
+// Record on the development VM (the TSC 10-30 ns a read, the vDSO's coarse clock 5-15
+// ns, under load). With TSC ticks the file says so (header flag) and holds the
+// clock's anchor (header) and a clock point (tick, ns) in every region in use,
+// rewritten by the recorder's thread every kClockPointPeriodMs and at destruction,
+// which the reader maps ticks to nanoseconds by.
 //
 // Lifetime: the recorder and its FlightDevices must outlive every allocator they
 // observe; the runtime keeps its recorder for the life of the process (runtime.h).
@@ -80,6 +94,7 @@
 #include "allocator/mutex.h"
 #include "allocator/observer.h"
 #include "allocator/types.h"
+#include "runtime/trace_clock.h"
 
 namespace devmem {
 
@@ -107,6 +122,7 @@ class FlightDevice final : public AllocatorObserver {
     uint64_t* sites = nullptr;  // site_slots x 8 words
     uint64_t* ring = nullptr;   // ring_slots x 8 words
     uint64_t next_seq = 1;      // the number its next event gets
+    uint64_t last = 0;          // the stamp of its last event (see "Order")
     int64_t live = 0;           // its share of the live bytes, and that share's peak
     int64_t peak = 0;
     uint32_t peak_copy = 0;
@@ -118,13 +134,19 @@ class FlightDevice final : public AllocatorObserver {
   // The event into `lane` (its one writer). Inlined into Record and RecordShared with
   // the site entry's write: one call per event, no more.
   [[gnu::always_inline]] inline void Write(Lane& lane, const AllocEvent& e);
-  [[gnu::always_inline]] inline void RecordSite(Lane& lane, SiteId site, int64_t bytes,
+  // True when the site's name is to be written (the lane's first write of the site).
+  [[gnu::always_inline]] inline bool RecordSite(Lane& lane, SiteId site, int64_t bytes,
                                                 int64_t count, uint64_t allocs, uint64_t seq);
   [[gnu::noinline]] void RecordShared(Lane& lane, const AllocEvent& e);
-  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq);
+  // The thread's first event in this recorder: takes its lane, then records.
+  [[gnu::noinline]] void RecordFirst(const AllocEvent& e);
+  // The lane's new peak (lane.live), then the name of `name` unless kNoName.
+  static constexpr SiteId kNoName = ~SiteId{0};
+  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq, SiteId name);
   // A segment event's stats (under the device lock, see the file comment).
   [[gnu::noinline]] void RecordCold(const AllocEvent& e);
   void WriteCold(uint64_t seq);
+  void WriteClock(uint64_t seq, int64_t tick, int64_t ns);  // the recorder's thread only
 
   FlightRecorder* const recorder_;
   const uint64_t uid_;      // the recorder's, for the lane lookup
@@ -140,6 +162,7 @@ class FlightDevice final : public AllocatorObserver {
   int64_t reserved_ = 0, peak_reserved_ = 0, mapped_ = 0;
   int64_t segments_ = 0, device_allocs_ = 0, device_frees_ = 0, ooms_ = 0;
   uint32_t cold_copy_ = 0;
+  uint32_t clock_copy_ = 0;  // the recorder's thread's (WriteClock)
   // Regular segments (segment_alloc) by address, so that a segment_free is known to
   // end one (an expandable run's release is a segment_free too, with no alloc).
   std::unordered_map<uintptr_t, size_t> regular_segments_;
@@ -181,6 +204,7 @@ class FlightRecorder {
   // Writes the site's name slot unless it is written or being written. Cold.
   void NameSite(SiteId site) noexcept;
   void Tick();
+  void WriteClockPoints();  // into every region in use
   bool NeedsName(SiteId site) const {
     return site < name_limit_ && named_[site].load(std::memory_order_relaxed) == 0;
   }
@@ -198,9 +222,13 @@ class FlightRecorder {
   const Options options_;
   const SiteId name_limit_;  // sites below it have a name slot
   const uint64_t uid_;       // this recorder's identity for the threads' lane caches
-  // The time events are stamped with (NowNs), refreshed by `ticker_` every millisecond.
-  alignas(64) std::atomic<int64_t> now_ns_{0};
-  std::thread ticker_;
+  // How often the recorder's thread rewrites the regions' clock points (TSC only).
+  static constexpr int kClockPointPeriodMs = 10;
+  // The clock events are stamped with (see "Time"): keeps the trace clock's ticker
+  // running while the recorder lives.
+  TraceClock clock_;
+  uint64_t clock_seq_ = 0;  // clock points written (by ticker_, then the destructor)
+  std::thread ticker_;      // writes the clock points (Tick)
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;
   bool stop_ = false;  // guarded by tick_mu_
