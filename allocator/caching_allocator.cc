@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/arena_internal.h"
 #include "allocator/device_pool.h"
+#include "allocator/device_pool_front.h"
 #include "allocator/errors.h"
 #include "allocator/stack_sampler.h"
 
@@ -65,8 +66,8 @@ CachingAllocator::~CachingAllocator() {
   stack_sampler::ForgetOwner(this);
 }
 
-// allocate and free go through the thread caches (device_pool_tcache.cc), which take
-// the device lock only on a miss.
+// allocate and free go through the thread caches, which take the device lock only on a
+// miss; their hit paths inline here (device_pool_front.h).
 void* CachingAllocator::allocate(size_t bytes, Stream stream, SiteId site) {
   RefuseInStreamCallback(*pool_, "allocate");
   return DeviceCall(*pool_, "allocate", [&] {

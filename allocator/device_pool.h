@@ -146,9 +146,10 @@ class DevicePool {
   // --- thread caches: the front end (device_pool_tcache.cc, thread_cache.h) -------------
   // allocate() and free() behind this thread's cache: a hit takes no lock.
   // `size_hint` is what the caller asked allocate() for (0: unknown); it lets frees of
-  // large blocks skip the cache lookup.
-  void* allocate_front(size_t bytes, Stream stream, SiteId site);
-  void free_front(void* ptr, size_t size_hint);
+  // large blocks skip the cache lookup. Inline, in allocator/device_pool_front.h (the
+  // hit runs in the caller's frame); include it to call them.
+  inline void* allocate_front(size_t bytes, Stream stream, SiteId site);
+  inline void free_front(void* ptr, size_t size_hint);
   // Folds every cache's counted hits into the statistics (stats exact when quiescent).
   void sync_thread_caches();
   // Gives every block in every thread cache back to the pool.
@@ -241,6 +242,9 @@ class DevicePool {
   // nullptr.
   Block* find_allocated_locked(uintptr_t addr) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ThreadCache* create_thread_cache();
+  // allocate_front's miss on a thread without a cache: makes one (unless the thread is
+  // exiting), then allocate().
+  void* allocate_without_cache(size_t requested, Stream stream, SiteId site);
   // Slow paths of the front end.
   void* cache_allocate_slow(ThreadCache* tc, size_t requested, Stream stream, SiteId site);
   void cache_free_slow(ThreadCache* tc, void* ptr);

@@ -1,7 +1,8 @@
 // allocator/device_pool_tcache.cc: DevicePool's side of the per-thread caches: the
-// front end (cache-hit allocate and free without the lock), their slow paths, and
-// quiescing, folding and draining the caches (allocator/thread_cache.h has the
-// protocol; docs/architecture.md, "Thread caches", the design).
+// front end's slow paths (its cache hits, without the lock, are inline in
+// device_pool_front.h), and quiescing, folding and draining the caches
+// (allocator/thread_cache.h has the protocol; docs/architecture.md, "Thread caches",
+// the design).
 //
 // Who owns a small block: the pool (free sets, the allocated table, pending queues) or the
 // thread caches ("cache-owned": an entry in block_map_; in a bin, kThreadCached, or
@@ -15,95 +16,21 @@
 
 #include "absl/strings/str_format.h"
 #include "allocator/device_pool.h"
+#include "allocator/device_pool_front.h"
 #include "allocator/errors.h"
 
 namespace devmem::internal {
-namespace {
+using front_internal::Emit;
+using front_internal::HitEvent;
 
-// A hit's event carries the block's order word (AllocEvent::block_order) and no pool
-// word: it does not hold the device lock.
-AllocEvent HitEvent(AllocAction action, DeviceId device, const Block* b) {
-  return AllocEvent{action, device, b->stream, b->addr, b->size, b->requested, b->site,
-                    &b->trace_order};
-}
-
-void Emit(AllocatorObserver* observer, const AllocEvent& event) {
-  if (observer != nullptr) observer->on_event(event);
-}
-
-}  // namespace
-
-// --- the front end ----------------------------------------------------------------------
-
-void* DevicePool::allocate_front(size_t requested, Stream stream, SiteId site) {
-  // 1 .. max_size (max_size 0: caches off; requested 0 wraps around). Not while a
-  // private pool is allocated to: routing to it happens under the lock.
-  if (requested - 1 < cache_limits_.max_size && !allocating_to_pools()) {
-    ThreadCache* tc = tcache::Find(pool_id_);
-    if (tc == nullptr) [[unlikely]] {
-      if (tcache::CanCreate()) create_thread_cache();
-      return allocate(requested, stream, site);
-    }
-    if (!tc->begin_op()) return cache_allocate_slow(tc, requested, stream, site);
-    bool need_site = false;
-    if (ThreadCache::Slot* slot = tc->slot_for(stream)) {
-      const size_t size = (requested + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
-      ThreadCache::Bin& bin = tc->bin(*slot, size);
-      if (bin.head != nullptr) {
-        if (tc->has_site(site)) {
-          Block* b = tc->pop(bin);
-          b->state = BlockState::kAllocated;
-          b->requested = requested;
-          b->site = site;
-          b->alloc_time_ns = CoarseNowNs();
-          tc->count_alloc(b);
-          const AllocEvent event = HitEvent(AllocAction::kAlloc, device_, b);
-          tc->end_op();
-          Emit(front_observer_.load(std::memory_order_acquire), event);
-          return reinterpret_cast<void*>(event.addr);
-        }
-        need_site = true;  // its counters need memory: under the lock
-      }
-    }
-    tc->end_op();
-    if (need_site) return cache_allocate_slow(tc, requested, stream, site);
-  }
-  return allocate(requested, stream, site);
-}
-
-void DevicePool::free_front(void* ptr, size_t size_hint) {
-  if (ptr == nullptr) return;
-  if (cache_limits_.max_size != 0 && size_hint <= cache_limits_.max_size) {
-    const auto addr = reinterpret_cast<uintptr_t>(ptr);
-    ThreadCache* tc = tcache::Find(pool_id_);
-    // A map entry is exact for a block the caller holds: it was written under the lock
-    // before the block was handed to the caller (which then passed it here).
-    Block* b = block_map_.find(addr);
-    if (b != nullptr && tc != nullptr && tc->begin_op()) {
-      if (b->state == BlockState::kAllocated && b->stream_uses.empty() &&
-          tc->fits(b->size) && tc->has_site(b->site)) {
-        if (ThreadCache::Slot* slot = tc->slot_for(b->stream)) {
-          const AllocEvent event = HitEvent(AllocAction::kFree, device_, b);
-          tc->count_free(b);
-          b->state = BlockState::kThreadCached;
-          tc->push(tc->bin(*slot, b->size), b);
-          // Reported before the operation ends: until then no drainer can give the
-          // block to another thread, whose allocation would be reported first.
-          Emit(front_observer_.load(std::memory_order_acquire), event);
-          tc->end_op();
-          return;
-        }
-      }
-      tc->end_op();
-    }
-    // A cache-owned block that this thread cannot keep as it is, or a pool-owned
-    // block that its cache may adopt.
-    if (b != nullptr || tc != nullptr) return cache_free_slow(tc, ptr);
-  }
-  free(ptr);
-}
+// The hit paths, allocate_front and free_front, are inline in device_pool_front.h.
 
 // --- slow paths --------------------------------------------------------------------------
+
+void* DevicePool::allocate_without_cache(size_t requested, Stream stream, SiteId site) {
+  if (tcache::CanCreate()) create_thread_cache();
+  return allocate(requested, stream, site);
+}
 
 ThreadCache* DevicePool::create_thread_cache() {
   ThreadCacheUsesMembarrier();  // decided before the first cache exists

@@ -42,16 +42,14 @@ double SampleWeight(size_t size, uint64_t mean) {
 namespace stack_sampler {
 namespace internal {
 
-std::atomic<double> g_inverse_mean{1.0 / static_cast<double>(kDefaultStackSampleBytes)};
+std::atomic<uint64_t> g_mean{kDefaultStackSampleBytes};
 std::atomic<uint32_t> g_filter[kFilterBuckets];
-// 0 until the thread's first allocation draws its first countdown (see Sample).
-constinit thread_local double tls_units_left = 0;
+// None drawn until the thread's first allocation draws its first countdown (Sample).
+constinit thread_local Countdown tls_countdown;
 
 }  // namespace internal
 
 namespace {
-
-std::atomic<uint64_t> g_mean{kDefaultStackSampleBytes};
 
 // splitmix64: small, fast, and good enough to draw exponentials.
 struct Generator {
@@ -223,17 +221,42 @@ LiveTable& Live() {
 
 namespace internal {
 
+namespace {
+// `units` of `mean` as the countdown keeps them: bytes, to the nearest (clamped, so a
+// huge mean cannot overflow).
+void SetCountdown(double units, uint64_t mean) {
+  const double bytes = std::min(units * static_cast<double>(mean), 0x1.0p62);
+  tls_countdown = {static_cast<int64_t>(std::llround(bytes)), mean};
+}
+}  // namespace
+
 void Sample(const void* owner, void* p, size_t bytes, SiteId site) {
+  const uint64_t mean = g_mean.load(std::memory_order_relaxed);
+  if (mean == 0) return;
+  Countdown& c = tls_countdown;
+  // The countdown in units of the current mean, this allocation subtracted.
+  double units_left;
+  if (c.mean == mean) {
+    units_left = static_cast<double>(c.bytes_left) / static_cast<double>(mean);
+  } else {
+    // Drawn at another mean (SetMeanBytes since), or never (0 units): rescaled.
+    const double before =
+        c.mean == 0 ? 0.0 : static_cast<double>(c.bytes_left) / static_cast<double>(c.mean);
+    units_left = before - static_cast<double>(bytes) / static_cast<double>(mean);
+  }
   if (!tls_generator.seeded) {
     // The thread's first crossing of its initial 0: only now is its first countdown
     // drawn, and this allocation is sampled only if it crosses that (so it is sampled
     // with probability p(s) like every other).
-    tls_units_left += ThreadGenerator().exponential();
-    if (tls_units_left > 0) return;
+    units_left += ThreadGenerator().exponential();
+  }
+  if (units_left > 0) {  // not crossed (a rescaled or first countdown): not sampled
+    SetCountdown(units_left, mean);
+    return;
   }
   // Memoryless: the distance from the end of a sampled allocation to the next threshold
   // is a fresh exponential, whatever the overshoot.
-  tls_units_left = ThreadGenerator().exponential();
+  SetCountdown(ThreadGenerator().exponential(), mean);
   Frames f;
   // Skip this function; OnAllocate is inline, so the next frame is the allocation
   // entry (CachingAllocator::allocate).
@@ -247,12 +270,10 @@ void Forget(const void* owner, void* p) { Live().Erase({owner, p}); }
 }  // namespace internal
 
 void SetMeanBytes(uint64_t mean) {
-  g_mean.store(mean, std::memory_order_relaxed);
-  internal::g_inverse_mean.store(mean == 0 ? 0.0 : 1.0 / static_cast<double>(mean),
-                                 std::memory_order_relaxed);
+  internal::g_mean.store(mean, std::memory_order_relaxed);
 }
 
-uint64_t MeanBytes() { return g_mean.load(std::memory_order_relaxed); }
+uint64_t MeanBytes() { return internal::g_mean.load(std::memory_order_relaxed); }
 
 void ForgetOwner(const void* owner) { Live().EraseOwner(owner); }
 
@@ -294,7 +315,7 @@ size_t StackCount() { return Stacks().Count(); }
 void SeedThreadForTesting(uint64_t seed) {
   tls_generator.state = seed;
   tls_generator.seeded = true;
-  internal::tls_units_left = tls_generator.exponential();
+  internal::SetCountdown(tls_generator.exponential(), MeanBytes());
 }
 
 }  // namespace stack_sampler

@@ -67,9 +67,21 @@ void SetMeanBytes(uint64_t mean);
 uint64_t MeanBytes();
 
 namespace internal {
-extern std::atomic<double> g_inverse_mean;  // 1 / mean, 0 when off
-// The countdown, in units of the mean. constinit: read without a TLS init check.
-extern constinit thread_local double tls_units_left;
+extern std::atomic<uint64_t> g_mean;  // the mean in bytes, 0 when off
+// The thread's countdown: bytes to go before the next sample, drawn (in units of the
+// mean, see above) when the mean was `mean`. Kept in bytes so that the hit path is an
+// integer subtraction (a double's was a multiply, a conversion and, since a TLS access
+// is a call in -fPIC code, spills of the double around it: about 20 instructions an
+// allocation). When the process's mean changes, the next allocation on the thread
+// rescales what is left (Sample), so the countdown still counts units of the mean.
+// constinit: read without a TLS init check.
+struct Countdown {
+  int64_t bytes_left = 0;
+  uint64_t mean = 0;  // 0: none drawn yet on this thread
+};
+extern constinit thread_local Countdown tls_countdown;
+// OnAllocate's slow path: the countdown ran out, or was drawn at another mean (or
+// never): `bytes` are subtracted here when the hit path did not (mean differs).
 void Sample(const void* owner, void* p, size_t bytes, SiteId site);
 extern std::atomic<uint32_t> g_filter[];  // live samples per address bucket
 constexpr size_t kFilterBuckets = 4096;
@@ -81,14 +93,17 @@ void Forget(const void* owner, void* p);
 }  // namespace internal
 
 // The allocation entry's hook: `p` (of `bytes`, from `site`) was just handed out by
-// `owner`. Costs a relaxed load, a multiply and a thread-local subtraction when not
+// `owner`. Costs a relaxed load, a compare and a thread-local subtraction when not
 // sampled.
 inline void OnAllocate(const void* owner, void* p, size_t bytes, SiteId site) {
-  const double inv = internal::g_inverse_mean.load(std::memory_order_relaxed);
-  if (inv == 0 || p == nullptr) return;
-  const double left = internal::tls_units_left - static_cast<double>(bytes) * inv;
-  internal::tls_units_left = left;
-  if (ABSL_PREDICT_TRUE(left > 0)) return;
+  const uint64_t mean = internal::g_mean.load(std::memory_order_relaxed);
+  if (mean == 0 || p == nullptr) return;
+  internal::Countdown& c = internal::tls_countdown;
+  if (ABSL_PREDICT_TRUE(c.mean == mean)) {
+    const int64_t left = c.bytes_left - static_cast<int64_t>(bytes);
+    c.bytes_left = left;
+    if (ABSL_PREDICT_TRUE(left > 0)) return;
+  }
   internal::Sample(owner, p, bytes, site);
 }
 // The free entry's hook, after `owner` freed `p`. A relaxed load when `p` is not in a
@@ -130,7 +145,8 @@ std::vector<std::string> StackFrames(StackId id);
 size_t StackCount();
 
 // Restarts this thread's countdown from a generator seeded with `seed` (tests: a fixed
-// seed makes the samples reproducible).
+// seed makes the samples reproducible). Call it with sampling on: the countdown is
+// drawn at the current mean.
 void SeedThreadForTesting(uint64_t seed);
 
 }  // namespace stack_sampler

@@ -396,5 +396,32 @@ TEST_F(StackSamplerTest, TheConfigKeyIsBoundedAndNamed) {
   EXPECT_EQ(Config{}.stack_sample_bytes, kDefaultStackSampleBytes);
 }
 
+// The countdown is kept in bytes of the mean it was drawn at: when the process's mean
+// changes, a thread's next allocation counts what is left in units of the new mean.
+// Drawn at 1 TiB, the countdown (about a TiB) would let millions of 512-byte requests
+// through unsampled if kept as bytes; rescaled to a 1-byte mean it is about 1 byte, so
+// the next request of 512 bytes crosses it (p = 1 - e^-512).
+TEST_F(StackSamplerTest, ACountdownDrawnAtAnotherMeanIsRescaledToTheNewOne) {
+  auto a = MakeSimAllocator("stack_sample_bytes:1TiB");
+  ASSERT_EQ(stack_sampler::MeanBytes(), uint64_t{1} << 40);
+  stack_sampler::SeedThreadForTesting(7);
+  void* first = a->allocate(512);
+  EXPECT_TRUE(stack_sampler::LiveStacks(a.get()).empty());  // p = 512 / 2^40
+  stack_sampler::SetMeanBytes(1);
+  void* second = a->allocate(512);
+  const std::vector<SampledStack> stacks = stack_sampler::LiveStacks(a.get());
+  ASSERT_EQ(stacks.size(), 1u);
+  EXPECT_EQ(stacks[0].samples, 1u);
+  EXPECT_EQ(stacks[0].sampled_bytes, 512u);
+  // And the countdown goes on at the new mean: the next request is sampled too (its
+  // stack is another: grouped apart).
+  void* third = a->allocate(512);
+  uint64_t samples = 0;
+  for (const SampledStack& s : stack_sampler::LiveStacks(a.get())) samples += s.samples;
+  EXPECT_EQ(samples, 2u);
+  for (void* p : {first, second, third}) a->free(p);
+  EXPECT_TRUE(stack_sampler::LiveStacks(a.get()).empty());
+}
+
 }  // namespace
 }  // namespace devmem
