@@ -74,6 +74,7 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
       table_.add(s);
       acct_.segment_release_undone(s);
       free_.insert(s->head);
+      restored(s);
     }
   }
   if (error) std::rethrow_exception(error);

@@ -139,6 +139,9 @@ class SegmentSource {
   virtual void detached(Segment* /*s*/) {}
   virtual void give_back_call(uintptr_t addr, size_t size) = 0;
   virtual void given_back(Segment* /*s*/, bool /*ok*/) {}
+  // After a segment not given back is in the table and its free set again: the
+  // source's own repairs (ExpandableSegments joins runs mapped next to it meanwhile).
+  virtual void restored(Segment* /*s*/) {}
 
   // An event on `stream` from the device's pool (or a new one without a pool); its
   // owner gives it back with event_completed() once it completed, or with

@@ -564,5 +564,36 @@ TEST(UnlockedDriverTest, AWaitErrorInTheMiddleOfAReleasePutsEverySegmentBack) {
   hooks->before_synchronize_event = nullptr;
 }
 
+// A whole run's unmap fails while another thread mapped right next to it (the range
+// being unmapped is no gap, so that map starts a run of its own beside it). The run
+// not given back joins that neighbour when it is put back: runs of a reservation are
+// never adjacent, and validate() holds on the poisoned pool.
+TEST(UnlockedDriverTest, AFailedRunUnmapJoinsARunMappedNextToItMeanwhile) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
+  t->free(t->allocate(4 * kMiB));  // an unused 4 MiB run at the reservation's base
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 1);
+  std::atomic<int> calls{0};
+  void* other = nullptr;
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    if (calls++ == 0) {
+      // The lock is released: another thread maps 4 MiB, right above the run.
+      other = std::async(std::launch::async, [&] { return t->allocate(4 * kMiB); }).get();
+      throw DriverError("test: cuMemUnmap failed");
+    }
+    hooks->inner().unmap(p, n);
+  };
+  EXPECT_THROW(t->empty_cache(), DriverError);
+  EXPECT_EQ(calls.load(), 1);
+  ASSERT_NE(other, nullptr);
+  EXPECT_TRUE(t->poisoned());
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  EXPECT_EQ(t->stats().segment[kAggregatePool].current, 1) << "adjacent runs not joined";
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(8 * kMiB));
+  hooks->unmap_instead = nullptr;
+  // `other` goes with the allocator (a poisoned pool gives nothing back).
+}
+
 }  // namespace
 }  // namespace devmem
