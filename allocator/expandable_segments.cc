@@ -236,7 +236,13 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
     if (!proactive_done) {
       proactive_done = true;
       if (const size_t over = proactive_recycle_bytes(r, size, p.bytes); over > 0) {
-        recycle_proactively(r, over, lf, rf, req.free_seq, req.lock);
+        // The free neighbours again: the limit's recycle above may have released the
+        // lock, and another thread may have freed, taken or merged the blocks around
+        // the range meanwhile (`p` still fits, but lf/rf are what they were). With the
+        // stale ones, the recycle could unmap the block the map now extends, which the
+        // next placement would then map again.
+        const auto [lf_now, rf_now] = free_neighbours(r, p.at, p.at + p.bytes);
+        recycle_proactively(r, over, lf_now, rf_now, req.free_seq, req.lock);
         replace_if_stale();
         continue;  // the limit again: other threads may have grown meanwhile
       }

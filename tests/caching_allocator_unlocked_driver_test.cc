@@ -595,5 +595,46 @@ TEST(UnlockedDriverTest, AFailedRunUnmapJoinsARunMappedNextToItMeanwhile) {
   // `other` goes with the allocator (a poisoned pool gives nothing back).
 }
 
+// The memory limit's recycle releases the lock (its unmap) before the proactive
+// recycle runs, and another thread frees the block just below the placement
+// meanwhile: the proactive recycle must keep that block (the map extends it), judged
+// from the blocks as they are then, not as they were before the lock was released.
+TEST(UnlockedDriverTest, AProactiveRecycleKeepsTheBlockTheMapExtendsAfterTheLockWasReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  // A 24 MiB limit; every map past the stream's need recycles (threshold 0).
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:true,thread_cache:false,"
+      "expandable_recycle_threshold:0,per_process_memory_fraction:0.0234375",
+      &hooks);
+  void* a = t->allocate(8 * kMiB);
+  void* h = t->allocate(8 * kMiB);
+  void* x = t->allocate(2 * kMiB);  // one run: [a 8][h 8][x 2], 18 MiB in use at peak
+  t->free(h);
+  ASSERT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(18 * kMiB));
+  std::atomic<int> calls{0};
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    if (calls++ == 0) {
+      // The limit's recycle (6 MiB of h) has the lock released: x, just below where
+      // the request maps, is freed.
+      std::async(std::launch::async, [&] { t->free(x); }).get();
+    }
+    hooks->inner().unmap(p, n);
+  };
+  // 12 MiB: mapped above x; 18 + 12 > 24 recycles 6 MiB of h first, then the stream's
+  // cap (in use 8 + 12 = 20) asks 4 MiB more of the proactive recycle: the 2 MiB left
+  // of h, but not x, which the new 12 MiB joins.
+  void* q = t->allocate(12 * kMiB);
+  EXPECT_EQ(calls.load(), 2) << "the proactive recycle unmapped the block the map extends";
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(22 * kMiB));
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  hooks->unmap_instead = nullptr;
+  t->free(q);
+  t->free(a);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace devmem
