@@ -379,8 +379,11 @@ void DevicePool::wait_for_events_locked() {
   // for a retirement's event, or for an event on a stream released since its free,
   // cannot be fenced (the stream may be destroyed): those are waited for here, under
   // the lock, as before (a stream released while such frees are in flight is rare, and
-  // the wait is for that stream's work only).
-  process_events_locked(/*wait=*/!all_live);
+  // the wait is for that stream's work only). The same for a stream released while
+  // the lock was released (retiring now): its blocks queued before also wait for its
+  // retirement event, recorded after the fence, which only a wait completes here (as
+  // it would have, had release_stream come first).
+  process_events_locked(/*wait=*/!all_live || events_.retirements().retiring() != 0);
 }
 
 void DevicePool::trim(size_t keep_bytes) {

@@ -638,3 +638,45 @@ TEST(UnlockedDriverTest, AProactiveRecycleKeepsTheBlockTheMapExtendsAfterTheLock
 
 }  // namespace
 }  // namespace devmem
+
+namespace devmem {
+namespace {
+
+// empty_cache waits for a cross-stream free with the lock released, and the block's
+// own stream is released (release_stream) meanwhile: the block now also waits for that
+// stream's retirement event, recorded after the wait's fence. The poll after the wait
+// must wait for that event too (as it would had release_stream come first), or the
+// block stays pending and empty_cache gives nothing back (as no order of the two calls
+// would). The stream's work is held until the retirement's event is waited for.
+TEST(UnlockedDriverTest, AStreamReleasedWhileEmptyCacheWaitsHasItsMemoryGivenBack) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:false,thread_cache:false", &hooks);
+  const Stream x = testutil::NewStream(*t);
+  const Stream y = testutil::NewStream(*t);
+  void* p = t->allocate(4 * kMiB, x);
+  t->record_stream(p, y);
+  t->free(p);  // pending on an event on y
+  testutil::StreamBlocker work(t->backend(), x);  // x's retirement event stays open
+  std::atomic<int> waits{0};
+  hooks->before_synchronize_event = [&](Event) {
+    if (waits++ == 0) {
+      // The fence on y, the lock released: the program releases x.
+      std::async(std::launch::async, [&] { t->release_stream(x); }).get();
+    } else {
+      work.Release();  // x's work runs once something waits for it
+    }
+  };
+  t->empty_cache();
+  EXPECT_GE(waits.load(), 2) << "the retirement's event was not waited for";
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, 0)
+      << "the block stayed pending on x's retirement";
+  work.Release();
+  hooks->before_synchronize_event = nullptr;
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace devmem
