@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/arena_internal.h"
 #include "allocator/errors.h"
+#include "allocator/release_fence.h"
 #include "allocator/segment_kind_policy.h"
 
 namespace devmem::internal {
@@ -49,6 +50,10 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
   // Released streams (device_pool_retire.cc): memory waits for their retirement events.
   regular_.set_retirements(&events_.retirements());
   if (expandable_ != nullptr) expandable_->set_retirements(&events_.retirements());
+  // The events a release waits for and proactive recycling's come from the device's
+  // pool (event_pool.h), not one cudaEventCreate/Destroy each.
+  regular_.set_event_pool(&events_.pool());
+  if (expandable_ != nullptr) expandable_->set_event_pool(&events_.pool());
   if (config.expandable_segments == ExpandableMode::kOn && expandable_ == nullptr) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
@@ -239,7 +244,7 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
         if (in_flight_.give_back_bytes() > 0) in_flight_.wait_for_give_backs(&mu_);
         if (!events_.empty()) {
           acct_.count_sync_all_streams();
-          process_events_locked(/*wait=*/true);
+          wait_for_events_locked();
           if (Block* b = free_.take_best_fit(size, stream, config_.max_split_size)) {
             acct_.count_cache_hit();
             return b;
@@ -342,9 +347,43 @@ void DevicePool::empty_cache() {
   if (privates_.any_underway()) return;
   const DriverInFlight::Operation op(in_flight_);  // as new_segment_with_retry
   if (blocks_.has_deferred()) record_deferred_events_locked();
-  if (!events_.empty()) process_events_locked(/*wait=*/true);
+  if (!events_.empty()) wait_for_events_locked();
   release_private_pools_locked();
   reclaimer_.reclaim(SIZE_MAX, Urgency::kEmptyCache);
+}
+
+void DevicePool::wait_for_events_locked() {
+  // One event of the pool's own per stream with queued events, recorded now, under
+  // the lock: it completes after every event queued on that stream before it (a
+  // stream runs its work in order), so waiting for it is waiting for them. Recorded
+  // under the lock because a stream is named to the driver only while release_stream
+  // is kept out (release_fence.h); the queued events themselves are not waited for
+  // with the lock released, since a poll on another thread may recycle them meanwhile
+  // (and the pool record them again for another free).
+  //
+  // With the lock released: other threads allocate, free, poll and complete events
+  // (which may complete some of the blocks this call waits for: fine, the poll below
+  // finds fewer); a capture cannot begin (the caller's Operation), so the poll below
+  // is still allowed to query. Nothing this call prepared is used after it: the poll
+  // walks the queues as they are then.
+  std::vector<Stream> streams;
+  const bool all_live = events_.queued_streams(&streams);
+  ReleaseFence fence(*backend_, &events_.pool(), &events_.retirements());
+  fence.record(streams);  // may throw (a DriverError): the destructor gives them back
+  {
+    ScopedUnlock unlocked(&mu_);
+    fence.wait();
+  }
+  fence.finish();
+  // Queries only (each event queued before the fence has completed). A block waiting
+  // for a retirement's event, or for an event on a stream released since its free,
+  // cannot be fenced (the stream may be destroyed): those are waited for here, under
+  // the lock, as before (a stream released while such frees are in flight is rare, and
+  // the wait is for that stream's work only). The same for a stream released while
+  // the lock was released (retiring now): its blocks queued before also wait for its
+  // retirement event, recorded after the fence, which only a wait completes here (as
+  // it would have, had release_stream come first).
+  process_events_locked(/*wait=*/!all_live || events_.retirements().retiring() != 0);
 }
 
 void DevicePool::trim(size_t keep_bytes) {

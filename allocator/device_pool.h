@@ -40,10 +40,13 @@
 // (its bytes count against the memory limit, DriverInFlight; what the call works on is
 // out of everyone's reach), the pool is consistent at the release, and the caller
 // re-checks what it prepared once it is back: try_grow, new_segment_with_retry,
-// Reclaimer::reclaim and poll_locked may release mu_. Still under mu_: event record /
-// query / release, the waits for events of cross-stream frees, the stream waits before
-// frees and unmaps (release_stream(s) must not return while s may still be named to
-// the driver), private pools' segment releases and pool destruction.
+// Reclaimer::reclaim, poll_locked and wait_for_events_locked may release mu_. The
+// stream waits before frees and unmaps, and the waits for cross-stream frees, wait
+// with mu_ released for events recorded under it (release_fence.h: a stream is named
+// to the driver only while release_stream is kept out). Still under mu_: event record
+// / query / release (non-blocking; the allocation path's queries bounded), private
+// pools' segment releases and pool destruction (docs/architecture.md, "Thread safety
+// and lock order", says why).
 #pragma once
 
 #include <cstddef>
@@ -187,6 +190,11 @@ class DevicePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     blocks_.complete_events(wait, budget);
   }
+  // Waits for every cross-stream free queued now (stage 2 of the staged retry,
+  // empty_cache) with mu_ released, then moves the blocks whose events completed to
+  // the cache (device_pool.cc says why this is safe). The caller holds an Operation.
+  // Frees queued by other threads meanwhile stay pending if not yet complete.
+  void wait_for_events_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The allocation path's bounded poll: cross-stream frees whose events completed, and
   // deferred recycles whose events completed (one query per stream queue and per
   // reservation at most; nothing waits), querying at most `budget` cross-stream

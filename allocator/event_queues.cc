@@ -26,6 +26,20 @@ size_t EventQueues::enqueue(Block* b) {
   return queued + retiring.size();
 }
 
+bool EventQueues::queued_streams(std::vector<Stream>* live) const {
+  bool all_live = retired_.retiring() == 0;
+  live->reserve(queues_.size());
+  for (const auto& [stream, queue] : queues_) {
+    if (queue.empty()) continue;
+    if (!retired_.empty() && retired_.state(stream) != StreamRetireState::kLive) {
+      all_live = false;
+      continue;
+    }
+    live->push_back(stream);
+  }
+  return all_live;
+}
+
 template <typename Streams>
 size_t EventQueues::record(Block* b, const Streams& streams) {
   size_t queued = 0;

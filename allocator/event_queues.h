@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <deque>
 #include <iterator>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/function_ref.h"
@@ -77,6 +78,12 @@ class EventQueues {
   // Nothing to poll: no queued event and no retirement under way.
   bool empty() const { return count_ == 0 && retired_.retiring() == 0; }
   const EventPool& pool() const { return pool_; }
+  EventPool& pool() { return pool_; }
+  // The streams with queued events, for a wait that records one event of its own on
+  // each (release_fence.h): the live ones go to *live; returns false when some queue's
+  // stream is not live, or a retirement is under way (events that only their own
+  // records, or the retirement's, can be waited for).
+  bool queued_streams(std::vector<Stream>* live) const;
   StreamRetirements& retirements() { return retired_; }
   const StreamRetirements& retirements() const { return retired_; }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "allocator/errors.h"
 #include "allocator/expandable_segments.h"
+#include "allocator/release_fence.h"
 
 namespace devmem::internal {
 
@@ -179,17 +180,24 @@ size_t ExpandableSegments::unmap_holes(const std::vector<Hole>& holes,
   if (holes.empty()) return 0;
   size_t done = 0;
   std::exception_ptr error;
+  // Every stream first (each once), then every unmap: nothing queued before the frees
+  // may still use the memory. The streams are named under the lock (an event each,
+  // release_fence.h); the waits and the unmaps run with it released: the granules are
+  // out of every block and run and registered being unmapped (detach_range), so no
+  // placement, allocation or other recycle touches them meanwhile, and a
+  // release_stream that returns meanwhile is followed by no call on its stream.
+  ReleaseFence fence(backend_, event_pool_, retirements_);
   try {
-    // Every stream first (each once), then every unmap: nothing queued before the
-    // frees may still use the memory.
-    synchronize_for_release(streams);  // under the lock (segment_source.cc)
+    fence.record(streams);
     ScopedUnlock unlocked(lock);
+    fence.wait();
     for (; done < holes.size(); ++done) {
       backend_.unmap(reinterpret_cast<void*>(holes[done].at), holes[done].bytes);
     }
   } catch (...) {
     error = std::current_exception();
   }
+  fence.finish();
   size_t unmapped = 0;
   for (size_t i = 0; i < holes.size(); ++i) {
     const Hole& h = holes[i];
@@ -268,7 +276,7 @@ void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes, Block
   // is skipped this time rather than failing the allocation.
   Event event;
   try {
-    event = backend_.record_event(r->stream);
+    event = record_pooled_event(r->stream);
   } catch (const DriverError&) {
     throw;  // the device is broken, not busy: the allocator must learn of it
   } catch (const std::exception&) {
@@ -283,7 +291,7 @@ void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes, Block
   }
   if (idle) {
     // The stream is idle: every block free now is free in stream order already.
-    backend_.release_event(event);
+    event_completed(event);
     recycle_except(bytes, Scope{keep_a, keep_b, r, UINT64_MAX, /*sync=*/false}, lock);
     return;
   }
@@ -334,7 +342,7 @@ size_t ExpandableSegments::complete_deferred(bool wait, Mutex* lock) {
         throw;
       }
     }
-    backend_.release_event(d.event);
+    event_completed(d.event);  // queried done, or waited for
     // Memory may have been allocated or given back since the decision: only what is
     // still over the cap goes, and only blocks free since before the event.
     const size_t want = DeferredRecycleBytes(recycle_threshold_, footprint(d.reservation),

@@ -236,7 +236,13 @@ Block* ExpandableSegments::expand(Reservation* r, const GrowRequest& req, bool* 
     if (!proactive_done) {
       proactive_done = true;
       if (const size_t over = proactive_recycle_bytes(r, size, p.bytes); over > 0) {
-        recycle_proactively(r, over, lf, rf, req.free_seq, req.lock);
+        // The free neighbours again: the limit's recycle above may have released the
+        // lock, and another thread may have freed, taken or merged the blocks around
+        // the range meanwhile (`p` still fits, but lf/rf are what they were). With the
+        // stale ones, the recycle could unmap the block the map now extends, which the
+        // next placement would then map again.
+        const auto [lf_now, rf_now] = free_neighbours(r, p.at, p.at + p.bytes);
+        recycle_proactively(r, over, lf_now, rf_now, req.free_seq, req.lock);
         replace_if_stale();
         continue;  // the limit again: other threads may have grown meanwhile
       }
@@ -413,6 +419,62 @@ void ExpandableSegments::given_back(Segment* s, bool ok) {
   if (!ok) {
     r->mapped += s->size;
     ++r->runs;
+  }
+}
+
+void ExpandableSegments::restored(Segment* s) {
+  // While the run was being unmapped (the lock released) another thread may have
+  // mapped right next to it: its range was no gap then, so that map linked to nothing
+  // on this side. Back in the table, the run joins such neighbours, as a map filling
+  // the space between them would have (runs of a reservation are never adjacent).
+  Reservation* r = s->reservation;
+  if (auto it = table_.find(s->addr + s->size);
+      it != table_.end() && it->second->reservation == r) {
+    join_runs(s, it->second);
+  }
+  if (auto it = table_.lower_bound(s->addr); it != table_.begin()) {
+    Segment* lo = std::prev(it)->second;
+    if (lo->reservation == r && lo->addr + lo->size == s->addr) join_runs(lo, s);
+  }
+}
+
+void ExpandableSegments::join_runs(Segment* lo, Segment* hi) {
+  Reservation* r = lo->reservation;
+  Block* a = lo->tail;
+  Block* b = hi->head;
+  // Free edge blocks leave their sets before any link changes and enter them again
+  // after (the sets' split statistics depend on the links, as in link_mapped).
+  const bool a_free = a->state == BlockState::kFree;
+  const bool b_free = b->state == BlockState::kFree;
+  const bool coalesce = a_free && b_free;
+  if (a_free) free_.erase(a);
+  if (b_free) free_.erase(b);
+  a->next = b;
+  b->prev = a;
+  for (Block* x = b; x != nullptr; x = x->next) x->segment = lo;
+  lo->tail = hi->tail;
+  lo->size += hi->size;
+  lo->busy_blocks += hi->busy_blocks;
+  lo->last_used = std::max(lo->last_used, hi->last_used);
+  table_.remove(hi);
+  acct_.run_removed(r->small_pool);
+  --r->runs;
+  delete hi;
+  if (coalesce) {
+    a->size += b->size;
+    a->free_seq = std::max(a->free_seq, b->free_seq);
+    a->next = b->next;
+    if (a->next != nullptr) {
+      a->next->prev = a;
+    } else {
+      lo->tail = a;
+    }
+    free_.delete_block(b);
+    free_.insert(a);
+  } else if (a_free) {
+    free_.insert(a);
+  } else if (b_free) {
+    free_.insert(b);
   }
 }
 

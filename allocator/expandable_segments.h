@@ -269,6 +269,10 @@ class ExpandableSegments final : public SegmentSource {
   void detached(Segment* s) override;
   void give_back_call(uintptr_t addr, size_t size) override;
   void given_back(Segment* s, bool ok) override;
+  void restored(Segment* s) override;
+  // Joins run `hi` (starting where `lo` ends, same reservation) to `lo`, coalescing
+  // the two edge blocks when both are free; `hi` is deleted.
+  void join_runs(Segment* lo, Segment* hi);
   // release_address_space may not release `r`: something still refers to it.
   bool in_use(const Reservation* r) const;
 

@@ -3,22 +3,9 @@
 
 #include <exception>
 
-namespace devmem::internal {
+#include "allocator/release_fence.h"
 
-void SegmentSource::synchronize_for_release(const std::vector<Stream>& streams) {
-  // Under the lock: once release_stream(s) returns, the program may destroy s, so s is
-  // named to the driver only while the lock keeps release_stream out (a wait with the
-  // lock released would need an event of the pool's own, recorded under it). A
-  // retiring stream may be destroyed already: its retirement's event says when its
-  // work is done (StreamRetirements).
-  for (const Stream s : streams) {
-    if (retirements_ != nullptr) {
-      retirements_->synchronize_for_release(s);
-    } else {
-      backend_.synchronize_stream(s);
-    }
-  }
-}
+namespace devmem::internal {
 
 void SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
   // The books first, under the lock: each segment leaves the free sets, the table and
@@ -40,10 +27,20 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
   if (segments.empty()) return;
   // The block is free in stream order only: work queued on its stream before the free
   // may still use it. cudaFree synchronizes by itself, unmapping does not, and the sim
-  // backend does neither; so wait first, as the Backend contract asks. Then the driver,
-  // with the lock released. Nothing in here touches the pool.
+  // backend does neither; so wait first, as the Backend contract asks. The wait and the
+  // driver calls run with the lock released; nothing in there touches the pool.
+  //
+  // Why this is safe with the lock released (release_fence.h): the segments left every
+  // book in detach_for_release, so no other thread can find, allocate, merge or release
+  // them meanwhile; their bytes still count against the limit (DriverInFlight). Each
+  // stream is named to the driver only here, under the lock (an event of the pool's
+  // own is recorded on it), so a release_stream(s) that runs once the lock is free and
+  // returns cannot be followed by a call on s: only the event is waited for, and it
+  // stays valid after s is destroyed. An allocating thread therefore never waits
+  // behind this release's stream wait.
   size_t done = 0;
   std::exception_ptr error;
+  ReleaseFence fence(backend_, event_pool_, retirements_);
   try {
     if (call) {
       // Inside the try: a bad_alloc here puts every segment back, as a driver error does.
@@ -53,8 +50,9 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
         for (const Stream t : streams) seen = seen || t == s->stream;
         if (!seen) streams.push_back(s->stream);
       }
-      synchronize_for_release(streams);
+      fence.record(streams);
       ScopedUnlock unlocked(lock);
+      fence.wait();
       for (; done < segments.size(); ++done) {
         give_back_call(segments[done]->addr, segments[done]->size);
       }
@@ -62,6 +60,7 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
   } catch (...) {
     error = std::current_exception();
   }
+  fence.finish();
   // The lock is held again. Given back: forgotten. Not given back (a DriverError: the
   // pool is poisoned, but stays readable): cached and counted again, as they were.
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -75,6 +74,7 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
       table_.add(s);
       acct_.segment_release_undone(s);
       free_.insert(s->head);
+      restored(s);
     }
   }
   if (error) std::rethrow_exception(error);

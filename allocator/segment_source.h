@@ -28,6 +28,7 @@
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/driver_in_flight.h"
+#include "allocator/event_pool.h"
 #include "allocator/free_index.h"
 #include "allocator/mutex.h"
 #include "allocator/pool_accounting.h"
@@ -74,9 +75,10 @@ class SegmentSource {
   virtual Grown grow(const GrowRequest& req) = 0;
   // release_segment: gives unused segments of this source (each one free block) back
   // to the backend, after waiting for their streams; they are deleted. All leave the
-  // table, the free sets and the statistics first; then the streams are waited for
-  // (under the lock: release_stream must not return while a stream may still be named
-  // to the driver) and the segments given back with `lock` released. A DriverError
+  // table, the free sets and the statistics first; then an event is recorded on each
+  // of their streams (under the lock: release_stream must not return while a stream
+  // may still be named to the driver), and the events are waited for and the segments
+  // given back with `lock` released (release_fence.h). A DriverError
   // puts the segments not given back where they were (cached and counted) and is
   // rethrown.
   void release(const std::vector<Segment*>& segments, Mutex* lock) {
@@ -120,6 +122,10 @@ class SegmentSource {
   // waits for the retirement's event, never for the (destroyed) stream. Set once by
   // the pool before use; nullptr: none (every stream live).
   void set_retirements(StreamRetirements* r) { retirements_ = r; }
+  // The device's event pool (event_pool.h): the events a release waits for with the
+  // lock released (release_fence.h) and proactive recycling's come from it. Set once
+  // by the pool before use; nullptr: a new event each time.
+  void set_event_pool(EventPool* p) { event_pool_ = p; }
 
  protected:
   SegmentSource(Backend& backend, SegmentTable& table, FreeIndex& free, PoolAccounting& acct,
@@ -133,10 +139,23 @@ class SegmentSource {
   virtual void detached(Segment* /*s*/) {}
   virtual void give_back_call(uintptr_t addr, size_t size) = 0;
   virtual void given_back(Segment* /*s*/, bool /*ok*/) {}
+  // After a segment not given back is in the table and its free set again: the
+  // source's own repairs (ExpandableSegments joins runs mapped next to it meanwhile).
+  virtual void restored(Segment* /*s*/) {}
 
-  // Waits for `streams` (distinct) so that memory freed on them may go back (a
-  // retiring stream: its retirement's event). Under the lock: see segment_source.cc.
-  void synchronize_for_release(const std::vector<Stream>& streams);
+  // An event on `stream` from the device's pool (or a new one without a pool); its
+  // owner gives it back with event_completed() once it completed, or with
+  // Backend::release_event. Under the lock (the pool is guarded by it).
+  Event record_pooled_event(Stream stream) {
+    return event_pool_ != nullptr ? event_pool_->record(stream) : backend_.record_event(stream);
+  }
+  void event_completed(Event event) noexcept {
+    if (event_pool_ != nullptr) {
+      event_pool_->recycle(event);
+    } else {
+      backend_.release_event(event);
+    }
+  }
 
   Backend& backend_;
   SegmentTable& table_;
@@ -144,6 +163,7 @@ class SegmentSource {
   PoolAccounting& acct_;
   DriverInFlight& in_flight_;
   StreamRetirements* retirements_ = nullptr;
+  EventPool* event_pool_ = nullptr;
 };
 
 }  // namespace devmem::internal

@@ -280,9 +280,11 @@ TEST(ExpandableRecycleTest, OnlyWholeFreeGranulesAreUnmapped) {
 // Memory is freed in stream order: work queued on the stream before free() may still
 // use it. Releasing it to the device (cudaFree syncs by itself; unmapping does not)
 // must wait for that work, or the work faults (on the sim, pages become PROT_NONE).
-// The "kernel" is held until the allocator synchronizes its stream (a HookedBackend
-// opens the gate then), so it runs exactly when the allocator claims to wait for it:
-// an allocator that released first would unmap memory the kernel then writes.
+// The "kernel" is held until the allocator waits for its stream (a HookedBackend opens
+// the gate then: the wait is for an event the allocator records on the stream under
+// the device lock, allocator/release_fence.h), so it runs exactly when the allocator
+// claims to wait for it: an allocator that released first would unmap memory the
+// kernel then writes.
 void ReleaseWaitsForQueuedWork(const std::string& conf) {
   testutil::HookedBackend* hooks = nullptr;
   SimAllocator t = testutil::MakeHookedSimAllocator(conf, &hooks);
@@ -295,12 +297,13 @@ void ReleaseWaitsForQueuedWork(const std::string& conf) {
     wrote = true;
   });
   ASSERT_TRUE(st.ok()) << st;
-  hooks->before_synchronize_stream = [&](Stream) { gate.Release(); };
+  hooks->before_synchronize_event = [&](Event) { gate.Release(); };
   t->free(p);
   t->empty_cache();  // must wait for the stream before unmapping or freeing
   EXPECT_TRUE(wrote.load()) << "memory was released while queued work still used it";
   EXPECT_EQ(t.sim->used_bytes(), 0u);
   EXPECT_VALID(*t);
+  hooks->before_synchronize_event = nullptr;
 }
 
 TEST(ExpandableRecycleTest, ReleasingARunWaitsForWorkQueuedOnItsStream) {

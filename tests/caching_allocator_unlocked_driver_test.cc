@@ -12,6 +12,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
+#include <functional>
 #include <future>
 #include <latch>
 #include <memory>
@@ -401,6 +403,277 @@ TEST(UnlockedDriverTest, ADeferredRecycleUnmapsOnThePollWithTheLockReleased) {
             static_cast<int64_t>((64 + 2) * kMiB));  // blocks 1, 3, big; 1 MiB's run
   EXPECT_TRUE(t->validate().ok()) << t->validate();
   for (void* x : {blocks[1], blocks[3], big}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+// --- the waits before memory goes back (allocator/release_fence.h) --------------------
+//
+// A release waits for the streams of the memory it gives back, and stage 2 of the
+// staged retry and empty_cache wait for every cross-stream free. Each such wait records
+// an event of the pool's own on the stream under the lock and waits for it with the
+// lock released, so the gate below (on the first wait the backend sees, of a stream or
+// of an event) holds no one else: another thread allocates and frees on the device
+// meanwhile. (Waited for under the lock, the other thread blocks on it and the test
+// fails after kBound.)
+
+// The first stream or event wait the backend sees is held until the test opens it.
+void GateFirstWait(testutil::HookedBackend* hooks, FirstCallGate* gate) {
+  hooks->before_synchronize_stream = [gate](Stream) { gate->Pass(); };
+  hooks->before_synchronize_event = [gate](Event) { gate->Pass(); };
+}
+
+struct WaitCase {
+  const char* name;
+  const char* conf;
+  // Leaves what `act` gives back (after its wait) cached; returns what stays in use.
+  std::function<std::vector<void*>(CachingAllocator&, Stream)> setup;
+  std::function<void(CachingAllocator&)> act;
+};
+
+class UnlockedDriverWaitTest : public ::testing::TestWithParam<WaitCase> {};
+
+TEST_P(UnlockedDriverWaitTest, AnotherThreadAllocatesAndFreesWhileAReleaseWaits) {
+  const WaitCase& wc = GetParam();
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(wc.conf, &hooks);
+  const Stream s = testutil::NewStream(*t);
+  std::vector<void*> live = wc.setup(*t, s);
+  // B's memory: a cached small block on the default stream (a hit, no driver call).
+  void* other = t->allocate(kMiB);
+  t->free(t->allocate(256 * kKiB));
+  FirstCallGate gate;
+  GateFirstWait(hooks, &gate);
+  std::future<void> a = std::async(std::launch::async, [&] { wc.act(*t); });
+  gate.entered.wait();
+  std::future<void> b = std::async(std::launch::async, [&] {
+    void* q = t->allocate(256 * kKiB);
+    t->free(q);
+  });
+  const bool b_done = b.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(b_done) << wc.name << ": an allocation waited for another thread's stream "
+                      << "wait before a release";
+  if (b_done) {
+    EXPECT_TRUE(t->validate().ok()) << t->validate();  // consistent while it waits
+  }
+  gate.release.count_down();
+  a.get();
+  b.wait();
+  hooks->before_synchronize_stream = nullptr;
+  hooks->before_synchronize_event = nullptr;
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  EXPECT_FALSE(t->poisoned());
+  for (void* x : live) t->free(x);
+  t->free(other);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+std::vector<void*> CachedSegmentOn(CachingAllocator& a, Stream s) {
+  a.free(a.allocate(4 * kMiB, s));  // one unused segment (or run) of s
+  return {};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Waits, UnlockedDriverWaitTest,
+    ::testing::Values(
+        WaitCase{"ReleaseOfARegularSegment",
+                 "sim_capacity:1GiB,expandable_segments:false,thread_cache:false",
+                 CachedSegmentOn, [](CachingAllocator& a) { a.empty_cache(); }},
+        WaitCase{"ReleaseOfAnExpandableRun", kExpandable, CachedSegmentOn,
+                 [](CachingAllocator& a) { a.empty_cache(); }},
+        // A pressure recycle (trim): the free granules of a run still in use.
+        WaitCase{"RecycleUnderPressure", kExpandable,
+                 [](CachingAllocator& a, Stream s) -> std::vector<void*> {
+                   void* keep = a.allocate(2 * kMiB, s);
+                   a.free(a.allocate(16 * kMiB, s));  // one run: [keep][free 16 MiB]
+                   return {keep};
+                 },
+                 [](CachingAllocator& a) { a.trim(0); }},
+        // empty_cache waits for a cross-stream free (record_stream) before it polls.
+        WaitCase{"CrossStreamFrees",
+                 "sim_capacity:1GiB,expandable_segments:false,thread_cache:false",
+                 [](CachingAllocator& a, Stream s) -> std::vector<void*> {
+                   void* p = a.allocate(4 * kMiB);
+                   a.record_stream(p, s);
+                   a.free(p);  // pending on an event on s
+                   return {};
+                 },
+                 [](CachingAllocator& a) { a.empty_cache(); }}),
+    [](const ::testing::TestParamInfo<WaitCase>& info) { return info.param.name; });
+
+// The waits still come before the memory goes: the release waits for work queued on
+// the stream before the free (the event recorded under the lock completes after it),
+// even when another thread frees and allocates on that stream meanwhile.
+TEST(UnlockedDriverTest, AReleaseWaitsForWorkQueuedBeforeItsEvent) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:false,thread_cache:false", &hooks);
+  const Stream s = testutil::NewStream(*t);
+  char* p = static_cast<char*>(t->allocate(8 * kMiB, s));
+  std::atomic<bool> wrote{false};
+  testutil::StreamBlocker work(t->backend(), s);
+  ASSERT_TRUE(t->backend()
+                  .launch_host_fn(s, [p, &wrote] {
+                    std::memset(p, 0x3c, 8 * kMiB);  // the "kernel" still using p
+                    wrote = true;
+                  })
+                  .ok());
+  t->free(p);
+  std::atomic<int> waits{0};
+  hooks->before_synchronize_event = [&](Event) {
+    ++waits;
+    work.Release();  // the stream runs its work while the release waits
+  };
+  // (A stream wait would be the old way: it must not hang the test.)
+  hooks->before_synchronize_stream = [&](Stream) { work.Release(); };
+  t->empty_cache();
+  EXPECT_TRUE(wrote.load()) << "the segment was freed before its stream's work ran";
+  EXPECT_EQ(waits.load(), 1);
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+  hooks->before_synchronize_event = nullptr;
+  hooks->before_synchronize_stream = nullptr;
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+}
+
+// A driver error in the middle of a release's waits (the second stream's event): no
+// segment was given back yet, so every one is cached and counted again, the pool is
+// poisoned and consistent, and the error propagates.
+TEST(UnlockedDriverTest, AWaitErrorInTheMiddleOfAReleasePutsEverySegmentBack) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:false,thread_cache:false", &hooks);
+  const Stream s1 = testutil::NewStream(*t);
+  const Stream s2 = testutil::NewStream(*t);
+  t->free(t->allocate(4 * kMiB, s1));
+  t->free(t->allocate(4 * kMiB, s2));  // two unused segments on two streams
+  const DeviceStats before = t->stats();
+  std::atomic<int> waits{0};
+  hooks->before_synchronize_event = [&](Event) {
+    if (waits++ == 1) throw DriverError("test: cudaEventSynchronize failed");
+  };
+  EXPECT_THROW(t->empty_cache(), DriverError);
+  EXPECT_EQ(waits.load(), 2);
+  EXPECT_TRUE(t->poisoned());
+  const DeviceStats after = t->stats();
+  EXPECT_EQ(after.reserved_bytes[kAggregatePool].current,
+            before.reserved_bytes[kAggregatePool].current);
+  EXPECT_EQ(after.segment[kAggregatePool].current, 2);
+  EXPECT_EQ(after.num_device_free, before.num_device_free);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  hooks->before_synchronize_event = nullptr;
+}
+
+// A whole run's unmap fails while another thread mapped right next to it (the range
+// being unmapped is no gap, so that map starts a run of its own beside it). The run
+// not given back joins that neighbour when it is put back: runs of a reservation are
+// never adjacent, and validate() holds on the poisoned pool.
+TEST(UnlockedDriverTest, AFailedRunUnmapJoinsARunMappedNextToItMeanwhile) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
+  t->free(t->allocate(4 * kMiB));  // an unused 4 MiB run at the reservation's base
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 1);
+  std::atomic<int> calls{0};
+  void* other = nullptr;
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    if (calls++ == 0) {
+      // The lock is released: another thread maps 4 MiB, right above the run.
+      other = std::async(std::launch::async, [&] { return t->allocate(4 * kMiB); }).get();
+      throw DriverError("test: cuMemUnmap failed");
+    }
+    hooks->inner().unmap(p, n);
+  };
+  EXPECT_THROW(t->empty_cache(), DriverError);
+  EXPECT_EQ(calls.load(), 1);
+  ASSERT_NE(other, nullptr);
+  EXPECT_TRUE(t->poisoned());
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  EXPECT_EQ(t->stats().segment[kAggregatePool].current, 1) << "adjacent runs not joined";
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(8 * kMiB));
+  hooks->unmap_instead = nullptr;
+  // `other` goes with the allocator (a poisoned pool gives nothing back).
+}
+
+// The memory limit's recycle releases the lock (its unmap) before the proactive
+// recycle runs, and another thread frees the block just below the placement
+// meanwhile: the proactive recycle must keep that block (the map extends it), judged
+// from the blocks as they are then, not as they were before the lock was released.
+TEST(UnlockedDriverTest, AProactiveRecycleKeepsTheBlockTheMapExtendsAfterTheLockWasReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  // A 24 MiB limit; every map past the stream's need recycles (threshold 0).
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:true,thread_cache:false,"
+      "expandable_recycle_threshold:0,per_process_memory_fraction:0.0234375",
+      &hooks);
+  void* a = t->allocate(8 * kMiB);
+  void* h = t->allocate(8 * kMiB);
+  void* x = t->allocate(2 * kMiB);  // one run: [a 8][h 8][x 2], 18 MiB in use at peak
+  t->free(h);
+  ASSERT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(18 * kMiB));
+  std::atomic<int> calls{0};
+  hooks->unmap_instead = [&](void* p, size_t n) {
+    if (calls++ == 0) {
+      // The limit's recycle (6 MiB of h) has the lock released: x, just below where
+      // the request maps, is freed.
+      std::async(std::launch::async, [&] { t->free(x); }).get();
+    }
+    hooks->inner().unmap(p, n);
+  };
+  // 12 MiB: mapped above x; 18 + 12 > 24 recycles 6 MiB of h first, then the stream's
+  // cap (in use 8 + 12 = 20) asks 4 MiB more of the proactive recycle: the 2 MiB left
+  // of h, but not x, which the new 12 MiB joins.
+  void* q = t->allocate(12 * kMiB);
+  EXPECT_EQ(calls.load(), 2) << "the proactive recycle unmapped the block the map extends";
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
+            static_cast<int64_t>(22 * kMiB));
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  hooks->unmap_instead = nullptr;
+  t->free(q);
+  t->free(a);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace devmem
+
+namespace devmem {
+namespace {
+
+// empty_cache waits for a cross-stream free with the lock released, and the block's
+// own stream is released (release_stream) meanwhile: the block now also waits for that
+// stream's retirement event, recorded after the wait's fence. The poll after the wait
+// must wait for that event too (as it would had release_stream come first), or the
+// block stays pending and empty_cache gives nothing back (as no order of the two calls
+// would). The stream's work is held until the retirement's event is waited for.
+TEST(UnlockedDriverTest, AStreamReleasedWhileEmptyCacheWaitsHasItsMemoryGivenBack) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:1GiB,expandable_segments:false,thread_cache:false", &hooks);
+  const Stream x = testutil::NewStream(*t);
+  const Stream y = testutil::NewStream(*t);
+  void* p = t->allocate(4 * kMiB, x);
+  t->record_stream(p, y);
+  t->free(p);  // pending on an event on y
+  testutil::StreamBlocker work(t->backend(), x);  // x's retirement event stays open
+  std::atomic<int> waits{0};
+  hooks->before_synchronize_event = [&](Event) {
+    if (waits++ == 0) {
+      // The fence on y, the lock released: the program releases x.
+      std::async(std::launch::async, [&] { t->release_stream(x); }).get();
+    } else {
+      work.Release();  // x's work runs once something waits for it
+    }
+  };
+  t->empty_cache();
+  EXPECT_GE(waits.load(), 2) << "the retirement's event was not waited for";
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, 0)
+      << "the block stayed pending on x's retirement";
+  work.Release();
+  hooks->before_synchronize_event = nullptr;
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
   t->empty_cache();
   EXPECT_EQ(t.sim->used_bytes(), 0u);
 }

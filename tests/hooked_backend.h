@@ -9,8 +9,8 @@
 //
 // Thread-safety: as the wrapped backend's. Set the hooks before the backend is shared
 // with other threads (the allocator calls them from any thread: segment allocations,
-// maps, unmaps, frees and stream waits before them with its device lock released, the
-// rest under it); a hook must not call into the allocator.
+// maps, unmaps, frees and the event waits before them with its device lock released,
+// the rest under it); a hook must not call into the allocator.
 #pragma once
 
 #include <functional>

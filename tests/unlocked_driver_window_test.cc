@@ -6,13 +6,12 @@
 // handle names no stream, or the next stream created; cudaStreamSynchronize on it
 // fails, poisoning the device, or waits for the wrong stream and an unmap then pulls
 // memory from under the old stream's queued kernels). A release path that checked s
-// live under the lock and then synchronizes it with the lock released breaks that:
-// release_stream runs in between and returns. The hook below is the window: it asks
-// another thread for release_stream(s) while the allocator is about to synchronize s.
-// (The allocator keeps those waits under the device lock, so release_stream waits.)
-//
-// Each window lasts kWindow: a racer that does not wait returns well within it, and a
-// correct allocator makes it wait for all of it (so each test takes about kWindow).
+// live under the lock and then synchronized it with the lock released broke that:
+// release_stream ran in between and returned. Now the release names s once, under the
+// lock (an event of the pool's own, allocator/release_fence.h), and waits for that
+// event with the lock released: the hook below is that wait; it asks another thread
+// for release_stream(s), which must return (the lock is free), and from then on no
+// call may name s.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -29,41 +28,62 @@ namespace {
 using testutil::MakeHookedSimAllocator;
 using testutil::SimAllocator;
 
-// How long a window stays open (see the top of this file); never orders threads.
+// How long the capture window below stays open: a racer that does not wait returns
+// well within it, and a correct allocator makes it wait all of it. Never orders threads.
 constexpr auto kWindow = std::chrono::milliseconds(200);
+// Bounds a wait that fails the test instead of hanging it; never orders threads.
+constexpr auto kBound = std::chrono::seconds(20);
 
-void ExpectNoSynchronizeAfterReleaseStream(const char* conf) {
+void ExpectNoCallOnAStreamReleasedDuringTheWait(const char* conf) {
   testutil::HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator(conf, &hooks);
   const Stream s = testutil::NewStream(*t);
   t->free(t->allocate(4 * kMiB, s));  // one cached segment (or run) of s, unused
+  std::atomic<bool> released{false};     // release_stream(s) returned
+  std::atomic<int> named_after{0};       // driver calls naming s after that
+  std::atomic<int> waits{0};
   bool returned_meanwhile = false;
-  // Outlives the hook: a fix may hold the device lock here, and release_stream then
-  // returns only after empty_cache.
-  std::future<void> released;
-  hooks->before_synchronize_stream = [&](Stream w) {
-    if (w != s || released.valid()) return;
-    // The program, on another thread, is done with s.
-    released = std::async(std::launch::async, [&] { t->release_stream(s); });
-    returned_meanwhile = released.wait_for(kWindow) == std::future_status::ready;
+  std::future<void> release;
+  auto names = [&](Stream w) {
+    if (w == s && released) ++named_after;
+  };
+  hooks->before_synchronize_stream = names;
+  hooks->before_record_event = names;
+  hooks->before_rerecord_event = [&](Event, Stream w) { names(w); };
+  hooks->before_synchronize_event = [&](Event) {
+    if (waits++ != 0) return;  // the release's wait (empty_cache's thread)
+    // The program, on another thread, is done with s: the device lock is free.
+    release = std::async(std::launch::async, [&] {
+      t->release_stream(s);
+      released = true;
+    });
+    returned_meanwhile = release.wait_for(kBound) == std::future_status::ready;
   };
   t->empty_cache();
-  if (released.valid()) released.get();
-  EXPECT_FALSE(returned_meanwhile)
-      << "release_stream(s) returned while the allocator was about to synchronize s "
-         "with the device lock released: the program may destroy s before that call";
+  if (release.valid()) release.get();
+  EXPECT_TRUE(returned_meanwhile)
+      << "release_stream waited for another thread's release: the release's stream "
+         "wait held the device lock";
+  EXPECT_EQ(named_after.load(), 0)
+      << "the allocator named s to the driver after release_stream(s) returned";
   EXPECT_TRUE(t->validate().ok()) << t->validate();
   EXPECT_FALSE(t->poisoned());
   EXPECT_EQ(t.sim->used_bytes(), 0u);
+  EXPECT_EQ(named_after.load(), 0);
+  // The allocator outlives this function's locals: its destructor must not reach them.
+  hooks->before_synchronize_stream = nullptr;
+  hooks->before_record_event = nullptr;
+  hooks->before_rerecord_event = nullptr;
+  hooks->before_synchronize_event = nullptr;
 }
 
-TEST(UnlockedDriverWindowTest, ARegularReleaseDoesNotSynchronizeAStreamReleasedMeanwhile) {
-  ExpectNoSynchronizeAfterReleaseStream(
+TEST(UnlockedDriverWindowTest, ARegularReleaseNamesNoStreamReleasedDuringItsWait) {
+  ExpectNoCallOnAStreamReleasedDuringTheWait(
       "sim_capacity:1GiB,expandable_segments:false,thread_cache:false");
 }
 
-TEST(UnlockedDriverWindowTest, AnExpandableReleaseDoesNotSynchronizeAStreamReleasedMeanwhile) {
-  ExpectNoSynchronizeAfterReleaseStream(
+TEST(UnlockedDriverWindowTest, AnExpandableReleaseNamesNoStreamReleasedDuringItsWait) {
+  ExpectNoCallOnAStreamReleasedDuringTheWait(
       "sim_capacity:1GiB,expandable_segments:true,thread_cache:false");
 }
 

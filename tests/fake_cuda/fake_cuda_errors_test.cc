@@ -207,17 +207,23 @@ TEST_P(FakeCudaStickyAllocatorTest, CacheMiss) {
   });
 }
 
-// Out of memory, then the staged retry synchronizes the stream of a cached segment and
-// finds the device faulted on the way: the kernel that asserts is launched on `s` just
-// before that synchronize (a hook on the allocating thread, not a host function).
+// Out of memory, then the staged retry waits for the stream of a cached segment (an
+// event recorded on it, allocator/release_fence.h) and finds the device faulted on the
+// way: the kernel that asserts is launched on `s` just before that event is recorded
+// (a hook on the allocating thread, not a host function).
 TEST_P(FakeCudaStickyAllocatorTest, OutOfMemoryRetry) {
   InChild([&] {
     World w;
     Build(w);
-    w.hooks->before_synchronize_stream = [&](Stream stream) {
+    bool launched = false;
+    auto fault = [&](Stream stream) {
+      if (stream != w.s || launched) return;
+      launched = true;
       EXPECT_EQ(devmem_fake_cuda_launch_fault(ToCuda(stream), cudaErrorAssert),
                 cudaSuccess);
     };
+    w.hooks->before_record_event = fault;
+    w.hooks->before_rerecord_event = [&](Event, Stream stream) { fault(stream); };
     // On s2: more than the 1 GiB device has left, until what s caches goes back.
     ExpectPoisonedBy(w, "allocate", [&] { w.alloc->allocate(1000 * kMiB, w.s2); });
   });

@@ -471,8 +471,9 @@ TEST_P(FakeCudaAllocatorTest, DriverErrorsAreNotOutOfMemory) {
 // Work queued on a stream may use a block after its free (stream order); the memory
 // goes back to the device only once the stream got past that work. The fake checks
 // the work's memory when the stream runs it and aborts if it was unmapped or freed.
-// The stream is released when the allocator synchronizes it (a HookedBackend), not
-// after a sleep: the kernel runs exactly while the allocator says it waits.
+// The stream is released when the allocator waits for it (a HookedBackend: the wait is
+// for an event recorded on the stream under the device lock, allocator/release_fence.h),
+// not after a sleep: the kernel runs exactly while the allocator says it waits.
 TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
   const Config config = alloc_->config();
   alloc_.reset();  // this test's allocator is the hooked one
@@ -488,13 +489,17 @@ TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
   ASSERT_EQ(cudaMemsetAsync(p, 7, 24 * kMiB, reinterpret_cast<cudaStream_t>(s->handle)),
             cudaSuccess);
   alloc.free(p);
-  int syncs = 0;
-  hooks->before_synchronize_stream = [&](Stream stream) {
-    if (stream == *s) ++syncs;
-    blocker.Release();
+  int records = 0;  // events recorded on *s (the hooks run on this thread only)
+  hooks->before_record_event = [&](Stream stream) { records += stream == *s ? 1 : 0; };
+  hooks->before_rerecord_event = [&](Event, Stream stream) {
+    records += stream == *s ? 1 : 0;
   };
+  hooks->before_synchronize_event = [&](Event) { blocker.Release(); };
   alloc.empty_cache();  // must wait for the stream before unmapping or freeing
-  EXPECT_GE(syncs, 1);
+  EXPECT_GE(records, 1);
+  hooks->before_record_event = nullptr;
+  hooks->before_rerecord_event = nullptr;
+  hooks->before_synchronize_event = nullptr;
   EXPECT_EQ(alloc.stats().reserved_bytes[kAggregatePool].current, 0);
   EXPECT_TRUE(alloc.validate().ok());
   backend.destroy_stream(*s);
