@@ -30,6 +30,11 @@
 # DEVMEM_JOBS (default: the core count) is the build and ctest parallelism.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# For every ccache call, the builds' (scripts/build.sh) and those of tests that build
+# (consumer.subdir compiles the libraries again beside build/ and finds the main
+# build's objects only with the same relative paths: without these it compiled them
+# cold, past its timeout on a loaded machine).
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 jobs=${DEVMEM_JOBS:-$(nproc)}
 sanitizer_timeout=180  # seconds; the slowest TSan test takes about 32 s on 2 cores
 # The sanitizer and fuzz builds' compile flags: line tables only (-g1: a report still
