@@ -350,6 +350,9 @@ void DevicePool::empty_cache() {
   if (!events_.empty()) wait_for_events_locked();
   release_private_pools_locked();
   reclaimer_.reclaim(SIZE_MAX, Urgency::kEmptyCache);
+  // The events kept for reuse are cached driver objects too (the releases above just
+  // recycled their fences' into the pool): none is left behind.
+  events_.pool().release_kept();
 }
 
 void DevicePool::wait_for_events_locked() {

@@ -29,6 +29,11 @@ Event EventPool::record(Stream stream) {
   return backend_.record_event(stream);
 }
 
+void EventPool::release_kept() noexcept {
+  for (Event event : kept_) backend_.release_event(event);
+  kept_.clear();  // keeps the reserved capacity: recycle() still never allocates
+}
+
 void EventPool::recycle(Event event) noexcept {
   if (reusable_ && kept_.size() < capacity_) {
     kept_.push_back(event);  // within the reserved capacity: does not allocate

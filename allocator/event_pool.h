@@ -47,6 +47,11 @@ class EventPool {
   // Gives an event that record() returned, completed or not, back to the backend.
   void release(Event event) noexcept { backend_.release_event(event); }
 
+  // Gives every kept event back to the backend (empty_cache: a program that empties
+  // the cache before it exits, or before another library takes the device, holds no
+  // driver object of the allocator's after it). Never throws.
+  void release_kept() noexcept;
+
   size_t kept() const { return kept_.size(); }
   size_t capacity() const { return capacity_; }
 

@@ -107,6 +107,35 @@ TEST(EventPoolTest, KeepsAtMostItsCapacityOfCompletedEvents) {
   EXPECT_EQ(counts.released, counts.created);
 }
 
+// empty_cache gives the kept events back too, those of cross-stream frees and those
+// its own releases waited for (the release fences): a C-ABI program that emptied the
+// cache before exiting left one event behind, which the fake CUDA's leak check
+// reported (fake_cuda.ipc_peer_check.*).
+TEST(EventPoolTest, EmptyCacheGivesTheKeptEventsBack) {
+  EventCounts counts;
+  HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
+  CountEvents(hooks, &counts);
+  const Stream side = NewStream(*t);
+  void* p = t->allocate(4096);
+  t->record_stream(p, side);
+  t->free(p);
+  t->backend().synchronize_stream(side);
+  t->process_events();  // completed: kept by the pool
+  ASSERT_GE(counts.created, 1);
+  t->empty_cache();  // the segment's release fence records (and keeps) one more
+  EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, 0);
+  EXPECT_EQ(counts.released, counts.created) << "events kept after empty_cache";
+  // The pool still works after it.
+  p = t->allocate(4096);
+  t->record_stream(p, side);
+  t->free(p);
+  t->backend().synchronize_stream(side);
+  t->process_events();
+  EXPECT_EQ(Pending(t), 0);
+  EXPECT_VALID(*t);
+}
+
 // A record that throws while the pool keeps events leaves the free undone (the block
 // allocated) and the kept event usable.
 TEST(EventPoolTest, AFailedRerecordChangesNothing) {
