@@ -8,9 +8,7 @@ EventPool::EventPool(Backend& backend, size_t capacity)
   kept_.reserve(capacity_);
 }
 
-EventPool::~EventPool() {
-  for (Event event : kept_) backend_.release_event(event);
-}
+EventPool::~EventPool() { release_kept(); }
 
 Event EventPool::record(Stream stream) {
   if (reusable_ && !kept_.empty()) {
@@ -23,8 +21,7 @@ Event EventPool::record(Stream stream) {
     }
     // This backend makes a new event per record: keep none from now on.
     reusable_ = false;
-    for (Event event : kept_) backend_.release_event(event);
-    kept_.clear();
+    release_kept();
   }
   return backend_.record_event(stream);
 }
