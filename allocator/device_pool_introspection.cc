@@ -64,9 +64,9 @@ AllocatorSnapshot DevicePool::segments_for_validation() const {
 // scripts/bench_snapshot.sh).
 //
 // What remains under the lock is the walk of the segments' block lists, one dependent
-// load per block: SnapshotWalk (allocator/snapshot_walk.h) cuts the lists at allocated
-// blocks taken from the allocated table and walks the pieces round-robin, many loads
-// in flight at once.
+// load per block: SnapshotWalk (allocator/snapshot_walk.h) cuts the lists at Blocks
+// picked from the slabs in the first look (evenly spaced, their lines prefetched in
+// between) and walks the pieces round-robin, many loads in flight at once.
 AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   AllocatorSnapshot snap;
   snap.device = device_;
@@ -75,6 +75,7 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   snap.mem_info = backend_->mem_info();
   size_t segment_hint = 0;
   size_t block_hint = 0;
+  SnapshotWalk walk;
   {
     MutexLock lock(&mu_);
     segment_hint = segments_.size();
@@ -82,9 +83,11 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
     // slack (a cache holds few), and draining them only merges blocks.
     block_hint = static_cast<size_t>(acct_.stats().active[kAggregatePool].current) +
                  free_.size();
+    walk.pick_entries(free_);  // the slabs and pointers into them, no Block read: ~1 us
   }
   const size_t segment_room = segment_hint + segment_hint / 8 + 16;
-  SnapshotWalk walk(block_hint + block_hint / 16 + segment_hint + 256, segment_room);
+  walk.reserve(block_hint + block_hint / 16 + segment_hint + 256, segment_room);
+  walk.prefetch();  // the Blocks' lines, before the hold that reads them
   snap.segments.reserve(segment_room);
   {
     MutexLock lock(&mu_);
@@ -109,12 +112,6 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
       info.expandable = s->expandable();
       if (s->private_pool != nullptr) info.private_pool = s->private_pool->id;
       walk.add_segment(s);
-    }
-    // Entry points: the allocated table's first slots (blocks at random addresses).
-    size_t entries = 0;
-    for (const auto& [addr, b] : blocks_.allocated_table()) {
-      if (entries++ == SnapshotWalk::kMaxEntries) break;
-      walk.add_entry(addr, b);
     }
     walk.walk();
     note_snapshot_lock_hold(NowNs() - locked_ns, ThreadCpuNowNs() - locked_cpu_ns);

@@ -189,6 +189,18 @@ class FreeIndex {
     }
   }
 
+  // The slabs, for the snapshot's copy (allocator/snapshot_walk.h): slab i's
+  // constructed Blocks are slab_blocks(i)[0, slab_made(i)), spares (reset, in no list)
+  // among them; blocks_made() is their sum. Read under the pool's mutex.
+  size_t slab_count() const { return slabs_.size(); }
+  const Block* slab_blocks(size_t i) const { return slabs_[i].blocks; }
+  size_t slab_made(size_t i) const { return slabs_[i].made; }
+  size_t blocks_made() const {
+    size_t n = 0;
+    for (const Slab& s : slabs_) n += s.made;
+    return n;
+  }
+
   // This part's share of validate(): `b`, a free block of a segment, is in its set
   // and has no recorded streams.
   absl::Status validate_free_block(const Block* b) const;

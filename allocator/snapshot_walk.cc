@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "allocator/block.h"
+#include "allocator/free_index.h"
 
 namespace devmem::internal {
 namespace {
@@ -13,10 +14,28 @@ inline void PrefetchBlock(const Block* b) { __builtin_prefetch(b); }
 
 }  // namespace
 
-SnapshotWalk::SnapshotWalk(size_t blocks, size_t segments)
-    : out_(blocks) {  // value-initialized: their pages touched now
-  segments_.reserve(segments);
+// Entries may be spare Blocks, which an AddressSanitizer build poisons (FreeIndex): the
+// one function that reads them (plan_chains, under the lock, where a spare's addr 0
+// rules it out) is left uninstrumented.
+#if defined(__SANITIZE_ADDRESS__)
+#define DEVMEM_READS_SPARE_BLOCKS __attribute__((no_sanitize("address")))
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DEVMEM_READS_SPARE_BLOCKS __attribute__((no_sanitize("address")))
+#endif
+#endif
+#ifndef DEVMEM_READS_SPARE_BLOCKS
+#define DEVMEM_READS_SPARE_BLOCKS
+#endif
+
+SnapshotWalk::SnapshotWalk() {
   entries_.reserve(kMaxEntries);
+  slabs_.reserve(128);  // a pool of 10^6 Blocks has ~70 slabs (more: the vector grows)
+}
+
+void SnapshotWalk::reserve(size_t blocks, size_t segments) {
+  if (out_.size() < blocks) out_.resize(blocks);  // value-initialized: its pages touched now
+  segments_.reserve(segments);
   chains_.reserve(segments + kMaxEntries);
   chain_blocks_.reserve(segments + kMaxEntries);
 }
@@ -26,22 +45,49 @@ void SnapshotWalk::add_segment(const Segment* s) {
   segments_.push_back(s);
 }
 
-void SnapshotWalk::add_entry(uintptr_t addr, const Block* b) {
+void SnapshotWalk::pick_entries(const FreeIndex& free) {
+  slabs_.clear();
+  const size_t made = free.blocks_made();
+  if (made == 0) return;
+  // Every step-th Block over the slabs in order, starting half a step in (rounded up:
+  // at most kMaxEntries, and no longer gap at the end).
+  const size_t step = (made + kMaxEntries - 1) / kMaxEntries;
+  size_t at = step / 2;  // in the current slab
+  for (size_t i = 0; i < free.slab_count(); ++i) {
+    const Block* blocks = free.slab_blocks(i);
+    const size_t n = free.slab_made(i);
+    slabs_.push_back({blocks, n});
+    for (; at < n && entries_.size() < kMaxEntries; at += step) add_entry(blocks + at);
+    at -= std::min(at, n);  // carried into the next slab
+  }
+}
+
+void SnapshotWalk::add_entry(const Block* b) {
   if (entries_.size() == kMaxEntries) return;
-  __builtin_prefetch(&b->segment);  // plan_chains reads it
-  entries_.push_back({addr, b});
+  entries_.push_back({0, b});
+}
+
+void SnapshotWalk::prefetch() const {
+  // The Blocks' first lines (every field walk() copies, and `next`), one prefetch each:
+  // those made since the first look are read from memory as before.
+  for (const auto& [blocks, n] : slabs_) {
+    for (size_t i = 0; i < n; ++i) PrefetchBlock(blocks + i);
+  }
+  for (const Entry& e : entries_) __builtin_prefetch(&e.block->segment);  // plan_chains
 }
 
 // Chains in segment order, each segment's by address: its head, then its entry points
 // above the head (repeats dropped), each stopping where the next one starts.
-void SnapshotWalk::plan_chains() {
+DEVMEM_READS_SPARE_BLOCKS void SnapshotWalk::plan_chains() {
+  for (Entry& e : entries_) e.addr = e.block->addr;
   std::sort(entries_.begin(), entries_.end(),
             [](const Entry& a, const Entry& b) { return a.addr < b.addr; });
   size_t e = 0;
   for (uint32_t i = 0; i < segments_.size(); ++i) {
     const Segment* s = segments_[i];
     if (s->head == nullptr) continue;  // no blocks (never so in a valid pool)
-    while (e < entries_.size() && entries_[e].addr <= s->addr) ++e;  // below, or the head
+    // Below the segment, or its head (a spare's addr 0 is below every segment).
+    while (e < entries_.size() && entries_[e].addr <= s->addr) ++e;
     chains_.push_back({s->head, nullptr, i});
     for (; e < entries_.size() && entries_[e].addr < s->addr + s->size; ++e) {
       const Entry& entry = entries_[e];
@@ -119,6 +165,10 @@ void SnapshotWalk::walk() {
   copied_ = n;
 }
 
+size_t SnapshotWalk::longest_chain() const {
+  return chain_blocks_.empty() ? 0 : *std::max_element(chain_blocks_.begin(), chain_blocks_.end());
+}
+
 std::vector<std::vector<BlockInfo>> SnapshotWalk::take() {
   std::vector<std::vector<BlockInfo>> result(segments_.size());
   // Where each chain's blocks go in its segment's vector: after its segment's earlier
@@ -141,6 +191,7 @@ std::vector<std::vector<BlockInfo>> SnapshotWalk::take() {
     b.site = o.site;
     b.alloc_time_ns = o.alloc_time_ns;
   }
+  slabs_.clear();
   segments_.clear();
   entries_.clear();
   chains_.clear();

@@ -23,7 +23,10 @@ namespace {
 // from block to block so that a field copied from the wrong block shows.
 class Lists {
  public:
-  Lists(const std::vector<size_t>& blocks_per_segment) {
+  // Blocks from `new`, or from `slabs` (as a pool makes them; then every `spare_every`-th
+  // Block made is given back before the next is made, so spares lie among them).
+  explicit Lists(const std::vector<size_t>& blocks_per_segment, FreeIndex* slabs = nullptr,
+                 size_t spare_every = 0) {
     uintptr_t addr = uintptr_t{1} << 30;
     uint32_t n = 0;
     for (size_t count : blocks_per_segment) {
@@ -31,7 +34,15 @@ class Lists {
       s->addr = addr;
       Block* prev = nullptr;
       for (size_t i = 0; i < count; ++i, ++n) {
-        auto b = std::make_unique<Block>();
+        Block* b = nullptr;
+        if (slabs == nullptr) {
+          b = owned_.emplace_back(std::make_unique<Block>()).get();
+        } else {
+          if (spare_every != 0 && n % spare_every == spare_every - 1) {
+            spares_.push_back(slabs->new_block());  // given back below, once all are made
+          }
+          b = slabs->new_block();
+        }
         b->addr = addr;
         b->size = 512 * (1 + n % 5);
         b->requested = n % 3 == 0 ? 0 : b->size - n % 7;
@@ -41,20 +52,21 @@ class Lists {
         b->alloc_time_ns = 1000 + n;
         b->segment = s.get();
         b->prev = prev;
-        if (prev != nullptr) prev->next = b.get();
-        if (s->head == nullptr) s->head = b.get();
-        prev = b.get();
+        if (prev != nullptr) prev->next = b;
+        if (s->head == nullptr) s->head = b;
+        prev = b;
         addr += b->size;
-        all_.push_back(std::move(b));
+        all_.push_back(b);
       }
       s->tail = prev;
       s->size = addr - s->addr;
       addr += 1 << 20;  // a gap before the next segment
       segments_.push_back(std::move(s));
     }
+    for (Block* b : spares_) slabs->delete_block(b);
   }
   const std::vector<std::unique_ptr<Segment>>& segments() const { return segments_; }
-  const std::vector<std::unique_ptr<Block>>& blocks() const { return all_; }
+  const std::vector<Block*>& blocks() const { return all_; }
 
   // What a plain walk of each segment copies.
   std::vector<std::vector<BlockInfo>> Expected() const {
@@ -71,7 +83,9 @@ class Lists {
 
  private:
   std::vector<std::unique_ptr<Segment>> segments_;
-  std::vector<std::unique_ptr<Block>> all_;
+  std::vector<std::unique_ptr<Block>> owned_;  // from `new`
+  std::vector<Block*> spares_;                 // given back to the slabs
+  std::vector<Block*> all_;
 };
 
 void ExpectSame(const std::vector<std::vector<BlockInfo>>& got,
@@ -94,12 +108,11 @@ void ExpectSame(const std::vector<std::vector<BlockInfo>>& got,
 // points, sized for `room` blocks.
 std::vector<std::vector<BlockInfo>> Walk(const Lists& lists, const std::vector<size_t>& entries,
                                          size_t room, size_t* chains = nullptr) {
-  SnapshotWalk walk(room, lists.segments().size());
+  SnapshotWalk walk;
+  for (size_t e : entries) walk.add_entry(lists.blocks()[e]);
+  walk.reserve(room, lists.segments().size());
+  walk.prefetch();
   for (const auto& s : lists.segments()) walk.add_segment(s.get());
-  for (size_t e : entries) {
-    const Block* b = lists.blocks()[e].get();
-    walk.add_entry(b->addr, b);
-  }
   walk.walk();
   if (chains != nullptr) *chains = walk.chains();
   return walk.take();
@@ -147,17 +160,51 @@ TEST(SnapshotWalkTest, EntriesCutTheListsIntoChains) {
 
 TEST(SnapshotWalkTest, AnEntryOutsideTheSegmentsIsIgnored) {
   const Lists lists({5, 5});
-  const Lists other({5});  // its blocks lie in none of `lists`' segments, or claim another
-  SnapshotWalk walk(10, 2);
+  const Lists other({5});  // its blocks lie in none of `lists`' segments
+  SnapshotWalk walk;
+  walk.reserve(10, 2);
+  const Block* inside = lists.blocks()[2];
+  walk.add_entry(inside);
+  // A block that claims an address inside the first segment but another segment.
+  Block foreign;
+  foreign.addr = lists.blocks()[3]->addr;
+  foreign.segment = other.segments()[0].get();
+  walk.add_entry(&foreign);
+  walk.add_entry(other.blocks()[2]);  // in no segment
+  Block spare;  // as delete_block() leaves it: addr 0, no segment
+  walk.add_entry(&spare);
   for (const auto& s : lists.segments()) walk.add_segment(s.get());
-  const Block* inside = lists.blocks()[2].get();
-  walk.add_entry(inside->addr, inside);
-  // A block of another segment given at an address inside the first one.
-  walk.add_entry(lists.blocks()[3]->addr, other.blocks()[1].get());
-  walk.add_entry(uintptr_t{1} << 40, other.blocks()[2].get());  // in no segment
   walk.walk();
   EXPECT_EQ(walk.chains(), 3u);  // two heads and `inside`
   ExpectSame(walk.take(), lists.Expected(), "foreign entries");
+}
+
+// The entries a snapshot uses: Blocks picked from the pool's slabs, spares among them.
+// Whatever they are, the segments come back whole; where the Blocks were made in
+// address order (a filling pool), they cut the lists into chains of nearly one length,
+// so that the window stays full to the end of the walk (snapshot_walk.h: with entries
+// at random list positions the longest chains were ~6x the mean).
+TEST(SnapshotWalkTest, EntriesPickedFromTheSlabsCutEvenChains) {
+  PoolAccounting acct(DeviceId{DeviceType::kSim, 0}, /*max_split_size=*/SIZE_MAX);
+  for (const size_t spare_every : {size_t{0}, size_t{2}, size_t{7}}) {
+    FreeIndex slabs(acct);
+    // Across several slabs (the first holds 512 Blocks, each next one twice as many).
+    const Lists lists({20'000, 3, 1, 5'000}, &slabs, spare_every);
+    const std::string what = "a spare every " + std::to_string(spare_every) + " Blocks";
+    SnapshotWalk walk;
+    walk.pick_entries(slabs);
+    walk.reserve(lists.blocks().size(), lists.segments().size());
+    walk.prefetch();
+    for (const auto& s : lists.segments()) walk.add_segment(s.get());
+    walk.walk();
+    const size_t chains = walk.chains();
+    // The heads, and most of the kMaxEntries entries (spares and heads are dropped).
+    EXPECT_GT(chains, SnapshotWalk::kMaxEntries / 3) << what;
+    EXPECT_LE(chains, SnapshotWalk::kMaxEntries + lists.segments().size()) << what;
+    const size_t mean = lists.blocks().size() / chains;
+    EXPECT_LE(walk.longest_chain(), 3 * mean) << what << ": " << chains << " chains";
+    ExpectSame(walk.take(), lists.Expected(), what);
+  }
 }
 
 TEST(SnapshotWalkTest, APoolsBlocksLieTogether) {
