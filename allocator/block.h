@@ -84,9 +84,8 @@ struct alignas(64) Block {
   AtomicBlockState state = BlockState::kFree;
   SiteId site = kUnknownSite;
   int64_t alloc_time_ns = 0;
-  // The second line.
+  // The second line (a thread-cache hit writes it too: tc_next, trace_order).
   Segment* segment = nullptr;
-  int pending_events = 0;     // events still to complete before it is free
   // Free blocks: the pool's free sequence number (BlockStates) when this memory last
   // entered the free sets (a thread-cached block: when its cache gave it back, not
   // when it last left them); no device work queued after that uses it. 0: never used since it was
@@ -98,6 +97,7 @@ struct alignas(64) Block {
   absl::InlinedVector<Stream, 1> stream_uses;
   // The next block of the same thread-cache bin (kThreadCached only).
   Block* tc_next = nullptr;
+  int pending_events = 0;     // events still to complete before it is free
   // kPending only: freed while a graph capture was under way, its record_stream events
   // not recorded yet (an event recorded in a capture cannot be queried); they are
   // recorded once no capture is under way (DevicePool, device_pool_private.cc).
@@ -114,6 +114,14 @@ struct alignas(64) Block {
 
   bool is_split() const { return prev != nullptr || next != nullptr; }
 };
+
+// Two lines, no more: the slabs (FreeIndex) put Blocks sizeof(Block) apart on 128-B
+// boundaries, so a 128-B Block is alone in its 128-B pair of lines, which the
+// adjacent-line prefetcher fetches together. A third line (trace_order at offset 128,
+// as it once was) shared a pair with the next Block's first line: two threads' hits on
+// neighbouring Blocks then took that line from each other's cores (threads2_speedup's
+// slow mode, docs/architecture.md "Thread caches").
+static_assert(sizeof(Block) == 128, "Block must stay two cache lines (see above)");
 
 // The bytes of one stream's blocks in expandable reservations that are out of the free
 // sets (allocated, pending, or owned by a thread cache) and their high-water mark: the

@@ -220,9 +220,8 @@ TEST(SnapshotWalkTest, APoolsBlocksLieTogether) {
   for (size_t i = 0; i < kBlocks; ++i) {
     made.push_back(free.new_block());
     EXPECT_EQ(reinterpret_cast<uintptr_t>(made.back()) % alignof(Block), 0u) << i;
-    if (sizeof(Block) == 128) {  // and alone in its 128 B pair of lines
-      EXPECT_EQ(reinterpret_cast<uintptr_t>(made.back()) % 128, 0u) << i;
-    }
+    // and alone in its 128 B pair of lines (sizeof(Block) == 128, block.h)
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(made.back()) % 128, 0u) << i;
     if (i > 0 && made[i] == made[i - 1] + 1) ++apart;
   }
   // All but the first of each new slab follow their predecessor.
