@@ -18,6 +18,7 @@ namespace devmem::internal {
 // The slabs free every Block, spare or not (the pool's segments are gone by then).
 FreeIndex::~FreeIndex() {
   for (Slab& slab : slabs_) {
+    UnpoisonForAsan(slab.blocks, slab.capacity * sizeof(Block));  // spares and unmade room
     for (size_t i = 0; i < slab.made; ++i) slab.blocks[i].~Block();
     std::free(slab.blocks);
   }
@@ -41,6 +42,7 @@ void FreeIndex::add_slab() {
 #ifdef MADV_HUGEPAGE
   if (huge) madvise(p, bytes, MADV_HUGEPAGE);  // a hint: without huge pages, 4 KiB ones
 #endif
+  PoisonForAsan(p, bytes);  // unmade room: new_block() unpoisons each Block it makes
   slabs_.push_back({static_cast<Block*>(p), blocks, 0});  // cannot throw (room reserved)
 }
 
@@ -65,6 +67,7 @@ void FreeIndex::delete_block(Block* b) {
   } catch (...) {
     // Without room to list it, the Block stays unused in its slab (freed with it).
   }
+  PoisonForAsan(b, sizeof(Block));  // until new_block() hands it out again
 }
 
 absl::Status FreeIndex::validate_free_block(const Block* b) const {

@@ -33,6 +33,7 @@
 
 #include "absl/container/btree_set.h"
 #include "absl/status/status.h"
+#include "allocator/asan_poison.h"
 #include "allocator/block.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/pool_policy.h"
@@ -165,16 +166,21 @@ class FreeIndex {
   // Block objects: from the spares when there are any, else the next unused one of the
   // newest slab (a new slab when it is used up: may throw std::bad_alloc, changing
   // nothing). Every Block of a pool lives in its slabs until the pool is destroyed:
-  // never `delete` one, give it back with delete_block().
+  // never `delete` one, give it back with delete_block(). Under ASan, spares and the
+  // slabs' unmade room are poisoned (allocator/asan_poison.h): a stale Block* that reads
+  // a deleted Block is reported as a use after free of a `new`ed one would be.
   Block* new_block() {
     if (!spares_.empty()) {
       Block* b = spares_.back();
       spares_.pop_back();
+      UnpoisonForAsan(b, sizeof(Block));
       return b;
     }
     if (slabs_.empty() || slabs_.back().made == slabs_.back().capacity) add_slab();
     Slab& slab = slabs_.back();
-    return new (&slab.blocks[slab.made++]) Block;
+    Block* b = &slab.blocks[slab.made++];
+    UnpoisonForAsan(b, sizeof(Block));
+    return new (b) Block;
   }
   // Resets `b` and keeps it as a spare. Never throws: callers delete blocks in the
   // middle of relinking; without memory to keep it, the Block stays unused in its slab
@@ -186,6 +192,7 @@ class FreeIndex {
     if (spares_.empty()) {
       spares_.reserve(spares_.size() + 1);  // may throw: nothing changed yet
       spares_.push_back(new_block());       // cannot throw now (room reserved)
+      PoisonForAsan(spares_.back(), sizeof(Block));
     }
   }
 

@@ -1,11 +1,17 @@
 // tests/memtrace_timeline_test.cc: memtrace timeline's reader and bucketing
 // (tools/timeline/timeline.h): the trace rule shared with replay, bounded intervals when time
-// goes backwards, and the sparse per-site series against what they must add up to.
+// goes backwards, the sparse per-site series against what they must add up to, and
+// site names spelled as the rest of devmem spells them.
 #include "tools/timeline/timeline.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
+
+#include "allocator/arena.h"
+#include "allocator/site.h"
+#include "runtime/json.h"
+#include "tests/test_util.h"
 
 namespace devmem {
 namespace {
@@ -160,6 +166,55 @@ TEST(TimelineTest, SitesCarryTheirKindAndId) {
   EXPECT_EQ(t->site_ids[0], 3u);
   EXPECT_EQ(t->site_names[1], "site 9");  // not in the table
   EXPECT_EQ(t->site_kinds[1], "");
+}
+
+// A site is named as SiteInfo::ToString names it everywhere else (metrics, snapshots,
+// OOM reports), with the kind beside the name instead of after it: an arena chunk's
+// site is `step @ <arena>` (its line 0 left out; it was `step @ <arena>:0`), and a
+// site with a ScopedSite frame starts with that frame. The arena site is the one a
+// real ArenaScope's chunk carries, written into the header by the trace writer.
+TEST(TimelineTest, SiteNamesAreSpelledAsEverywhereElse) {
+  testutil::SimAllocator t = testutil::MakeSimAllocator();
+  SiteId arena_site = kUnknownSite;
+  uintptr_t chunk = 0;
+  size_t chunk_size = 0;
+  {
+    ArenaScope step(*t.alloc, "step");
+    void* p = t.alloc->allocate(1000);
+    for (const SegmentInfo& s : t.alloc->snapshot().segments) {
+      for (const BlockInfo& b : s.blocks) {
+        if (b.state == BlockState::kAllocated && GetSite(b.site).kind == SiteKind::kArena) {
+          arena_site = b.site;
+          chunk = b.addr;
+          chunk_size = b.size;
+        }
+      }
+    }
+    t.alloc->free(p);
+  }
+  ASSERT_NE(arena_site, kUnknownSite) << "no arena chunk in the snapshot";
+  const SiteInfo arena = GetSite(arena_site);
+  ASSERT_EQ(arena.ToString(), "step @ <arena> (arena)");  // as docs/metrics.md spells it
+  SiteInfo framed;
+  framed.file = "model.py";
+  framed.line = 10;
+  framed.kind = SiteKind::kClone;
+  framed.outer_file = "train.py";
+  framed.outer_line = 3;
+  const SiteId framed_id = arena_site + 1;
+  const std::string header =
+      TraceHeaderFromSites({{arena_site, arena}, {framed_id, framed}}) + "\n";
+  absl::StatusOr<Timeline> tl =
+      BuildTimeline(header + Segment(0) + Alloc(chunk, chunk_size, arena_site, 1) +
+                        Alloc(chunk + chunk_size, 512, framed_id, 2),
+                    "t", {});
+  ASSERT_TRUE(tl.ok()) << tl.status();
+  ASSERT_EQ(tl->site_names.size(), 2u);
+  EXPECT_EQ(tl->site_names[0], "step @ <arena>");
+  EXPECT_EQ(tl->site_kinds[0], "arena");
+  EXPECT_EQ(tl->site_names[0] + " (" + tl->site_kinds[0] + ")", arena.ToString());
+  EXPECT_EQ(tl->site_names[1], "train.py:3 > model.py:10");
+  EXPECT_EQ(tl->site_names[1] + " (" + tl->site_kinds[1] + ")", framed.ToString());
 }
 
 }  // namespace

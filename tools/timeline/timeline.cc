@@ -35,20 +35,32 @@ absl::Status LineError(const std::string& name, uint64_t line, const std::string
 }
 
 // A site's name as drawn, and its kind ("alloc", "clone", ...: the field of the site
-// table entry, "" when absent).
+// table entry, "" when absent). The name is spelled as SiteInfo::ToString spells a
+// site everywhere else (metrics, snapshots, OOM reports): `tag @ `, the outer frame
+// (`outer.py:3 > `), then `file:line`, where a line of 0 (a named site's, such as an
+// arena chunk's `step @ <arena>`) is left out; the timeline adds ` (function)` in the
+// place of ToString's ` (kind)`, which its legend shows after the name.
 std::pair<std::string, std::string> SiteName(simdjson::dom::object site) {
-  std::string_view file, function, tag, kind;
-  uint64_t line = 0;
+  std::string_view file, function, tag, kind, outer_file;
+  uint64_t line = 0, outer_line = 0;
   // Every field is optional here: a missing one leaves the name shorter.
   if (site["file"].get_string().get(file)) file = {};
   if (site["function"].get_string().get(function)) function = {};
   if (site["tag"].get_string().get(tag)) tag = {};
   if (site["line"].get_uint64().get(line)) line = 0;
   if (site["kind"].get_string().get(kind)) kind = {};
+  simdjson::dom::object outer;
+  if (!site["outer"].get_object().get(outer)) {
+    if (outer["file"].get_string().get(outer_file)) outer_file = {};
+    if (outer["line"].get_uint64().get(outer_line)) outer_line = 0;
+  }
   // std::string pieces: Debian's absl::StrCat does not take std::string_view.
-  std::string where = file.empty() ? std::string(function)
-                                   : std::string(file) + ":" + std::to_string(line);
+  auto file_line = [](std::string_view f, uint64_t l) {
+    return l == 0 ? std::string(f) : std::string(f) + ":" + std::to_string(l);
+  };
+  std::string where = file.empty() ? std::string(function) : file_line(file, line);
   if (!function.empty() && !file.empty()) where += " (" + std::string(function) + ")";
+  if (!outer_file.empty()) where = file_line(outer_file, outer_line) + " > " + where;
   if (!tag.empty()) where = std::string(tag) + " @ " + where;
   return {where, std::string(kind)};
 }
