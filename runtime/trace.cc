@@ -97,10 +97,10 @@ uint32_t TraceThreadNumber() {
   return t;
 }
 
-// 128 bytes apart: every open chunk's count is written on every event of its lane, and
-// two lanes' open chunks are often neighbours (the pool hands them out in order), so
-// at 64 bytes the adjacent-line prefetcher paired two threads' hot lines.
-struct alignas(128) TraceRing::Chunk {
+// A line each: the open chunk's count is written on every event of its lane. (Two
+// lanes' open chunks are often neighbours, one adjacent-line-prefetcher pair; 128
+// bytes apart measured no different in threads2's slow runs, so they stay 64.)
+struct alignas(64) TraceRing::Chunk {
   // 0: never claimed (in the pool); else its claim g (file comment), | kOpen while its
   // lane may write it, | kBusy while being claimed.
   std::atomic<uint64_t> gen{0};

@@ -84,7 +84,7 @@
 // the last one if no one took it.
 //
 // Memory: capacity + kChunkEvents slots of 64 bytes (C chunks) and C chunk headers of
-// 128 bytes, plus, once read, the numbered events the readers page through (capacity
+// 64 bytes, plus, once read, the numbered events the readers page through (capacity
 // x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each).
 //
 // What a slot keeps is exactly what was recorded (tests/runtime_trace_test.cc,
