@@ -2,13 +2,13 @@
 //
 // Writers. The ring's slots are cut into C chunks of K slots. A thread's first event
 // takes it a lane (trace.h), and the lane a chunk; the thread fills its chunk's slots in
-// order, each event seven relaxed stores and a release store of the chunk's count, and
-// when the chunk is full claims another (Claim, which policy: trace.h "What the ring
+// order, each event seven release stores (plain moves on x86) and a release store of the
+// chunk's count, and when the chunk is full claims another (Claim, which policy: trace.h "What the ring
 // keeps"). A chunk's `gen` is its ownership and its claim at once: the claim's number
 // (per chunk: 1 for its first claim, one more for each next, so never reused), with
 // kOpen while its lane may still write it (until the lane's next claim) and kBusy
 // while it is being claimed. Whoever takes a chunk (Take) compare-and-swaps its closed
-// gen g to kBusy | g + 1, resets the count, fences, and stores g + 1 | kOpen; a lane
+// gen g to kBusy | g + 1, resets the count and stores g + 1 | kOpen; a lane
 // closes its chunk (gen = g) when it claims the next one or parks. So a chunk has one
 // writer per claim, open chunks are never taken (a lane never has its slots
 // overwritten under it), and a reader or taker that compares a chunk's gen with the
@@ -19,7 +19,8 @@
 //
 // Each lane lists its claims (chunk, gen, base = the lane's event count when claimed)
 // in a ring of C + 2 entries, published by `nclaims` (release), with `nclaims_begin`
-// stored and fenced before an entry is rewritten, so that a reader can tell an entry
+// stored before an entry is rewritten with release stores (the reader's loads acquire:
+// no fence, which TSan does not model), so that a reader can tell an entry
 // it read while it was overwritten (seqlock-style, Boehm 2012). The chunks a lane
 // holds are those of its entries [front, nclaims), oldest first (its chain; the last
 // one open while a thread holds the lane): a chunk leaves a chain only at its front,
@@ -40,7 +41,8 @@
 //
 // Readers (under read_mu_). Collect walks every lane's claims from where the last read
 // stopped: for each claim whose chunk still has that gen it copies the slots not read
-// yet up to the count (acquire), fences, and checks the gen again (a changed gen means
+// yet up to the count (acquire; the slot words with acquire loads, the writer's were
+// release), and checks the gen again (a changed gen means
 // the chunk was recycled while copied: the copy is dropped). Events of a lane that no
 // chunk holds any more (a gap in the bases, a recycled chunk, an entry overwritten,
 // events dropped when no chunk was free) are counted as lost. The lanes' new events are
@@ -82,11 +84,9 @@ uint32_t ChunkEventsFor(size_t capacity) {
 }  // namespace
 
 namespace trace_internal {
-constinit thread_local uint64_t tls_ring_uid = 0;
-constinit thread_local TraceRing::LaneHead* tls_ring_lane = nullptr;
+constinit thread_local TlsLane tls_lane;
 }  // namespace trace_internal
-using trace_internal::tls_ring_lane;
-using trace_internal::tls_ring_uid;
+using trace_internal::tls_lane;
 
 uint32_t TraceThreadNumber() {
   uint32_t t = tls_thread;
@@ -97,6 +97,9 @@ uint32_t TraceThreadNumber() {
   return t;
 }
 
+// A line each: the open chunk's count is written on every event of its lane. (Two
+// lanes' open chunks are often neighbours, one adjacent-line-prefetcher pair; 128
+// bytes apart measured no different in threads2's slow runs, so they stay 64.)
 struct alignas(64) TraceRing::Chunk {
   // 0: never claimed (in the pool); else its claim g (file comment), | kOpen while its
   // lane may write it, | kBusy while being claimed.
@@ -157,10 +160,7 @@ struct LaneCache {
   using Owner = TraceRing;
   using Lane = TraceRing::Lane*;
   static void Release(TraceRing* ring, Lane lane) { ring->ReleaseLane(lane); }
-  static void Forget() {
-    tls_ring_uid = 0;
-    tls_ring_lane = nullptr;
-  }
+  static void Forget() { tls_lane = {}; }
 };
 namespace {
 using RingLanes = ThreadLanes<LaneCache>;
@@ -185,7 +185,7 @@ TraceRing::~TraceRing() { RingLanes::Unregister(uid_); }
 size_t TraceRing::capacity() const { return capacity_; }
 
 TraceRing::LaneHead* TraceRing::ThisThreadLane() {
-  if (tls_ring_uid == uid_) return tls_ring_lane;
+  if (tls_lane.uid == uid_) return tls_lane.lane;
   Lane* lane;
   if (Lane* const* held = RingLanes::Find(uid_)) {
     lane = *held;
@@ -193,8 +193,8 @@ TraceRing::LaneHead* TraceRing::ThisThreadLane() {
     lane = AcquireLane();
     RingLanes::Remember(uid_, lane);
   }
-  tls_ring_uid = uid_;
-  tls_ring_lane = lane;
+  tls_lane.uid = uid_;
+  tls_lane.lane = lane;
   return lane;
 }
 
@@ -259,17 +259,19 @@ bool TraceRing::Take(Lane* lane, uint32_t p, uint64_t closed) {
   if (!c.gen.compare_exchange_strong(expected, kBusy | g, std::memory_order_acq_rel)) {
     return false;  // open in its lane, or taken by another since `closed` was read
   }
+  // The slots' stores are release (WriteSlot), so a reader that copies one this claim
+  // wrote then reads gen != the claim it copied (Collect): no fence here.
   c.count.store(0, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);  // before any slot is rewritten
   c.gen.store(g | kOpen, std::memory_order_release);
   // The claim's history entry (seqlock-style, see the file comment).
   const uint64_t k = lane->claims++;
   std::atomic<uint64_t>* e = &lane->history[3 * (k % lane->history_size)];
+  // The entry's stores are release, so that a reader that read one of them (acquire)
+  // then reads nclaims_begin = k + 1 at least: the seqlock's check, without a fence.
   lane->nclaims_begin.store(k + 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  e[0].store(p, std::memory_order_relaxed);
-  e[1].store(g, std::memory_order_relaxed);
-  e[2].store(lane->written, std::memory_order_relaxed);
+  e[0].store(p, std::memory_order_release);
+  e[1].store(g, std::memory_order_release);
+  e[2].store(lane->written, std::memory_order_release);
   lane->nclaims.store(k + 1, std::memory_order_release);
   lane->chunk = &c;
   lane->chunk_gen = g;
@@ -284,9 +286,8 @@ TraceRing::Front TraceRing::FrontOf(const Lane* lane) const {
   const uint64_t k = lane->front.load(std::memory_order_acquire);
   if (k >= lane->nclaims.load(std::memory_order_acquire)) return f;  // holds none
   const std::atomic<uint64_t>* e = &lane->history[3 * (k % lane->history_size)];
-  const uint64_t p = e[0].load(std::memory_order_relaxed);
-  const uint64_t g = e[1].load(std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_acquire);
+  const uint64_t p = e[0].load(std::memory_order_acquire);
+  const uint64_t g = e[1].load(std::memory_order_acquire);
   // Rewritten while read: the chain moved on meanwhile (the caller tries again).
   if (lane->nclaims_begin.load(std::memory_order_relaxed) > k + lane->history_size) return f;
   if (p >= num_chunks_) return f;
@@ -380,7 +381,22 @@ void TraceRing::RecordSlow(LaneHead* head, const AllocEvent& event, uint64_t sta
     lane->dropped.store(++lane->dropped_local, std::memory_order_relaxed);
     return;
   }
-  WriteSlot(lane->slots[0], event, stamp, lane->thread_bits);
+  WriteSlot(&lane->slots[0], event, stamp, lane->thread_bits);
+  lane->count->store(++lane->used, std::memory_order_release);
+}
+
+void TraceRing::RecordLocked(LaneHead* lane, const AllocEvent& event) {
+  // The exact tick (a TSC read), raised past the lane's last event and the event's
+  // causal predecessors (trace.h).
+  uint64_t stamp = std::max(static_cast<uint64_t>(clock_.Now()), lane->last + 1);
+  if (event.block_order != nullptr) stamp = std::max(stamp, *event.block_order + 1);
+  stamp = std::max(stamp, *event.pool_order + 1);
+  if (lane->used == lane->limit) [[unlikely]] {
+    RecordSlow(lane, event, stamp);
+    return;
+  }
+  Commit(lane, event, stamp);
+  WriteSlot(&lane->slots[lane->used], event, stamp, lane->thread_bits);
   lane->count->store(++lane->used, std::memory_order_release);
 }
 
@@ -418,10 +434,9 @@ void TraceRing::Collect() const {
     bool last_recycled = false;  // the claim n - 1's chunk is another claim's now
     for (uint64_t k = cur.claim; k < n; ++k) {
       const std::atomic<uint64_t>* e = &lane.history[3 * (k % h)];
-      const uint64_t p = e[0].load(std::memory_order_relaxed);
-      const uint64_t g = e[1].load(std::memory_order_relaxed);
-      const uint64_t base = e[2].load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
+      const uint64_t p = e[0].load(std::memory_order_acquire);
+      const uint64_t g = e[1].load(std::memory_order_acquire);
+      const uint64_t base = e[2].load(std::memory_order_acquire);
       // Rewritten while read: its events are counted by the next entry's base.
       if (lane.nclaims_begin.load(std::memory_order_relaxed) > k + h) continue;
       if (base > cur.taken) {  // claims whose chunks were lost in between
@@ -436,10 +451,11 @@ void TraceRing::Collect() const {
         for (uint64_t j = cur.taken - base; j < count; ++j) {
           Numbered& ev = out.emplace_back();
           for (int w = 0; w < kWords; ++w) {
-            ev.words[w] = slots[j].words[w].load(std::memory_order_relaxed);
+            ev.words[w] = slots[j].words[w].load(std::memory_order_acquire);
           }
         }
-        std::atomic_thread_fence(std::memory_order_acquire);
+        // The loads above are acquire and the slots' stores release: a word a later
+        // claim wrote makes this read see that claim's gen.
         if ((c.gen.load(std::memory_order_relaxed) & ~kOpen) == g) {
           cur.taken = std::max(cur.taken, base + count);
           if (out.size() > before) place_gap(before);  // before the first event after it

@@ -12,8 +12,9 @@
 // runtime records by default (trace_entries), so devmem-bench reports
 // tracing_overhead_ratio on the shipped path (target <= 1.15). So a writer touches
 // nothing another thread writes: each thread writes into a chunk of slots it owns (a
-// "lane"); an event is seven relaxed stores and one release store of the chunk's count,
-// inline in the caller (Record), with no call on the path, and a full chunk's successor
+// "lane"); an event is seven stores and one store of the chunk's count (release stores,
+// plain moves on x86), inline in the caller (Record), with no call on the cache-hit
+// path (an event under the device lock calls RecordLocked), and a full chunk's successor
 // is, once the lane holds its share, the lane's own oldest chunk (no shared write, and
 // its lines stay in the thread's core's caches).
 //
@@ -42,15 +43,17 @@
 // trace_entries:0 does: the trace's remaining cost beside another thread is elsewhere.)
 //
 // Time and order (a hybrid logical clock). An event's stamp, in TraceClock ticks
-// (runtime/trace_clock.h; converted to nanoseconds when read), is the largest of
-//   - the clock: on the cache-hit path the tick the ticker thread published (one load;
-//     a TSC read there was ~9 ns on the AMD EPYC development VM, a quarter of a pair),
-//     under the device lock (AllocEvent::pool_order given) the exact tick;
-//   - the lane's last stamp + 1 (each thread's events in its own order);
-//   - the block's last stamp + 1 (AllocEvent::block_order, Block::trace_order: set by
+// (runtime/trace_clock.h; converted to nanoseconds when read), is under the device
+// lock (AllocEvent::pool_order given) the largest of the exact tick and the last
+// stamps below + 1; on the cache-hit path one tick past the largest of the tick the
+// ticker thread published (one load; a TSC read there was ~9 ns on the AMD EPYC
+// development VM, a quarter of a pair) and the last stamps below (max + 1: one add
+// fewer than raising each by one). The last stamps:
+//   - the lane's (each thread's events in its own order);
+//   - the block's (AllocEvent::block_order, Block::trace_order: set by
 //     its alloc, read by its free on whichever thread, which the program ordered after
 //     the alloc by handing the pointer over);
-//   - the device pool's last stamp + 1 (AllocEvent::pool_order: every event under the
+//   - the device pool's (AllocEvent::pool_order: every event under the
 //     device lock, raised past the last event of every block a thread cache gives back,
 //     so that what the pool does with an address after a cache-hit free, coalesce,
 //     split, reuse, unmap, reads after that free).
@@ -80,9 +83,13 @@
 // them (above), and taken up by the next thread that records, which goes on filling
 // the last one if no one took it.
 //
-// Memory: capacity + kChunkEvents slots of 64 bytes (C chunks), plus, once read, the
-// numbered events the readers page through (capacity x 64 bytes), plus a list of
-// C + 2 claims per lane (24 bytes each).
+// Memory: capacity + kChunkEvents slots of 64 bytes (C chunks) and C chunk headers of
+// 64 bytes, plus, once read, the numbered events the readers page through (capacity
+// x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each).
+//
+// What a slot keeps is exactly what was recorded (tests/runtime_trace_test.cc,
+// ExtremeFieldValuesReadBackExactly): every field at its full width, but the device
+// index, which keeps 16 bits (0 .. 65535: every device there is, allocator/types.h).
 // docs/configuration.md ("Trace ring size") has the measurement behind the default.
 //
 // Thread-safety: on_event may be called concurrently from any threads (each thread
@@ -186,7 +193,10 @@ class TraceRing : public AllocatorObserver {
   // Record's cold half: the lane's chunk is full (or it has none): claims the next,
   // then records the event, or drops it when no chunk is free.
   [[gnu::noinline]] void RecordSlow(LaneHead* head, const AllocEvent& event, uint64_t stamp);
-  static void WriteSlot(Slot& slot, const AllocEvent& event, uint64_t stamp,
+  // An event under the device lock (pool_order given): the exact tick, raised past
+  // the lane's, the block's and the pool's last stamps; then as Record.
+  [[gnu::noinline]] void RecordLocked(LaneHead* lane, const AllocEvent& event);
+  static void WriteSlot(Slot* slot, const AllocEvent& event, uint64_t stamp,
                         uint64_t thread_bits);
   // The event's stamp is `stamp`: it becomes the lane's and the event's order words'.
   static void Commit(LaneHead* lane, const AllocEvent& event, uint64_t stamp) {
@@ -247,47 +257,66 @@ class TraceRing : public AllocatorObserver {
 };
 
 // The hot path's lookup (trace.cc): the last ring this thread recorded into (its uid)
-// and its lane there. constinit and trivially destructible: reading them is one
-// thread-pointer-relative load each, no TLS wrapper call.
+// and its lane there, in one struct (one thread-pointer computation for both).
+// constinit and trivially destructible: no TLS wrapper call.
 namespace trace_internal {
-extern constinit thread_local uint64_t tls_ring_uid;
-extern constinit thread_local TraceRing::LaneHead* tls_ring_lane;
+struct TlsLane {
+  uint64_t uid = 0;
+  TraceRing::LaneHead* lane = nullptr;
+};
+extern constinit thread_local TlsLane tls_lane;
 }  // namespace trace_internal
 
-inline void TraceRing::WriteSlot(Slot& slot, const AllocEvent& event, uint64_t stamp,
+inline void TraceRing::WriteSlot(Slot* slot, const AllocEvent& event, uint64_t stamp,
                                  uint64_t thread_bits) {
+  // The device index keeps 16 bits: exact for every device there is (0 .. 1023,
+  // allocator/types.h).
   const uint64_t packed = static_cast<uint64_t>(event.action) |
                           static_cast<uint64_t>(event.device.type) << 8 |
-                          (static_cast<uint64_t>(event.device.index) & 0xffff) << 16 |
+                          uint64_t{static_cast<uint16_t>(event.device.index)} << 16 |
                           thread_bits;
-  slot.words[0].store(stamp, std::memory_order_relaxed);
-  slot.words[1].store(packed, std::memory_order_relaxed);
-  slot.words[2].store(event.stream.handle, std::memory_order_relaxed);
-  slot.words[3].store(event.addr, std::memory_order_relaxed);
-  slot.words[4].store(event.size, std::memory_order_relaxed);
-  slot.words[5].store(event.requested, std::memory_order_relaxed);
-  slot.words[6].store(event.site, std::memory_order_relaxed);
+  // Release stores (plain moves on x86): a reader that copies a word of this claim
+  // and then checks the chunk's gen sees the claim's gen (trace.cc, Collect), without
+  // a fence TSan cannot model.
+  slot->words[0].store(stamp, std::memory_order_release);
+  slot->words[1].store(packed, std::memory_order_release);
+  slot->words[2].store(event.stream.handle, std::memory_order_release);
+  slot->words[3].store(event.addr, std::memory_order_release);
+  slot->words[4].store(event.size, std::memory_order_release);
+  slot->words[5].store(event.requested, std::memory_order_release);
+  slot->words[6].store(event.site, std::memory_order_release);
 }
 
 inline void TraceRing::Record(const AllocEvent& event) {
-  LaneHead* lane = trace_internal::tls_ring_uid == uid_ ? trace_internal::tls_ring_lane
-                                                        : ThisThreadLane();
-  // The stamp (see above): the clock, raised past the lane's last event and the
-  // event's causal predecessors. Under the device lock (pool_order given) the exact
-  // tick, costing a TSC read on a path that costs hundreds of ns anyway; on the
-  // cache-hit path the ticker's.
-  uint64_t stamp = static_cast<uint64_t>(event.pool_order != nullptr ? clock_.Now()
-                                                                     : TraceClock::Coarse());
-  stamp = std::max(stamp, lane->last + 1);
-  if (event.block_order != nullptr) stamp = std::max(stamp, *event.block_order + 1);
-  if (event.pool_order != nullptr) stamp = std::max(stamp, *event.pool_order + 1);
-  if (lane->used == lane->limit) [[unlikely]] {
+  // One thread-pointer-relative struct for both words of the lookup.
+  const trace_internal::TlsLane& tls = trace_internal::tls_lane;
+  LaneHead* const lane = tls.uid == uid_ ? tls.lane : ThisThreadLane();
+  // Under the device lock (pool_order given) the exact tick and the pool's order:
+  // out of line, on a path that costs hundreds of ns anyway.
+  if (event.pool_order != nullptr) [[unlikely]] {
+    RecordLocked(lane, event);
+    return;
+  }
+  // The cache-hit path's stamp (see above): one tick past the largest of the
+  // ticker's tick, the lane's last stamp and the block's. Everything the stores
+  // below need is loaded before them (the block's word could alias the lane's).
+  uint64_t* const block = event.block_order;
+  uint64_t latest = std::max(static_cast<uint64_t>(TraceClock::Coarse()), lane->last);
+  if (block != nullptr) latest = std::max(latest, *block);
+  const uint64_t stamp = latest + 1;
+  const uint32_t used = lane->used;
+  if (used == lane->limit) [[unlikely]] {
     RecordSlow(lane, event, stamp);
     return;
   }
-  Commit(lane, event, stamp);
-  WriteSlot(lane->slots[lane->used], event, stamp, lane->thread_bits);
-  lane->count->store(++lane->used, std::memory_order_release);
+  Slot* const slot = lane->slots + used;
+  std::atomic<uint32_t>* const count = lane->count;
+  const uint64_t thread_bits = lane->thread_bits;
+  lane->last = stamp;
+  lane->used = used + 1;
+  if (block != nullptr) *block = stamp;
+  WriteSlot(slot, event, stamp, thread_bits);
+  count->store(used + 1, std::memory_order_release);
 }
 
 }  // namespace devmem

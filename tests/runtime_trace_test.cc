@@ -89,6 +89,57 @@ TEST(TraceRingTest, ZeroCapacityIsRefused) {
   EXPECT_THROW(TraceRing ring(0), std::invalid_argument);
 }
 
+// What a reader gets back is exactly what was recorded, at the extremes of every field
+// (the largest size and address, a 64-bit stream handle, site ids at the top of their
+// 32 bits, the last device index a slot keeps: runtime/trace.h), through both writers:
+// the cache-hit path (block_order only) and the locked one (pool_order given).
+TEST(TraceRingTest, ExtremeFieldValuesReadBackExactly) {
+  TraceRing ring(256);
+  std::vector<AllocEvent> recorded;
+  uint64_t block_order = 0, pool_order = 0;
+  for (int a = 0; a < kNumAllocActions; ++a) {
+    for (int locked = 0; locked < 2; ++locked) {
+      AllocEvent e;
+      e.action = static_cast<AllocAction>(a);
+      e.device = a % 2 == 0 ? DeviceId{DeviceType::kCpuPinned, 0} : DeviceId{DeviceType::kCuda, 65535};
+      e.stream = Stream{a % 3 == 0 ? UINTPTR_MAX : a % 3 == 1 ? uintptr_t{0} : UINTPTR_MAX - 1};
+      e.addr = a % 2 == 0 ? UINTPTR_MAX : uintptr_t{1} << 63;
+      e.size = a % 2 == 0 ? SIZE_MAX : SIZE_MAX - 511;
+      e.requested = a % 2 == 0 ? SIZE_MAX - 1 : 0;
+      e.site = a % 2 == 0 ? UINT32_MAX : UINT32_MAX - 1;
+      e.block_order = &block_order;
+      e.pool_order = locked != 0 ? &pool_order : nullptr;
+      ring.on_event(e);
+      recorded.push_back(e);
+    }
+  }
+  uint64_t missed = 99;
+  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+  EXPECT_EQ(missed, 0u);
+  ASSERT_EQ(events.size(), recorded.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    SCOPED_TRACE(i);
+    const TraceEvent& got = events[i];
+    const AllocEvent& want = recorded[i];
+    EXPECT_EQ(got.seq, i + 1);
+    EXPECT_EQ(got.action, want.action);
+    EXPECT_EQ(got.device, want.device);
+    EXPECT_EQ(got.stream.handle, want.stream.handle);
+    EXPECT_EQ(got.addr, want.addr);
+    EXPECT_EQ(got.size, want.size);
+    EXPECT_EQ(got.requested, want.requested);
+    EXPECT_EQ(got.site, want.site);
+    EXPECT_EQ(got.thread, TraceThreadNumber());
+    if (i > 0) {
+      EXPECT_GE(got.time_ns, events[i - 1].time_ns);
+    }
+  }
+  // Every event stamped the block's order word, the locked ones the pool's too (the
+  // last event was a locked one: both hold its stamp).
+  EXPECT_EQ(block_order, pool_order);
+  EXPECT_GT(pool_order, 0u);
+}
+
 TEST(TraceRingTest, AllocatorEventsCarrySiteThreadStreamAndSizes) {
   Config config;
   config.backend = BackendKind::kSim;

@@ -142,6 +142,7 @@ int Main(int argc, char** argv) {
   bool threads2_only = false;  // only threads2_speedup (A/B runs of the scaling work)
   bool flight_only = false;    // only flight_recorder_overhead_ratio (A/B runs)
   bool shipped_only = false;   // only the shipped pair (A/B runs, callgrind of its loop)
+  bool tracing_only = false;   // only tracing_overhead_ratio (A/B runs of the trace)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
@@ -153,12 +154,15 @@ int Main(int argc, char** argv) {
       flight_only = true;
     } else if (std::strcmp(argv[i], "--shipped") == 0) {
       shipped_only = true;
+    } else if (std::strcmp(argv[i], "--tracing") == 0) {
+      tracing_only = true;
     } else if (std::strcmp(argv[i], "--version") == 0) {
       std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
       return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
-          "usage: devmem-bench [--json] [--arena-sweep | --threads2 | --flight | --shipped]\n"
+          "usage: devmem-bench [--json] [--arena-sweep | --threads2 | --flight | --shipped |\n"
+          "                    --tracing]\n"
           "Times cache-hit alloc+free pairs through devmem (sim device: a bare allocator,\n"
           "and the runtime's shipped path) beside jemalloc and mimalloc in the same run,\n"
           "threads, tensors, site interning and steady-state device maps; prints medians\n"
@@ -167,7 +171,8 @@ int Main(int argc, char** argv) {
           "threads2_speedup (for side-by-side runs of two builds); --flight only\n"
           "flight_recorder_overhead_ratio; --shipped only the shipped pair beside\n"
           "mimalloc and jemalloc, and intern_256_sites_ns (its loop is TimeShipped:\n"
-          "callgrind --toggle-collect='*TimeShipped*' counts a pair).\n",
+          "callgrind --toggle-collect='*TimeShipped*' counts a pair); --tracing only\n"
+          "tracing_overhead_ratio (A/B runs of the trace).\n",
           kRepetitions);
       return 0;
     } else {
@@ -234,6 +239,18 @@ int Main(int argc, char** argv) {
                  "not every timed pair was a cache hit\n",
                  static_cast<long long>(t.timed_segment_allocs));
     return 1;
+  }
+
+  if (tracing_only) {
+    const TracingFigures t = MeasureShippedTracing(*shipped, LogUniformSizes(512, 32 * kKiB, 3));
+    JsonOut out;
+    out.add("untraced_pair_ns", t.plain_ns);
+    out.add("traced_pair_ns", t.traced_ns);
+    out.add("tracing_overhead_ratio", t.traced_ns / t.plain_ns, "%.3f");
+    out.add_int("trace_entries", static_cast<int64_t>(t.trace_entries));
+    out.add_int("timed_segment_allocs", t.timed_segment_allocs);
+    std::printf("%s\n", out.str().c_str());  // one line, table or not
+    return t.timed_segment_allocs == 0 ? 0 : 1;
   }
 
   if (shipped_only) {
