@@ -107,9 +107,14 @@ namespace {
 // lane index there, and the thread's number as a ring slot packs it. One struct, so
 // that Record finds the thread's block once; constinit and trivially destructible, so
 // reading it is thread-pointer-relative loads, no TLS wrapper call.
+// `fast` is the uid only when the lane is the thread's own (not the shared last one),
+// else 0, so that one compare takes the hot path; `offset` is the lane's byte offset in
+// a FlightDevice's lanes_ (no multiply on the hot path).
 struct ThreadLane {
-  uint64_t uid = 0;
+  uint64_t fast = 0;
   uint64_t thread_bits = 0;  // TraceThreadNumber() << 32
+  uint64_t uid = 0;
+  size_t offset = 0;
   uint32_t lane = 0;
 };
 constinit thread_local ThreadLane tls_flight;
@@ -121,7 +126,7 @@ struct FlightLaneCache {
   using Owner = FlightRecorder;
   using Lane = uint32_t;
   static void Release(FlightRecorder* recorder, Lane lane) { recorder->ReleaseLane(lane); }
-  static void Forget() { tls_flight.uid = 0; }
+  static void Forget() { tls_flight.uid = tls_flight.fast = 0; }
 };
 namespace {
 using RecorderLanes = ThreadLanes<FlightLaneCache>;
@@ -232,6 +237,10 @@ FlightRecorder::~FlightRecorder() {
     ticker_.join();
     WriteClockPoints();  // the last, farthest from the anchor: the best mapping
   }
+  {
+    MutexLock lock(&mu_);
+    for (const std::unique_ptr<FlightDevice>& d : devices_) d->CheckpointAll();
+  }
   munmap(base_, bytes_);
   close(fd_);
 }
@@ -290,6 +299,8 @@ uint32_t FlightRecorder::ThisThreadLane() {
   }
   tls_flight.uid = uid_;
   tls_flight.lane = lane;
+  tls_flight.offset = size_t{lane} * sizeof(FlightDevice::Lane);
+  tls_flight.fast = lane == options_.lane_slots - 1 ? 0 : uid_;
   tls_flight.thread_bits = uint64_t{TraceThreadNumber()} << 32;
   return lane;
 }
@@ -360,12 +371,22 @@ FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, Devi
                    (static_cast<uint64_t>(device.index) & 0xffff) << 16),
       ring_mask_(recorder->options_.ring_slots - 1),
       site_slots_(recorder->options_.site_slots),
-      lanes_(new Lane[recorder->options_.lane_slots]) {
+      checkpoint_events_(CheckpointEvents(recorder->options_.ring_slots)),
+      checkpoint_mask_(checkpoint_events_ - 1),
+      lanes_(new Lane[recorder->options_.lane_slots]),
+      // calloc: all zero, and (this size comes from mmap) resident only where touched.
+      shares_(static_cast<SiteShare*>(std::calloc(
+          size_t{recorder->options_.lane_slots} * recorder->options_.site_slots,
+          sizeof(SiteShare)))),
+      dirty_(new uint32_t[size_t{recorder->options_.lane_slots} * checkpoint_events_]) {
+  if (shares_ == nullptr) throw std::bad_alloc();
   const FlightRecorder::Options& o = recorder->options_;
   const Layout layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes,
                       o.lane_slots};
   for (uint32_t l = 0; l < o.lane_slots; ++l) {
     Lane& lane = lanes_[l];
+    lane.shares = shares_.get() + size_t{l} * site_slots_;
+    lane.dirty = dirty_.get() + size_t{l} * checkpoint_events_;
     unsigned char* at = region + kDevicePageBytes + l * layout.lane_bytes();
     lane.page = reinterpret_cast<uint64_t*>(at);
     lane.sites = reinterpret_cast<uint64_t*>(at + kLanePageBytes);
@@ -375,21 +396,16 @@ FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, Devi
   }
 }
 
-inline bool FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int64_t count,
-                                     uint64_t allocs, uint64_t seq) {
-  const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
-  // The entry's newer copy is the one with the larger seq (both 0: never written, all
-  // words 0: copy 1 is read, copy 0 written); its values plus the event's go into the
-  // older copy. The lane's writer
-  // reads what it (or the lane's previous holder, ordered by the recorder's mutex)
-  // wrote: no copy of the entries in this process, and four stores fewer an event.
+// The entry's older copy (both 0: never written, all words 0: copy 0) is overwritten,
+// so that a death inside this write leaves the newer one whole (the format's "Torn
+// writes"). Cold: once per changed share per checkpoint.
+void FlightDevice::WriteEntry(Lane& lane, uint32_t i, uint64_t seq) {
+  const SiteShare& share = lane.shares[i];
   uint64_t* entry = lane.sites + 8 * size_t{i};
-  const uint64_t seq0 = Get(entry), seq1 = Get(entry + site::kCopyWords);
-  const uint64_t c = seq1 < seq0 ? 1 : 0;  // the older copy (copy 0 first, as v1 did)
-  const uint64_t* n = entry + site::kCopyWords * (c ^ 1);
-  const uint64_t b = Get(n + 1) + U(bytes);
-  const uint64_t k = static_cast<uint32_t>(Get(n + 2) + U(count));
-  const uint64_t a = Get(n + 3) + allocs;
+  const uint64_t c = Get(entry + site::kCopyWords) < Get(entry) ? 1 : 0;
+  const uint64_t b = U(share.bytes);
+  const uint64_t k = static_cast<uint32_t>(share.allocs - share.frees);
+  const uint64_t a = share.allocs;
   uint64_t* w = entry + site::kCopyWords * c;
   MarkBusy(w);
   Put(w + 1, b);
@@ -398,13 +414,22 @@ inline bool FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int
                      << 32);
   Put(w + 3, a);
   Commit(w, seq);
-  // The site's name is asked (by the caller, after the event) the first time this lane
-  // writes the site: the name flags are shared by the lanes; sites past the last slot,
-  // which share it, have no name.
-  return (seq0 | seq1) == 0 && recorder_->NeedsName(site);
 }
 
-void FlightDevice::WritePeak(Lane& lane, uint64_t seq, SiteId name) {
+void FlightDevice::Checkpoint(Lane& lane, uint64_t seq) {
+  for (uint32_t n = 0; n < lane.dirty_count; ++n) WriteEntry(lane, lane.dirty[n], seq);
+  lane.dirty_count = 0;
+  ++lane.epoch;
+}
+
+void FlightDevice::CheckpointAll() {
+  for (uint32_t l = 0; l < recorder_->options_.lane_slots; ++l) {
+    Lane& lane = lanes_[l];
+    if (lane.dirty_count > 0) Checkpoint(lane, lane.next_seq - 1);
+  }
+}
+
+void FlightDevice::WritePeak(Lane& lane, uint64_t seq) {
   lane.peak = lane.live;
   const uint64_t c = lane.peak_copy;
   lane.peak_copy ^= 1;
@@ -413,7 +438,6 @@ void FlightDevice::WritePeak(Lane& lane, uint64_t seq, SiteId name) {
   Put(w + 1, U(lane.peak));
   Put(w + 7, FlightCheck(kSeedPeak ^ c, seq, U(lane.peak)));
   Commit(w, seq);
-  if (name != kNoName) recorder_->NameSite(name);
 }
 
 void FlightDevice::WriteCold(uint64_t seq) {
@@ -489,22 +513,20 @@ void FlightDevice::RecordCold(const AllocEvent& e) {
 }
 
 inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
-  // The event's words the summaries need, read once (the stores below are atomic: the
-  // compiler would read them again after each). The ring slot's other words are read
-  // where they are stored, each xor-ed into the check at once: keeping all seven live
-  // until the check spilled them to the stack (7 instructions an event more under
-  // callgrind, tools/bench/flight_recorder.cc's pairs).
-  const AllocAction action = e.action;
-  // The thread's number, set with the lane (ThisThreadLane); read first, while few
-  // values are live (GCC 12 spilled four around the thread-pointer read further down:
-  // 4 instructions an event).
-  const uint64_t packed = static_cast<uint64_t>(action) | device_bits_ | tls_flight.thread_bits;
-  const SiteId site = e.site;
-  const uint64_t bytes = e.size;
+  // Register pressure is this function's cost: every value live across the ring's
+  // stores beyond the nine registers a call may clobber costs a save and a restore. So
+  // the event's words are read where they are stored, each xor-ed into the check at
+  // once (keeping all seven live until the check spilled them), and the action, site
+  // and size read again after the slot for the summaries (three loads, against two
+  // saves and restores: one instruction an event fewer under callgrind,
+  // tools/bench/flight_recorder.cc's pairs). The thread's number, set with the lane
+  // (ThisThreadLane), is read first, while few values are live.
+  const uint64_t packed =
+      static_cast<uint64_t>(e.action) | device_bits_ | tls_flight.thread_bits;
+  const uint64_t s = lane.next_seq++;
   uint64_t* const block_order = e.block_order;
   uint64_t* const pool_order = e.pool_order;
-  const uint64_t s = lane.next_seq++;
-  // The stamp (flight_recorder.h, "Order"): the coarse tick (one relaxed load), raised
+  // 1. The stamp (flight_recorder.h, "Order"): the coarse tick (one relaxed load), raised
   // past the lane's last event and the event's causal predecessors; it becomes theirs.
   // The lane's, read after the lane was found: a lane passes to a new thread when its
   // thread exits, and its stamps must not go back.
@@ -514,9 +536,10 @@ inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
   lane.last = tick;
   if (block_order != nullptr) *block_order = tick;
   if (pool_order != nullptr) *pool_order = tick;
-  // 1. The ring slot (a seqlock: busy, the words, the number), check FlightCheck(seed,
+  // 2. The ring slot (a seqlock: busy, the words, the number), check FlightCheck(seed,
   // s, tick, packed, stream, addr, size, requested) built as the words are stored.
   uint64_t* w = lane.ring + 8 * ((s - 1) & ring_mask_);
+  const SiteId site = e.site;
   uint64_t h = (kSeedRing ^ site) ^ s;
   auto put = [&](int i, uint64_t v) {
     Put(w + i, v);
@@ -527,28 +550,53 @@ inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
   put(2, packed);
   put(3, e.stream.handle);
   put(4, e.addr);
-  put(5, bytes);
+  put(5, e.size);
   put(6, e.requested);
   Put(w + 7, uint64_t{site} | uint64_t{FlightCheck32(FlightCheckMix(h))} << 32);
   Commit(w, s);
-  // 2. The summaries the event changes: the lane's share of the site, its peak (only
-  // when it rises), or the segment stats.
-  const auto size = static_cast<int64_t>(bytes);
-  // The calls (rare) come last, as tail calls, so that the hot path keeps its values in
-  // registers the calls would clobber (4-5 instructions an event fewer, callgrind).
-  __builtin_prefetch(lane.ring + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
-  bool name;
-  if (action == AllocAction::kAlloc) {
-    name = RecordSite(lane, site, size, 1, 1, s);
-    lane.live += size;
-    if (lane.live > lane.peak) [[unlikely]] return WritePeak(lane, s, name ? site : kNoName);
-  } else if (action == AllocAction::kFree) {
-    name = RecordSite(lane, site, -size, -1, 0, s);
-    lane.live -= size;
+  // 3. The summaries the event changes: the lane's share of the site (in this
+  // process's memory: the file's entry is the checkpoint's copy), its peak (only when
+  // it rises), or the segment stats. Every event counts toward the checkpoint: the
+  // ring's slots are what its invariant is about (a checkpoint after the events s with
+  // s & checkpoint_mask_ == 0). The rare ends (a mask for Finish) come last, in a tail
+  // call, so that the hot path keeps its values in registers the call would clobber.
+  const AllocAction action = e.action;
+  uint32_t ends = (s & checkpoint_mask_) == 0 ? kEndCheckpoint : 0;
+  if (action == AllocAction::kAlloc || action == AllocAction::kFree) {
+    const SiteId site = e.site;
+    const auto size = static_cast<int64_t>(e.size);
+    const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
+    SiteShare& share = lane.shares[i];
+    if (share.epoch != lane.epoch) [[unlikely]] {
+      // Listed once an epoch: at most one share an event and a checkpoint every
+      // checkpoint_events_ events, so the list has room.
+      if (share.epoch == 0) ends |= kEndName;  // the lane's first event of the site
+      share.epoch = lane.epoch;
+      lane.dirty[lane.dirty_count++] = i;
+    }
+    if (action == AllocAction::kAlloc) {
+      share.bytes += size;
+      share.allocs += 1;
+      lane.live += size;
+      if (lane.live > lane.peak) [[unlikely]] ends |= kEndPeak;
+    } else {
+      share.bytes -= size;
+      share.frees += 1;
+      lane.live -= size;
+    }
   } else {
-    return RecordCold(e);  // and its site's name, if any
+    ends |= kEndCold;
   }
-  if (name) [[unlikely]] return recorder_->NameSite(site);
+  if (ends != 0) [[unlikely]] return Finish(lane, e, s, ends);
+}
+
+void FlightDevice::Finish(Lane& lane, const AllocEvent& e, uint64_t seq, uint32_t ends) {
+  if (ends & kEndPeak) WritePeak(lane, seq);
+  if (ends & kEndCheckpoint) Checkpoint(lane, seq);
+  if (ends & kEndCold) return RecordCold(e);  // and its site's name, if any
+  // The name flags are shared by the lanes; sites past the last slot, which share it,
+  // have no name.
+  if ((ends & kEndName) && recorder_->NeedsName(e.site)) recorder_->NameSite(e.site);
 }
 
 void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
@@ -556,16 +604,18 @@ void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
   Write(lane, e);
 }
 
-void FlightDevice::RecordFirst(const AllocEvent& e) {
-  recorder_->ThisThreadLane();  // the thread's lane in this recorder, now in tls_flight
-  Record(e);
+void FlightDevice::RecordSlow(const AllocEvent& e) {
+  // The thread's lane in this recorder (taken on its first event), now in tls_flight.
+  Lane& lane = lanes_[recorder_->ThisThreadLane()];
+  if (lane.shared) return RecordShared(lane, e);
+  Write(lane, e);
 }
 
 void FlightDevice::Record(const AllocEvent& e) {
-  if (tls_flight.uid != uid_) [[unlikely]] return RecordFirst(e);
-  Lane& lane = lanes_[tls_flight.lane];
-  if (lane.shared) [[unlikely]] return RecordShared(lane, e);
-  Write(lane, e);
+  if (tls_flight.fast != uid_) [[unlikely]] return RecordSlow(e);
+  Write(*reinterpret_cast<Lane*>(reinterpret_cast<unsigned char*>(lanes_.get()) +
+                                 tls_flight.offset),
+        e);
 }
 
 }  // namespace devmem
