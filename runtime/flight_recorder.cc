@@ -1,12 +1,18 @@
 // runtime/flight_recorder.cc: the flight record's writer (see flight_recorder.h; the
 // layout: flight_record_format.h).
 //
-// Every word of the mapping is written through std::atomic_ref with relaxed order (a
-// plain store on x86 and arm64), so that a reader mapping the same file, or a test in
-// this process, racing a writer is defined behaviour; commits are release stores, and a
-// release fence follows each "busy" mark, the seqlock writer's half of Boehm's protocol
-// (the reader's half is in flight_record_reader.cc). Each lane has one writer at a time
-// (flight_recorder.h), so nothing here is a read-modify-write of shared memory.
+// Every word of the mapping is written through std::atomic_ref, so that a reader mapping
+// the same file, or a test in this process, racing a writer is defined behaviour. A
+// seqlock record's "busy" mark is a relaxed store and every word after it a release
+// store: a reader whose load sees any of the new words also sees the mark (or the
+// commit), the ordering a release fence after the mark gave (the seqlock writer's half
+// of Boehm's protocol; the reader's half is in flight_record_reader.cc), in a form
+// ThreadSanitizer models (GCC's -Wtsan: it does not model atomic_thread_fence). On x86
+// a release store is the plain store a relaxed one is: the hot path's instructions are
+// the same (callgrind). After a death order is no question at all: a SIGKILL loses no
+// store that was made, so the file holds a prefix of each thread's stores in program
+// order, and program order is what these stores keep. Each lane has one writer at a
+// time (flight_recorder.h), so nothing here is a read-modify-write of shared memory.
 #include "runtime/flight_recorder.h"
 
 #include <fcntl.h>
@@ -36,8 +42,9 @@ namespace {
 
 using namespace flight;  // NOLINT: the format's names are this file's vocabulary
 
+// A word of a record, after its busy mark (or of one that has none).
 inline void Put(uint64_t* w, uint64_t v) {
-  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
 }
 inline uint64_t Get(const uint64_t* w) {
   return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(w)).load(std::memory_order_relaxed);
@@ -46,8 +53,7 @@ inline void Commit(uint64_t* w, uint64_t v) {
   std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
 }
 inline void MarkBusy(uint64_t* w) {
-  Put(w, kBusy);
-  std::atomic_thread_fence(std::memory_order_release);
+  std::atomic_ref<uint64_t>(*w).store(kBusy, std::memory_order_relaxed);
 }
 inline uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
 
@@ -221,7 +227,8 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
   u32(header::kReserved, 0);
   std::memcpy(base_ + header::kMagic, kMagic, sizeof(kMagic));
   u64(header::kCheck, FlightCheckBytes(0, base_, header::kCheck));
-  std::atomic_thread_fence(std::memory_order_release);
+  // No fence: every later store into the mapping is a release store (Put, Commit), so
+  // whoever sees one of them sees the header.
   if (clock_.uses_tsc()) ticker_ = std::thread([this] { Tick(); });  // clock points
   RecorderLanes::Register(uid_, this);
 }
@@ -339,8 +346,9 @@ void FlightRecorder::NameSite(SiteId site) noexcept {
     const std::string_view function = CutUtf8(info.function, room - tag.size() - file.size());
     unsigned char* slot = base_ + kHeaderBytes + size_t{site} * options_.name_slot_bytes;
     uint64_t* w = reinterpret_cast<uint64_t*>(slot);
+    // No fence after the busy state: a name slot goes 0, 1, 2 once, so a reader skips
+    // it until the commit of 2 (release, after the strings) and never takes a mix.
     Put(w, 1);
-    std::atomic_thread_fence(std::memory_order_release);
     Put(w + 1, uint64_t{site} | uint64_t{info.line} << 32);
     Put(w + 2, uint64_t{file.size()} | uint64_t{function.size()} << 16 |
                    uint64_t{tag.size()} << 32 | uint64_t{static_cast<uint8_t>(info.kind)} << 48);
