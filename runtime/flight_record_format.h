@@ -19,6 +19,20 @@
 // is a negative share there. The reader sums the lanes. The last lane is shared by the
 // threads that come when the others are taken (they write it under a mutex).
 //
+// Checkpoints (version 3). A lane's live-site entries are its shares as of its last
+// checkpoint, not of its last event: the writer keeps the shares in its own memory and
+// copies the ones that changed into their entries every CheckpointEvents(ring_slots)
+// events of the lane (and when the recorder is destroyed), each entry's seq the lane's
+// event the checkpoint came after. The events since are in the ring: a lane's summary
+// of a site is its entry plus the lane's complete alloc and free events of that site
+// (the entry's: the site, or the rest's) numbered past the entry's seq. That the ring
+// still holds all of those is the writer's invariant: at most K = CheckpointEvents
+// events pass between two checkpoints and the ring keeps at least 2 K (or K is 1), so
+// every event past an entry's seq is at most 2 K - 1 events old, even when a death tears
+// the entry's newer copy during a checkpoint (the older copy's seq is then at most 2 K
+// events back). Per event that is no entry written at all, where version 2 rewrote one
+// (a seqlock of five stores and a check).
+//
 // Integers are little-endian (the header's byte-order word says so), 8-byte aligned.
 //
 // Torn writes. Every record that changes is written so that a reader can tell a
@@ -44,7 +58,10 @@
 namespace devmem::flight {
 
 inline constexpr char kMagic[8] = {'D', 'M', 'F', 'L', 'I', 'G', 'H', 'T'};
-inline constexpr uint32_t kVersion = 2;  // 1: one writer per region (no lanes)
+// 1: one writer per region (no lanes); 2: live-site entries current after every event
+// (a version 2 record reads by version 3's rule: its entries never lag).
+inline constexpr uint32_t kVersion = 3;
+inline constexpr uint32_t kOldestReadVersion = 2;
 inline constexpr uint64_t kByteOrder = 0x0102030405060708ull;
 inline constexpr uint64_t kBusy = uint64_t{1} << 63;
 inline constexpr size_t kHeaderBytes = 4096;
@@ -162,6 +179,13 @@ inline uint64_t FlightCheckBytes(uint64_t seed, const unsigned char* p, size_t n
     h *= 0x100000001b3ull;
   }
   return h;
+}
+
+// The writer's events between two checkpoints of a lane (see "Checkpoints").
+inline constexpr uint32_t CheckpointEvents(uint32_t ring_slots) {
+  constexpr uint32_t kMost = 256;
+  const uint32_t half = ring_slots / 2;
+  return half == 0 ? 1 : half < kMost ? half : kMost;
 }
 
 // Region offsets from the header's counts.

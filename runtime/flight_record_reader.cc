@@ -100,12 +100,13 @@ class Parser {
                    "field byte_order: written on a machine of the other byte order, or damaged");
     }
     r_.version = b_.U32(header::kVersion);
-    if (r_.version != kVersion) {
+    if (r_.version < kOldestReadVersion || r_.version > kVersion) {
       // Version 1 (one writer per region, no lanes) is not read: its layout differs
-      // past the header, and its files are of processes of an older devmem.
+      // past the header, and its files are of processes of an older devmem. Version 2
+      // is read by version 3's rule (its entries never lag their events).
       return Error(header::kVersion,
                    absl::StrCat("field version: ", r_.version, " is not supported (this "
-                                "reader reads version ", kVersion, " only",
+                                "reader reads versions ", kOldestReadVersion, " to ", kVersion,
                                 r_.version < kVersion ? ": a record of an older devmem; read "
                                                         "it with that devmem's memtrace"
                                                       : "",
@@ -230,7 +231,8 @@ class Parser {
   // `stride` bytes apart, `words` words each, word 0 the seq); `valid(copy words)` checks
   // one. Returns the copy index, or -1 (none written, or none complete).
   template <typename Valid>
-  int PickCopy(size_t at, size_t stride, const char* what, Valid valid) {
+  int PickCopy(size_t at, size_t stride, const char* what, Valid valid,
+               bool* damaged_copy = nullptr) {
     int best = -1;
     uint64_t best_seq = 0;
     bool torn = false, damaged = false;
@@ -258,7 +260,7 @@ class Parser {
                                      best >= 0 ? "the other one is read" : "no other copy"));
       ++region_torn_;
     }
-    (void)damaged;
+    if (damaged_copy != nullptr) *damaged_copy = damaged;
     return best;
   }
 
@@ -361,10 +363,18 @@ class Parser {
              FlightCheck(kSeedPeak ^ static_cast<uint64_t>(c), b_.U64(at), b_.U64(at + 8));
     });
     if (p >= 0) lane->peak = static_cast<int64_t>(b_.U64(page + 64 * static_cast<size_t>(p) + 8));
-    // Its shares of the sites.
+    // Its shares of the sites as of their checkpoints (flight_record_format.h,
+    // "Checkpoints"): entry i's values and seq. An entry with no complete copy of which
+    // one is damaged is not summed at all (its events are not replayed into it either).
+    struct Entry {
+      uint64_t seq = 0;
+      bool unknown = false;
+    };
+    std::map<uint32_t, Entry> entries;
     for (uint32_t i = 0; i < layout_.site_slots; ++i) {
       const size_t at = layout_.sites_offset(d, l) + size_t{i} * kRecordBytes;
       if (b_.U64(at) == 0 && b_.U64(at + 32) == 0) continue;  // never written
+      bool damaged = false;
       const int s = PickCopy(at, 32, absl::StrCat(label, "'s live-site entry ", i).c_str(),
                              [&](size_t copy, int cc) {
                                const uint64_t w2 = b_.U64(copy + 16);
@@ -374,9 +384,14 @@ class Parser {
                                               static_cast<uint64_t>(cc),
                                           b_.U64(copy), b_.U64(copy + 8), w2 & 0xffffffff,
                                           b_.U64(copy + 24)));
-                             });
-      if (s < 0) continue;
+                             },
+                             &damaged);
+      if (s < 0) {
+        if (damaged) entries[i].unknown = true;
+        continue;
+      }
       const size_t copy = at + 32 * static_cast<size_t>(s);
+      entries[i].seq = b_.U64(copy);
       FlightRecord::SiteLive& live = (*sites)[i];
       live.site = i;
       // Sums of shares of a damaged or crafted file may wrap: unsigned, never signed
@@ -438,6 +453,25 @@ class Parser {
     std::sort(events->begin(), events->end(),
               [](const LaneEvent& a, const LaneEvent& b) { return a.e.seq < b.e.seq; });
     if (!events->empty()) lane->last_seq = events->back().e.seq;
+    // The events past each entry's checkpoint, added to its share (the writer keeps
+    // them all in the ring: flight_record_format.h, "Checkpoints").
+    for (const LaneEvent& le : *events) {
+      const TraceEvent& e = le.e;
+      if (e.action != AllocAction::kAlloc && e.action != AllocAction::kFree) continue;
+      const uint32_t i = std::min<uint32_t>(e.site, layout_.site_slots - 1);
+      const auto found = entries.find(i);
+      if (found != entries.end() && (found->second.unknown || e.seq <= found->second.seq)) {
+        continue;
+      }
+      FlightRecord::SiteLive& live = (*sites)[i];
+      live.site = i;
+      const bool alloc = e.action == AllocAction::kAlloc;
+      const uint64_t size = e.size;
+      live.bytes = static_cast<int64_t>(static_cast<uint64_t>(live.bytes) +
+                                        (alloc ? size : uint64_t{0} - size));
+      live.count += alloc ? 1 : -1;
+      live.allocs += alloc ? 1 : 0;
+    }
   }
 
   // The lanes' events as one sequence: by stamp, each lane's own order kept (a lane's

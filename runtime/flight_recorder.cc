@@ -1,12 +1,18 @@
 // runtime/flight_recorder.cc: the flight record's writer (see flight_recorder.h; the
 // layout: flight_record_format.h).
 //
-// Every word of the mapping is written through std::atomic_ref with relaxed order (a
-// plain store on x86 and arm64), so that a reader mapping the same file, or a test in
-// this process, racing a writer is defined behaviour; commits are release stores, and a
-// release fence follows each "busy" mark, the seqlock writer's half of Boehm's protocol
-// (the reader's half is in flight_record_reader.cc). Each lane has one writer at a time
-// (flight_recorder.h), so nothing here is a read-modify-write of shared memory.
+// Every word of the mapping is written through std::atomic_ref, so that a reader mapping
+// the same file, or a test in this process, racing a writer is defined behaviour. A
+// seqlock record's "busy" mark is a relaxed store and every word after it a release
+// store: a reader whose load sees any of the new words also sees the mark (or the
+// commit), the ordering a release fence after the mark gave (the seqlock writer's half
+// of Boehm's protocol; the reader's half is in flight_record_reader.cc), in a form
+// ThreadSanitizer models (GCC's -Wtsan: it does not model atomic_thread_fence). On x86
+// a release store is the plain store a relaxed one is: the hot path's instructions are
+// the same (callgrind). After a death order is no question at all: a SIGKILL loses no
+// store that was made, so the file holds a prefix of each thread's stores in program
+// order, and program order is what these stores keep. Each lane has one writer at a
+// time (flight_recorder.h), so nothing here is a read-modify-write of shared memory.
 #include "runtime/flight_recorder.h"
 
 #include <fcntl.h>
@@ -36,8 +42,9 @@ namespace {
 
 using namespace flight;  // NOLINT: the format's names are this file's vocabulary
 
+// A word of a record, after its busy mark (or of one that has none).
 inline void Put(uint64_t* w, uint64_t v) {
-  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
 }
 inline uint64_t Get(const uint64_t* w) {
   return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(w)).load(std::memory_order_relaxed);
@@ -46,8 +53,7 @@ inline void Commit(uint64_t* w, uint64_t v) {
   std::atomic_ref<uint64_t>(*w).store(v, std::memory_order_release);
 }
 inline void MarkBusy(uint64_t* w) {
-  Put(w, kBusy);
-  std::atomic_thread_fence(std::memory_order_release);
+  std::atomic_ref<uint64_t>(*w).store(kBusy, std::memory_order_relaxed);
 }
 inline uint64_t U(int64_t v) { return static_cast<uint64_t>(v); }
 
@@ -107,9 +113,14 @@ namespace {
 // lane index there, and the thread's number as a ring slot packs it. One struct, so
 // that Record finds the thread's block once; constinit and trivially destructible, so
 // reading it is thread-pointer-relative loads, no TLS wrapper call.
+// `fast` is the uid only when the lane is the thread's own (not the shared last one),
+// else 0, so that one compare takes the hot path; `offset` is the lane's byte offset in
+// a FlightDevice's lanes_ (no multiply on the hot path).
 struct ThreadLane {
-  uint64_t uid = 0;
+  uint64_t fast = 0;
   uint64_t thread_bits = 0;  // TraceThreadNumber() << 32
+  uint64_t uid = 0;
+  size_t offset = 0;
   uint32_t lane = 0;
 };
 constinit thread_local ThreadLane tls_flight;
@@ -121,7 +132,7 @@ struct FlightLaneCache {
   using Owner = FlightRecorder;
   using Lane = uint32_t;
   static void Release(FlightRecorder* recorder, Lane lane) { recorder->ReleaseLane(lane); }
-  static void Forget() { tls_flight.uid = 0; }
+  static void Forget() { tls_flight.uid = tls_flight.fast = 0; }
 };
 namespace {
 using RecorderLanes = ThreadLanes<FlightLaneCache>;
@@ -216,7 +227,8 @@ FlightRecorder::FlightRecorder(std::string path, int fd, unsigned char* base, si
   u32(header::kReserved, 0);
   std::memcpy(base_ + header::kMagic, kMagic, sizeof(kMagic));
   u64(header::kCheck, FlightCheckBytes(0, base_, header::kCheck));
-  std::atomic_thread_fence(std::memory_order_release);
+  // No fence: every later store into the mapping is a release store (Put, Commit), so
+  // whoever sees one of them sees the header.
   if (clock_.uses_tsc()) ticker_ = std::thread([this] { Tick(); });  // clock points
   RecorderLanes::Register(uid_, this);
 }
@@ -231,6 +243,10 @@ FlightRecorder::~FlightRecorder() {
   if (ticker_.joinable()) {
     ticker_.join();
     WriteClockPoints();  // the last, farthest from the anchor: the best mapping
+  }
+  {
+    MutexLock lock(&mu_);
+    for (const std::unique_ptr<FlightDevice>& d : devices_) d->CheckpointAll();
   }
   munmap(base_, bytes_);
   close(fd_);
@@ -290,6 +306,8 @@ uint32_t FlightRecorder::ThisThreadLane() {
   }
   tls_flight.uid = uid_;
   tls_flight.lane = lane;
+  tls_flight.offset = size_t{lane} * sizeof(FlightDevice::Lane);
+  tls_flight.fast = lane == options_.lane_slots - 1 ? 0 : uid_;
   tls_flight.thread_bits = uint64_t{TraceThreadNumber()} << 32;
   return lane;
 }
@@ -328,8 +346,9 @@ void FlightRecorder::NameSite(SiteId site) noexcept {
     const std::string_view function = CutUtf8(info.function, room - tag.size() - file.size());
     unsigned char* slot = base_ + kHeaderBytes + size_t{site} * options_.name_slot_bytes;
     uint64_t* w = reinterpret_cast<uint64_t*>(slot);
+    // No fence after the busy state: a name slot goes 0, 1, 2 once, so a reader skips
+    // it until the commit of 2 (release, after the strings) and never takes a mix.
     Put(w, 1);
-    std::atomic_thread_fence(std::memory_order_release);
     Put(w + 1, uint64_t{site} | uint64_t{info.line} << 32);
     Put(w + 2, uint64_t{file.size()} | uint64_t{function.size()} << 16 |
                    uint64_t{tag.size()} << 32 | uint64_t{static_cast<uint8_t>(info.kind)} << 48);
@@ -360,12 +379,22 @@ FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, Devi
                    (static_cast<uint64_t>(device.index) & 0xffff) << 16),
       ring_mask_(recorder->options_.ring_slots - 1),
       site_slots_(recorder->options_.site_slots),
-      lanes_(new Lane[recorder->options_.lane_slots]) {
+      checkpoint_events_(CheckpointEvents(recorder->options_.ring_slots)),
+      checkpoint_mask_(checkpoint_events_ - 1),
+      lanes_(new Lane[recorder->options_.lane_slots]),
+      // calloc: all zero, and (this size comes from mmap) resident only where touched.
+      shares_(static_cast<SiteShare*>(std::calloc(
+          size_t{recorder->options_.lane_slots} * recorder->options_.site_slots,
+          sizeof(SiteShare)))),
+      dirty_(new uint32_t[size_t{recorder->options_.lane_slots} * checkpoint_events_]) {
+  if (shares_ == nullptr) throw std::bad_alloc();
   const FlightRecorder::Options& o = recorder->options_;
   const Layout layout{o.device_slots, o.ring_slots, o.site_slots, o.name_slot_bytes,
                       o.lane_slots};
   for (uint32_t l = 0; l < o.lane_slots; ++l) {
     Lane& lane = lanes_[l];
+    lane.shares = shares_.get() + size_t{l} * site_slots_;
+    lane.dirty = dirty_.get() + size_t{l} * checkpoint_events_;
     unsigned char* at = region + kDevicePageBytes + l * layout.lane_bytes();
     lane.page = reinterpret_cast<uint64_t*>(at);
     lane.sites = reinterpret_cast<uint64_t*>(at + kLanePageBytes);
@@ -375,21 +404,16 @@ FlightDevice::FlightDevice(FlightRecorder* recorder, unsigned char* region, Devi
   }
 }
 
-inline bool FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int64_t count,
-                                     uint64_t allocs, uint64_t seq) {
-  const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
-  // The entry's newer copy is the one with the larger seq (both 0: never written, all
-  // words 0: copy 1 is read, copy 0 written); its values plus the event's go into the
-  // older copy. The lane's writer
-  // reads what it (or the lane's previous holder, ordered by the recorder's mutex)
-  // wrote: no copy of the entries in this process, and four stores fewer an event.
+// The entry's older copy (both 0: never written, all words 0: copy 0) is overwritten,
+// so that a death inside this write leaves the newer one whole (the format's "Torn
+// writes"). Cold: once per changed share per checkpoint.
+void FlightDevice::WriteEntry(Lane& lane, uint32_t i, uint64_t seq) {
+  const SiteShare& share = lane.shares[i];
   uint64_t* entry = lane.sites + 8 * size_t{i};
-  const uint64_t seq0 = Get(entry), seq1 = Get(entry + site::kCopyWords);
-  const uint64_t c = seq1 < seq0 ? 1 : 0;  // the older copy (copy 0 first, as v1 did)
-  const uint64_t* n = entry + site::kCopyWords * (c ^ 1);
-  const uint64_t b = Get(n + 1) + U(bytes);
-  const uint64_t k = static_cast<uint32_t>(Get(n + 2) + U(count));
-  const uint64_t a = Get(n + 3) + allocs;
+  const uint64_t c = Get(entry + site::kCopyWords) < Get(entry) ? 1 : 0;
+  const uint64_t b = U(share.bytes);
+  const uint64_t k = static_cast<uint32_t>(share.allocs - share.frees);
+  const uint64_t a = share.allocs;
   uint64_t* w = entry + site::kCopyWords * c;
   MarkBusy(w);
   Put(w + 1, b);
@@ -398,13 +422,22 @@ inline bool FlightDevice::RecordSite(Lane& lane, SiteId site, int64_t bytes, int
                      << 32);
   Put(w + 3, a);
   Commit(w, seq);
-  // The site's name is asked (by the caller, after the event) the first time this lane
-  // writes the site: the name flags are shared by the lanes; sites past the last slot,
-  // which share it, have no name.
-  return (seq0 | seq1) == 0 && recorder_->NeedsName(site);
 }
 
-void FlightDevice::WritePeak(Lane& lane, uint64_t seq, SiteId name) {
+void FlightDevice::Checkpoint(Lane& lane, uint64_t seq) {
+  for (uint32_t n = 0; n < lane.dirty_count; ++n) WriteEntry(lane, lane.dirty[n], seq);
+  lane.dirty_count = 0;
+  ++lane.epoch;
+}
+
+void FlightDevice::CheckpointAll() {
+  for (uint32_t l = 0; l < recorder_->options_.lane_slots; ++l) {
+    Lane& lane = lanes_[l];
+    if (lane.dirty_count > 0) Checkpoint(lane, lane.next_seq - 1);
+  }
+}
+
+void FlightDevice::WritePeak(Lane& lane, uint64_t seq) {
   lane.peak = lane.live;
   const uint64_t c = lane.peak_copy;
   lane.peak_copy ^= 1;
@@ -413,7 +446,6 @@ void FlightDevice::WritePeak(Lane& lane, uint64_t seq, SiteId name) {
   Put(w + 1, U(lane.peak));
   Put(w + 7, FlightCheck(kSeedPeak ^ c, seq, U(lane.peak)));
   Commit(w, seq);
-  if (name != kNoName) recorder_->NameSite(name);
 }
 
 void FlightDevice::WriteCold(uint64_t seq) {
@@ -489,22 +521,20 @@ void FlightDevice::RecordCold(const AllocEvent& e) {
 }
 
 inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
-  // The event's words the summaries need, read once (the stores below are atomic: the
-  // compiler would read them again after each). The ring slot's other words are read
-  // where they are stored, each xor-ed into the check at once: keeping all seven live
-  // until the check spilled them to the stack (7 instructions an event more under
-  // callgrind, tools/bench/flight_recorder.cc's pairs).
-  const AllocAction action = e.action;
-  // The thread's number, set with the lane (ThisThreadLane); read first, while few
-  // values are live (GCC 12 spilled four around the thread-pointer read further down:
-  // 4 instructions an event).
-  const uint64_t packed = static_cast<uint64_t>(action) | device_bits_ | tls_flight.thread_bits;
-  const SiteId site = e.site;
-  const uint64_t bytes = e.size;
+  // Register pressure is this function's cost: every value live across the ring's
+  // stores beyond the nine registers a call may clobber costs a save and a restore. So
+  // the event's words are read where they are stored, each xor-ed into the check at
+  // once (keeping all seven live until the check spilled them), and the action, site
+  // and size read again after the slot for the summaries (three loads, against two
+  // saves and restores: one instruction an event fewer under callgrind,
+  // tools/bench/flight_recorder.cc's pairs). The thread's number, set with the lane
+  // (ThisThreadLane), is read first, while few values are live.
+  const uint64_t packed =
+      static_cast<uint64_t>(e.action) | device_bits_ | tls_flight.thread_bits;
+  const uint64_t s = lane.next_seq++;
   uint64_t* const block_order = e.block_order;
   uint64_t* const pool_order = e.pool_order;
-  const uint64_t s = lane.next_seq++;
-  // The stamp (flight_recorder.h, "Order"): the coarse tick (one relaxed load), raised
+  // 1. The stamp (flight_recorder.h, "Order"): the coarse tick (one relaxed load), raised
   // past the lane's last event and the event's causal predecessors; it becomes theirs.
   // The lane's, read after the lane was found: a lane passes to a new thread when its
   // thread exits, and its stamps must not go back.
@@ -514,9 +544,10 @@ inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
   lane.last = tick;
   if (block_order != nullptr) *block_order = tick;
   if (pool_order != nullptr) *pool_order = tick;
-  // 1. The ring slot (a seqlock: busy, the words, the number), check FlightCheck(seed,
+  // 2. The ring slot (a seqlock: busy, the words, the number), check FlightCheck(seed,
   // s, tick, packed, stream, addr, size, requested) built as the words are stored.
   uint64_t* w = lane.ring + 8 * ((s - 1) & ring_mask_);
+  const SiteId site = e.site;
   uint64_t h = (kSeedRing ^ site) ^ s;
   auto put = [&](int i, uint64_t v) {
     Put(w + i, v);
@@ -527,28 +558,53 @@ inline void FlightDevice::Write(Lane& lane, const AllocEvent& e) {
   put(2, packed);
   put(3, e.stream.handle);
   put(4, e.addr);
-  put(5, bytes);
+  put(5, e.size);
   put(6, e.requested);
   Put(w + 7, uint64_t{site} | uint64_t{FlightCheck32(FlightCheckMix(h))} << 32);
   Commit(w, s);
-  // 2. The summaries the event changes: the lane's share of the site, its peak (only
-  // when it rises), or the segment stats.
-  const auto size = static_cast<int64_t>(bytes);
-  // The calls (rare) come last, as tail calls, so that the hot path keeps its values in
-  // registers the calls would clobber (4-5 instructions an event fewer, callgrind).
-  __builtin_prefetch(lane.ring + 8 * (s & ring_mask_), /*rw=*/1, /*locality=*/3);
-  bool name;
-  if (action == AllocAction::kAlloc) {
-    name = RecordSite(lane, site, size, 1, 1, s);
-    lane.live += size;
-    if (lane.live > lane.peak) [[unlikely]] return WritePeak(lane, s, name ? site : kNoName);
-  } else if (action == AllocAction::kFree) {
-    name = RecordSite(lane, site, -size, -1, 0, s);
-    lane.live -= size;
+  // 3. The summaries the event changes: the lane's share of the site (in this
+  // process's memory: the file's entry is the checkpoint's copy), its peak (only when
+  // it rises), or the segment stats. Every event counts toward the checkpoint: the
+  // ring's slots are what its invariant is about (a checkpoint after the events s with
+  // s & checkpoint_mask_ == 0). The rare ends (a mask for Finish) come last, in a tail
+  // call, so that the hot path keeps its values in registers the call would clobber.
+  const AllocAction action = e.action;
+  uint32_t ends = (s & checkpoint_mask_) == 0 ? kEndCheckpoint : 0;
+  if (action == AllocAction::kAlloc || action == AllocAction::kFree) {
+    const SiteId site = e.site;
+    const auto size = static_cast<int64_t>(e.size);
+    const uint32_t i = site < site_slots_ ? site : site_slots_ - 1;
+    SiteShare& share = lane.shares[i];
+    if (share.epoch != lane.epoch) [[unlikely]] {
+      // Listed once an epoch: at most one share an event and a checkpoint every
+      // checkpoint_events_ events, so the list has room.
+      if (share.epoch == 0) ends |= kEndName;  // the lane's first event of the site
+      share.epoch = lane.epoch;
+      lane.dirty[lane.dirty_count++] = i;
+    }
+    if (action == AllocAction::kAlloc) {
+      share.bytes += size;
+      share.allocs += 1;
+      lane.live += size;
+      if (lane.live > lane.peak) [[unlikely]] ends |= kEndPeak;
+    } else {
+      share.bytes -= size;
+      share.frees += 1;
+      lane.live -= size;
+    }
   } else {
-    return RecordCold(e);  // and its site's name, if any
+    ends |= kEndCold;
   }
-  if (name) [[unlikely]] return recorder_->NameSite(site);
+  if (ends != 0) [[unlikely]] return Finish(lane, e, s, ends);
+}
+
+void FlightDevice::Finish(Lane& lane, const AllocEvent& e, uint64_t seq, uint32_t ends) {
+  if (ends & kEndPeak) WritePeak(lane, seq);
+  if (ends & kEndCheckpoint) Checkpoint(lane, seq);
+  if (ends & kEndCold) return RecordCold(e);  // and its site's name, if any
+  // The name flags are shared by the lanes; sites past the last slot, which share it,
+  // have no name.
+  if ((ends & kEndName) && recorder_->NeedsName(e.site)) recorder_->NameSite(e.site);
 }
 
 void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
@@ -556,16 +612,18 @@ void FlightDevice::RecordShared(Lane& lane, const AllocEvent& e) {
   Write(lane, e);
 }
 
-void FlightDevice::RecordFirst(const AllocEvent& e) {
-  recorder_->ThisThreadLane();  // the thread's lane in this recorder, now in tls_flight
-  Record(e);
+void FlightDevice::RecordSlow(const AllocEvent& e) {
+  // The thread's lane in this recorder (taken on its first event), now in tls_flight.
+  Lane& lane = lanes_[recorder_->ThisThreadLane()];
+  if (lane.shared) return RecordShared(lane, e);
+  Write(lane, e);
 }
 
 void FlightDevice::Record(const AllocEvent& e) {
-  if (tls_flight.uid != uid_) [[unlikely]] return RecordFirst(e);
-  Lane& lane = lanes_[tls_flight.lane];
-  if (lane.shared) [[unlikely]] return RecordShared(lane, e);
-  Write(lane, e);
+  if (tls_flight.fast != uid_) [[unlikely]] return RecordSlow(e);
+  Write(*reinterpret_cast<Lane*>(reinterpret_cast<unsigned char*>(lanes_.get()) +
+                                 tls_flight.offset),
+        e);
 }
 
 }  // namespace devmem

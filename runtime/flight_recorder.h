@@ -30,8 +30,13 @@
 // thread records into a lane of its own (the same lane index in every region of the
 // recorder, taken on its first event and given back when the thread exits): a lane
 // has one writer, which updates it with plain (relaxed atomic) stores, no lock and no
-// read-modify-write, in this order: its ring slot, its share of the site's live bytes,
-// its peak (only when it rises). The reader sums the lanes' shares. Threads that come
+// read-modify-write: per event its ring slot, then its peak (only when it rises). The
+// lane's share of each site's live bytes lives in this process's memory, and is
+// copied into the file's entries (the ones that changed) by a checkpoint every
+// flight::CheckpointEvents(ring_slots) events of the lane and at the recorder's
+// destruction; the reader adds the ring's events past each entry's checkpoint
+// (flight_record_format.h, "Checkpoints": the ring always holds them), then sums the
+// lanes' shares. Threads that come
 // when every other lane is taken share the last lane, under a mutex (the cost of
 // version 1 on every event). The segment stats change only on events that come under
 // the device lock (segment alloc/free/map/unmap, OOM), so the device lock orders their
@@ -62,7 +67,9 @@
 // steps (flight_record_reader.h).
 //
 // Cost: Record runs on every allocation and free; devmem-bench reports
-// flight_recorder_overhead_ratio (tools/bench/flight_recorder.cc), target <= 1.15.
+// flight_recorder_overhead_ratio (tools/bench/flight_recorder.cc), target <= 1.15. Per
+// event: the lane lookup (one thread-local compare), the stamp, the ring slot (nine
+// stores and its check), the share (two adds in this process's memory).
 //
 // Time. A stamp is the trace clock's coarse tick (the TSC, or CLOCK_MONOTONIC ns where
 // the kernel does not keep time with the TSC), raised for order as above: up to about
@@ -80,6 +87,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -117,6 +125,19 @@ class FlightDevice final : public AllocatorObserver {
   // One lane's writer state. Only the thread holding the lane index touches it (the
   // recorder's mutex hands it from a thread that exited to the next), except the
   // shared lane, whose writers hold `mu`.
+  // The lane's share of one site, current after every event, in this process's memory
+  // (the file's entry is its copy as of the lane's last checkpoint).
+  // (The count is allocs - frees: an alloc and a free each change two words, apart, so
+  // that GCC does not pack them into one vector add, which cost 5 instructions more.)
+  struct SiteShare {
+    int64_t bytes = 0;
+    uint64_t epoch = 0;  // the lane's epoch it was last listed dirty in (0: never seen)
+    uint64_t allocs = 0;
+    uint64_t frees = 0;
+  };
+  struct FreeDeleter {
+    void operator()(void* p) const { std::free(p); }
+  };
   struct alignas(64) Lane {
     uint64_t* page = nullptr;   // the lane page (its peak copies)
     uint64_t* sites = nullptr;  // site_slots x 8 words
@@ -125,24 +146,37 @@ class FlightDevice final : public AllocatorObserver {
     uint64_t last = 0;          // the stamp of its last event (see "Order")
     int64_t live = 0;           // its share of the live bytes, and that share's peak
     int64_t peak = 0;
+    // The checkpoint's epoch (raised by each checkpoint, so that every share is
+    // unlisted at once), and the shares listed.
+    uint32_t dirty_count = 0;
+    uint64_t epoch = 1;
+    SiteShare* shares = nullptr;  // site_slots (calloc: pages only where touched)
+    uint32_t* dirty = nullptr;    // checkpoint_events_ indices: changed since the last
     uint32_t peak_copy = 0;
     bool shared = false;        // the last lane: written under `mu`
     Mutex mu;
   };
 
   FlightDevice(FlightRecorder* recorder, unsigned char* region, DeviceId device);
-  // The event into `lane` (its one writer). Inlined into Record and RecordShared with
-  // the site entry's write: one call per event, no more.
+  // The event into `lane` (its one writer). Inlined into Record and RecordShared: one
+  // call per event, no more.
   [[gnu::always_inline]] inline void Write(Lane& lane, const AllocEvent& e);
-  // True when the site's name is to be written (the lane's first write of the site).
-  [[gnu::always_inline]] inline bool RecordSite(Lane& lane, SiteId site, int64_t bytes,
-                                                int64_t count, uint64_t allocs, uint64_t seq);
   [[gnu::noinline]] void RecordShared(Lane& lane, const AllocEvent& e);
-  // The thread's first event in this recorder: takes its lane, then records.
-  [[gnu::noinline]] void RecordFirst(const AllocEvent& e);
-  // The lane's new peak (lane.live), then the name of `name` unless kNoName.
-  static constexpr SiteId kNoName = ~SiteId{0};
-  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq, SiteId name);
+  // The thread's first event in this recorder (takes its lane), or an event into the
+  // shared lane.
+  [[gnu::noinline]] void RecordSlow(const AllocEvent& e);
+  // The rare ends of an event (a mask of kEnd*): its lane's new peak, the checkpoint,
+  // a segment event's stats, the site's name.
+  static constexpr uint32_t kEndPeak = 1, kEndCheckpoint = 2, kEndCold = 4, kEndName = 8;
+  [[gnu::noinline]] void Finish(Lane& lane, const AllocEvent& e, uint64_t seq, uint32_t ends);
+  // Copies the listed shares into their file entries as of event `seq` (the lane's
+  // newest), then starts a new epoch (flight_record_format.h, "Checkpoints").
+  void Checkpoint(Lane& lane, uint64_t seq);
+  void WriteEntry(Lane& lane, uint32_t i, uint64_t seq);
+  // Every lane's checkpoint, at the recorder's destruction (no writer left: see
+  // "Lifetime"), so that a record closed cleanly has its entries current.
+  void CheckpointAll();
+  void WritePeak(Lane& lane, uint64_t seq);
   // A segment event's stats (under the device lock, see the file comment).
   [[gnu::noinline]] void RecordCold(const AllocEvent& e);
   void WriteCold(uint64_t seq);
@@ -156,7 +190,11 @@ class FlightDevice final : public AllocatorObserver {
   const uint64_t device_bits_;
   const uint64_t ring_mask_;
   const uint32_t site_slots_;
+  const uint32_t checkpoint_events_;  // flight::CheckpointEvents(ring_slots): a power of two
+  const uint64_t checkpoint_mask_;    // checkpoint_events_ - 1: after events s & mask == 0
   std::unique_ptr<Lane[]> lanes_;
+  std::unique_ptr<SiteShare, FreeDeleter> shares_;  // lane l's: [l * site_slots_, ...)
+  std::unique_ptr<uint32_t[]> dirty_;
   // The segment stats: written only on events under the device lock.
   uint64_t cold_seq_ = 0;
   int64_t reserved_ = 0, peak_reserved_ = 0, mapped_ = 0;

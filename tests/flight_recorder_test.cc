@@ -274,46 +274,138 @@ TEST(FlightRecorderTest, ThreadsOnOneAndOnTwoAllocators) {
   two->set_observer(nullptr);
 }
 
-// What a death in the middle of a write leaves, made by hand: a ring slot whose seq is
-// busy, and a live-site copy whose seq is busy. Both are skipped and counted as torn,
-// the record stays consistent, and the site reads as before the torn write.
+// A lane's live-site entries are its shares as of its last checkpoint (every
+// flight::CheckpointEvents(ring_slots) events); the reader adds the ring's events past
+// each entry's seq. Read after every event of many sites, more than the ring holds and
+// the checkpoints list, with frees of earlier allocations, the file always reads the
+// live bytes, counts and allocations of that moment: the ring still held every event
+// the entries lacked. (A reader that took the entries alone read the state of the last
+// checkpoint.)
+TEST(FlightRecorderTest, EveryEventsFileReadsTheLiveSetOfThatMoment) {
+  TempDir dir;
+  const std::string path = dir / "checkpoints.flight";
+  FlightRecorder::Options o = SmallOptions();
+  o.ring_slots = 8;  // checkpoints every 4 events
+  ASSERT_EQ(flight::CheckpointEvents(o.ring_slots), 4u);
+  auto recorder = FlightRecorder::Create(path, o);
+  ASSERT_TRUE(recorder.ok());
+  const DeviceId dev{DeviceType::kSim, 0};
+  FlightDevice* d = (*recorder)->AddAllocator(dev);
+  std::mt19937 rng(16);
+  std::vector<std::pair<uintptr_t, SiteId>> live;  // (addr, site) of live blocks
+  std::map<SiteId, int64_t> bytes, count, allocs;
+  uintptr_t next = 4096;
+  for (int n = 0; n < 300; ++n) {
+    if (!live.empty() && rng() % 3 == 0) {
+      const size_t k = rng() % live.size();
+      const auto [addr, site] = live[k];
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      d->Record(AllocEvent{AllocAction::kFree, dev, Stream{}, addr, 512 * (addr % 7 + 1), 1,
+                           site});
+      bytes[site] -= static_cast<int64_t>(512 * (addr % 7 + 1));
+      if (bytes[site] == 0) bytes.erase(site);
+      count[site] -= 1;
+    } else {
+      const SiteId site = 1 + static_cast<SiteId>(rng() % 12);
+      const uintptr_t addr = next;
+      next += 4096 + 4096 * (rng() % 7);
+      live.emplace_back(addr, site);
+      d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, addr, 512 * (addr % 7 + 1), 1,
+                           site});
+      bytes[site] += static_cast<int64_t>(512 * (addr % 7 + 1));
+      count[site] += 1;
+      allocs[site] += 1;
+    }
+    if (n % 5 == 0) {  // a segment event now and then: it takes a ring slot too
+      d->Record(AllocEvent{AllocAction::kSegmentAlloc, dev, Stream{}, 1u << 30, 1u << 20, 0,
+                           0});
+      d->Record(AllocEvent{AllocAction::kSegmentFree, dev, Stream{}, 1u << 30, 1u << 20, 0,
+                           0});
+    }
+    absl::StatusOr<FlightRecord> r = ReadFlightRecord(path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->consistent()) << n;
+    const FlightRecord::Device& rd = r->devices.at(0);
+    ASSERT_EQ(LiveBySite(rd), bytes) << "after event " << n;
+    for (const FlightRecord::SiteLive& s : rd.sites) {
+      ASSERT_EQ(s.count, count[s.site]) << "site " << s.site << " after event " << n;
+      ASSERT_EQ(s.allocs, static_cast<uint64_t>(allocs[s.site])) << "site " << s.site;
+    }
+  }
+}
+
+// What a death in the middle of a write leaves, made by hand from a file with two
+// checkpoints of site 5 (after events 2 and 4: rings of 4 slots checkpoint every 2
+// events): a live-site copy whose seq is busy (the death came inside checkpoint 4), or a
+// ring slot whose seq is busy (inside event 4, before its checkpoint). Each is skipped
+// and counted as torn, the record stays consistent, and the site reads the older copy
+// plus the ring's complete events past it.
 TEST(FlightRecorderTest, TornWritesAreSkippedAndTheOlderCopyRead) {
   TempDir dir;
   const std::string path = dir / "torn.flight";
-  const FlightRecorder::Options o = SmallOptions();
+  FlightRecorder::Options o = SmallOptions();
+  o.ring_slots = 4;
   auto recorder = FlightRecorder::Create(path, o);
   ASSERT_TRUE(recorder.ok());
   FlightDevice* d = (*recorder)->AddAllocator(DeviceId{DeviceType::kSim, 0});
   const DeviceId dev{DeviceType::kSim, 0};
   d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 4096, 1024, 1000, 5});
   d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 8192, 2048, 2000, 5});
+  d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 16384, 4096, 4000, 5});
+  d->Record(AllocEvent{AllocAction::kAlloc, dev, Stream{}, 32768, 512, 500, 5});
   recorder->reset();  // unmapped: the file is what a dead process leaves
 
-  std::string bytes = ReadAll(path);
+  const std::string clean = ReadAll(path);
   const flight::Layout layout = LayoutOf(o);
-  // Event 2's ring slot (index 1) and site 5's newer copy (copy 1: the second write),
-  // in lane 0 (this thread's).
-  const size_t slot = layout.ring_offset(0, 0) + 1 * flight::kRecordBytes;
-  const size_t copy = layout.sites_offset(0, 0) + 5 * flight::kRecordBytes + 32;
-  for (size_t at : {slot, copy}) bytes[at + 7] = static_cast<char>(bytes[at + 7] | 0x80);
-  absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_TRUE(r->consistent());
-  EXPECT_EQ(r->torn, 2u);
-  EXPECT_EQ(r->damaged, 0u);
-  ASSERT_EQ(r->problems.size(), 2u);
-  EXPECT_TRUE(r->problems[0].torn);
-  const FlightRecord::Device& rd = r->devices.at(0);
-  ASSERT_EQ(rd.events.size(), 1u);
-  EXPECT_EQ(rd.events[0].seq, 1u);
-  EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{5, 1024}}));  // before event 2
-  EXPECT_EQ(rd.sites.at(0).count, 1);
-  EXPECT_EQ(rd.sites.at(0).allocs, 1u);
-  EXPECT_EQ(rd.torn, 2u);
-  ASSERT_EQ(rd.lanes.size(), 1u);
-  EXPECT_EQ(rd.lanes[0].torn, 2u);
-  EXPECT_EQ(rd.lanes[0].claimed, 2u);  // the torn event was numbered
-  EXPECT_EQ(rd.lanes[0].last_seq, 1u);
+  // Lane 0 (this thread's): site 5's copy 0 is checkpoint 2's, copy 1 checkpoint 4's.
+  const size_t entry = layout.sites_offset(0, 0) + 5 * flight::kRecordBytes;
+  const size_t slot4 = layout.ring_offset(0, 0) + 3 * flight::kRecordBytes;
+  {
+    absl::StatusOr<FlightRecord> r = ParseFlightRecord(clean, path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(LiveBySite(r->devices.at(0)), (std::map<SiteId, int64_t>{{5, 7680}}));
+  }
+  // Inside checkpoint 4: copy 1 busy. Copy 0 (after event 2) plus events 3 and 4.
+  {
+    std::string bytes = clean;
+    bytes[entry + 32 + 7] = static_cast<char>(bytes[entry + 32 + 7] | 0x80);
+    absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->consistent());
+    EXPECT_EQ(r->torn, 1u);
+    EXPECT_EQ(r->damaged, 0u);
+    ASSERT_EQ(r->problems.size(), 1u);
+    EXPECT_TRUE(r->problems[0].torn);
+    EXPECT_CONTAINS(r->problems[0].what, "live-site entry 5: one copy was being written");
+    const FlightRecord::Device& rd = r->devices.at(0);
+    EXPECT_EQ(rd.events.size(), 4u);
+    EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{5, 7680}}));
+    EXPECT_EQ(rd.sites.at(0).count, 4);
+    EXPECT_EQ(rd.sites.at(0).allocs, 4u);
+  }
+  // Inside event 4: its slot busy, and checkpoint 4 not made (copy 1 as never written).
+  // Copy 0 plus event 3: event 4 is the one in flight.
+  {
+    std::string bytes = clean;
+    bytes[slot4 + 7] = static_cast<char>(bytes[slot4 + 7] | 0x80);
+    std::fill(bytes.begin() + static_cast<std::ptrdiff_t>(entry + 32),
+              bytes.begin() + static_cast<std::ptrdiff_t>(entry + 64), '\0');
+    absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->consistent());
+    EXPECT_EQ(r->torn, 1u);
+    EXPECT_EQ(r->damaged, 0u);
+    const FlightRecord::Device& rd = r->devices.at(0);
+    ASSERT_EQ(rd.events.size(), 3u);
+    EXPECT_EQ(rd.events.back().seq, 3u);
+    EXPECT_EQ(LiveBySite(rd), (std::map<SiteId, int64_t>{{5, 7168}}));  // before event 4
+    EXPECT_EQ(rd.sites.at(0).count, 3);
+    EXPECT_EQ(rd.sites.at(0).allocs, 3u);
+    ASSERT_EQ(rd.lanes.size(), 1u);
+    EXPECT_EQ(rd.lanes[0].torn, 1u);
+    EXPECT_EQ(rd.lanes[0].claimed, 4u);  // the torn event was numbered
+    EXPECT_EQ(rd.lanes[0].last_seq, 3u);
+  }
 }
 
 // Bytes changed after the fact are detected by the records' checks: a damaged event is
@@ -346,15 +438,15 @@ TEST(FlightRecorderTest, DamagedRecordsAreListedWithTheirOffset) {
     EXPECT_CONTAINS(r->problems[0].what, "ring slot 2 is damaged");
     EXPECT_EQ(r->devices.at(0).events.size(), 2u);  // events 1 and 2 only
   }
-  // A live-site entry, both copies: neither is read as a value.
+  // A live-site entry (its one copy, the destructor's checkpoint): not read as a
+  // value, and the ring's events are not added to it either.
   {
     std::string bytes = clean;
     const size_t entry = layout.sites_offset(0, 0) + 9 * flight::kRecordBytes;
     bytes[entry + 8] ^= 1;
-    bytes[entry + 32 + 8] ^= 1;
     absl::StatusOr<FlightRecord> r = ParseFlightRecord(bytes, path);
     ASSERT_TRUE(r.ok());
-    EXPECT_EQ(r->damaged, 2u);
+    EXPECT_EQ(r->damaged, 1u);
     EXPECT_TRUE(r->devices.at(0).sites.empty());
     EXPECT_CONTAINS(r->problems[0].what, "lane 0's live-site entry 9 (copy 0) is damaged");
     EXPECT_EQ(r->problems[0].offset, entry);
@@ -619,10 +711,10 @@ TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset)
       {"not a record", "{\"schema\": \"devmem.trace/1\"}\n" + std::string(100, ' '),
        "offset 0: not a flight record"},
       {"version", with(flight::header::kVersion, 8),
-       "offset 8: field version: 10 is not supported (this reader reads version 2 only)"},
+       "offset 8: field version: 11 is not supported (this reader reads versions 2 to 3)"},
       // A record of version 1 (before lanes): not read, and said so with both versions.
-      {"old version", with(flight::header::kVersion, 3),
-       "offset 8: field version: 1 is not supported (this reader reads version 2 only: a "
+      {"old version", with(flight::header::kVersion, 2),
+       "offset 8: field version: 1 is not supported (this reader reads versions 2 to 3: a "
        "record of an older devmem; read it with that devmem's memtrace)"},
       {"header damaged", with(flight::header::kPid, 1),
        "offset 96: field header_check: does not match"},
@@ -653,6 +745,17 @@ TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset)
   r = ParseFlightRecord(bad, path);
   ASSERT_FALSE(r.ok());
   EXPECT_CONTAINS(r.status().message(), path + ": offset 88: field lane_slots: 65 is out of range");
+  // Version 2 (entries current after every event, the same layout) is read by version
+  // 3's rule.
+  bad = clean;
+  const uint32_t v2 = 2;
+  std::memcpy(&bad[flight::header::kVersion], &v2, 4);
+  const uint64_t check3 = flight::FlightCheckBytes(
+      0, reinterpret_cast<const unsigned char*>(bad.data()), flight::header::kCheck);
+  std::memcpy(&bad[flight::header::kCheck], &check3, 8);
+  r = ParseFlightRecord(bad, path);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version, 2u);
   EXPECT_FALSE(ReadFlightRecord(dir / "missing.flight").ok());
 }
 

@@ -5,8 +5,11 @@ documented layout and not only against its own writer. Deterministic (no clock).
 
     python3 tests/data/flight/generate.py OUT.flight
 
-Version 2: one region (sim:0) of two lanes, rings of 64 slots, 16 site slots, 64-byte
-names, clock ticks in nanoseconds (no TSC). Three sites: 1 "model.py:10 forward" tag
+Version 3: one region (sim:0) of two lanes, rings of 64 slots, 16 site slots, 64-byte
+names, clock ticks in nanoseconds (no TSC). The live-site entries are checkpoints, as
+the format says: written after every fourth event of a lane (the writer's period may
+be anything the ring covers; devmem's is CheckpointEvents), and not at the end (the
+record of a killed process), so the reader must add the ring's later events to them. Three sites: 1 "model.py:10 forward" tag
 "attn", 2 "model.py:20 backward" (clone), 3 "data.py:5 load"; twelve events, three of
 them on lane 1 (a second thread, which frees a block lane 0 allocated); at the end site
 1 holds 3 MiB in 2 buffers, site 2 1 MiB in 1, site 3 nothing. Used by tests/memtrace_flags_test.py and
@@ -20,6 +23,7 @@ BUSY = 1 << 63
 SEED_RING, SEED_SITE, SEED_PEAK, SEED_COLD = 0x72696E67, 0x73697465, 0x7065616B, 0x636F6C64
 SEED_CLOCK, SEED_IDENT, SEED_NAME = 0x636C6B, 0x6964, 0x6E616D65
 DEVICES, LANES, RING, SITES, NAME_BYTES = 1, 2, 64, 16, 64
+CHECKPOINT = 4  # events of a lane between its checkpoints (the ring holds 2 x 4 or more)
 MIB = 1 << 20
 START_NS = 5_000_000_000
 
@@ -64,7 +68,7 @@ def put(buf, at, fmt, *values):
 
 def main():
     buf = bytearray(FILE_BYTES)
-    put(buf, 8, "IIQIIIIIIqqqqQII", 2, 4096, FILE_BYTES, DEVICES, RING, SITES, NAME_BYTES,
+    put(buf, 8, "IIQIIIIIIqqqqQII", 3, 4096, FILE_BYTES, DEVICES, RING, SITES, NAME_BYTES,
         4242, 0, 1_700_000_000_000_000_000, START_NS, 0, 0, 0x0102030405060708, LANES, 0)
     buf[0:8] = b"DMFLIGHT"
     put(buf, 96, "Q", fnv(0, bytes(buf[0:96])))
@@ -91,8 +95,8 @@ def main():
     ident = 1 << 63 | 1 << 16 | 0  # sim:0
     put(buf, base + 8, "Q", check(SEED_IDENT, ident, 0))
     put(buf, base, "Q", ident)
-    lanes = [{"seq": 0, "live": {}, "copies": {}, "share": 0, "peak": 0, "peak_copy": 0}
-             for _ in range(LANES)]
+    lanes = [{"seq": 0, "live": {}, "copies": {}, "dirty": set(), "share": 0, "peak": 0,
+              "peak_copy": 0} for _ in range(LANES)]
     reserved = mapped = maps = cold_seq = cold_copy = 0
     for n, (lane, action, addr, size, site) in enumerate(events, 1):
         L = lanes[lane]
@@ -109,11 +113,7 @@ def main():
             b, k, allocs = L["live"].get(site, (0, 0, 0))
             b, k, allocs = b + sign * size, k + sign, allocs + (action == 0)
             L["live"][site] = (b, k, allocs)
-            cp = L["copies"].get(site, 0)
-            L["copies"][site] = cp ^ 1
-            at = lane_off(lane) + 4096 + 64 * site + 32 * cp
-            c = check(SEED_SITE ^ (site << 8) ^ cp, seq, b & M, k & 0xFFFFFFFF, allocs) >> 32
-            put(buf, at, "QQQQ", seq, b & M, (k & 0xFFFFFFFF) | c << 32, allocs)
+            L["dirty"].add(site)
             L["share"] += sign * size
             if L["share"] > L["peak"]:
                 L["peak"] = L["share"]
@@ -131,6 +131,16 @@ def main():
             put(buf, base + 256 + 64 * cold_copy, "8Q", *cold,
                 check(SEED_COLD ^ cold_copy, *cold))
             cold_copy ^= 1
+        if seq % CHECKPOINT == 0:  # the lane's checkpoint: its changed shares, as of seq
+            for site in sorted(L["dirty"]):
+                b, k, allocs = L["live"][site]
+                cp = L["copies"].get(site, 0)
+                L["copies"][site] = cp ^ 1
+                at = lane_off(lane) + 4096 + 64 * site + 32 * cp
+                c = check(SEED_SITE ^ (site << 8) ^ cp, seq, b & M, k & 0xFFFFFFFF,
+                          allocs) >> 32
+                put(buf, at, "QQQQ", seq, b & M, (k & 0xFFFFFFFF) | c << 32, allocs)
+            L["dirty"].clear()
     clock = [1, START_NS + 100_000, START_NS + 100_000]
     put(buf, base + 384, "8Q", *clock, 0, 0, 0, 0, check(SEED_CLOCK, *clock))
     with open(sys.argv[1], "wb") as f:

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The seed corpus of tools/fuzz/fuzz_flight_record.cc, from generate.py's record
-(version 2, two lanes):
+(version 3, two lanes, checkpointed entries):
 
     python3 tests/data/flight/make_fuzz_seeds.py tools/fuzz/corpus/flight_record
 
