@@ -132,9 +132,10 @@ void DevicePool::release_private_pool_locked(PrivatePool* pool) {
   const std::vector<Segment*> segments = pool->segments;  // release() changes the list
   for (Segment* s : segments) {
     if (s->busy_blocks != 0) continue;  // goes back once its blocks are freed
-    privates_.remove_segment(pool, s);
     // Waits for its stream, then frees it, under the lock: the loop walks the pool's
-    // list, which another thread could change were the lock released.
+    // list, which another thread could change were the lock released. The release
+    // takes it out of the pool's list, and a DriverError puts it back there, cached
+    // and counted as before (RegularSegments::detached, restored).
     regular_.release({s}, /*lock=*/nullptr);
   }
   privates_.forget_if_empty(pool);

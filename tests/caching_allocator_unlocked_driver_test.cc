@@ -680,3 +680,60 @@ TEST(UnlockedDriverTest, AStreamReleasedWhileEmptyCacheWaitsHasItsMemoryGivenBac
 
 }  // namespace
 }  // namespace devmem
+
+// --- private pools' releases (release_pool, graph pools) -------------------------------
+namespace devmem {
+namespace {
+
+constexpr PoolId kGraphPool{9, 1};
+constexpr const char* kRegularNoCache =
+    "sim_capacity:1GiB,expandable_segments:false,thread_cache:false";
+
+// Allocations of `sizes` into kGraphPool (12 MiB: a regular segment each), the
+// allocation to the pool ended; the blocks are returned, not freed.
+std::vector<void*> AllocateToGraphPool(CachingAllocator& a, const std::vector<size_t>& sizes) {
+  a.begin_allocate_to_pool(kGraphPool, [](Stream) { return true; });
+  std::vector<void*> ptrs;
+  for (const size_t n : sizes) ptrs.push_back(a.allocate(n));
+  a.end_allocate_to_pool(kGraphPool);
+  return ptrs;
+}
+
+// A free fails in the middle of a private pool's release: the segment given back is
+// gone, the other is the pool's again (in its list, its free set, its statistics), the
+// pool is poisoned and consistent. (It was left out of the pool's list: validate()
+// failed, and a later release could never find it.)
+TEST(UnlockedDriverTest, APrivatePoolReleaseErrorPutsTheRestBackIntoThePool) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  for (void* p : AllocateToGraphPool(*t, {12 * kMiB, 12 * kMiB})) t->free(p);
+  const DeviceStats before = t->stats();
+  ASSERT_EQ(before.segment[kAggregatePool].current, 2);
+  ASSERT_EQ(before.private_reserved_bytes, before.reserved_bytes[kAggregatePool].current);
+  std::atomic<int> calls{0};
+  int64_t freed = 0;  // the first call's (the hook runs on this thread only)
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    if (calls++ == 1) throw DriverError("test: cudaFree failed");
+    hooks->inner().free_segment(p, n);
+    freed = static_cast<int64_t>(n);
+  };
+  EXPECT_THROW(t->release_pool(kGraphPool), DriverError);
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_TRUE(t->poisoned());
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  const DeviceStats after = t->stats();
+  EXPECT_EQ(after.private_pools, 1);
+  ASSERT_GT(freed, 0);
+  EXPECT_EQ(after.private_reserved_bytes, before.private_reserved_bytes - freed);
+  EXPECT_EQ(after.reserved_bytes[kAggregatePool].current,
+            before.reserved_bytes[kAggregatePool].current - freed);
+  EXPECT_EQ(after.segment[kAggregatePool].current, 1);
+  EXPECT_EQ(after.num_device_free, before.num_device_free + 1);
+  // A poisoned pool refuses another release without reaching the driver.
+  EXPECT_THROW(t->release_pool(kGraphPool), DriverError);
+  EXPECT_EQ(calls.load(), 2);
+  hooks->free_segment_instead = nullptr;
+}
+
+}  // namespace
+}  // namespace devmem
