@@ -735,5 +735,101 @@ TEST(UnlockedDriverTest, APrivatePoolReleaseErrorPutsTheRestBackIntoThePool) {
   hooks->free_segment_instead = nullptr;
 }
 
+// A private pool's release frees with the lock released (its fence wait and its
+// cudaFree): held in the driver, another thread allocates, misses and frees on the
+// device, is refused a second release of the pool, frees the pool's last busy block
+// and releases that segment in an empty_cache of its own; a capture cannot begin
+// until the held free is done; the last release to finish forgets the pool.
+TEST(UnlockedDriverTest, APrivatePoolReleaseRunsWithTheLockReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  const std::vector<void*> graph = AllocateToGraphPool(*t, {12 * kMiB, 12 * kMiB});
+  t->free(graph[0]);  // one unused segment; graph[1]'s stays busy
+  void* other = t->allocate(kMiB);
+  t->free(t->allocate(256 * kKiB));  // a cached small block: B's hit
+  FirstCallGate gate;
+  std::atomic<bool> held_free_done{false};
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    const bool first = gate.calls == 0;
+    gate.Pass();
+    hooks->inner().free_segment(p, n);
+    if (first) held_free_done = true;
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->release_pool(kGraphPool); });
+  gate.entered.wait();
+  std::future<void> b = std::async(std::launch::async, [&] {
+    t->free(t->allocate(256 * kKiB));  // a hit
+    t->free(t->allocate(4 * kMiB));    // a miss: a new segment, allocated meanwhile
+    EXPECT_THROW(t->release_pool(kGraphPool), InvalidArgumentError);
+    t->free(graph[1]);  // into the pool's free set: its segment is unused now
+    t->empty_cache();   // releases it (a free of its own), and the shared ones
+  });
+  const bool b_done = b.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(b_done) << "another thread waited for a private pool's release";
+  if (b_done) {
+    b.get();
+    EXPECT_TRUE(t->validate().ok()) << t->validate();  // consistent while it frees
+    const DeviceStats st = t->stats();
+    EXPECT_EQ(st.private_pools, 1) << "the pool was forgotten while its release runs";
+    EXPECT_EQ(st.private_reserved_bytes, 0);
+  }
+  // A capture beginning now waits until the held free is done.
+  std::future<bool> capture = std::async(std::launch::async, [&] {
+    t->begin_allocate_to_pool(PoolId{9, 2}, [](Stream) { return true; });
+    return held_free_done.load();
+  });
+  gate.release.count_down();
+  a.get();
+  if (!b_done) b.get();
+  EXPECT_TRUE(capture.get()) << "a capture began while a release's free was in flight";
+  t->end_allocate_to_pool(PoolId{9, 2});
+  t->release_pool(PoolId{9, 2});
+  EXPECT_EQ(gate.calls.load(), 3);  // the two graph segments, B's 4 MiB miss
+  const DeviceStats st = t->stats();
+  EXPECT_EQ(st.private_pools, 0) << "the pool left empty was not forgotten";
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->free(other);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+  hooks->free_segment_instead = nullptr;
+}
+
+// The pin: while a release's free is held, another thread's empty_cache finds the pool
+// with an empty list (its one segment is on its way back) and must not forget it, for
+// the free then fails and the segment goes back into the pool.
+TEST(UnlockedDriverTest, APrivatePoolStaysKnownWhileItsReleaseMayPutSegmentsBack) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  for (void* p : AllocateToGraphPool(*t, {12 * kMiB})) t->free(p);
+  const DeviceStats before = t->stats();
+  FirstCallGate gate;
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    if (gate.calls == 1) throw DriverError("test: cudaFree failed");
+    hooks->inner().free_segment(p, n);
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->release_pool(kGraphPool); });
+  gate.entered.wait();
+  std::future<void> b = std::async(std::launch::async, [&] {
+    t->empty_cache();
+    EXPECT_THROW(t->release_pool(kGraphPool), InvalidArgumentError);
+  });
+  const bool b_done = b.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(b_done) << "empty_cache waited for a private pool's release";
+  if (b_done) {
+    EXPECT_EQ(t->stats().private_pools, 1) << "the pool was forgotten while pinned";
+  }
+  gate.release.count_down();
+  EXPECT_THROW(a.get(), DriverError);
+  b.get();
+  EXPECT_TRUE(t->poisoned());
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  const DeviceStats after = t->stats();
+  EXPECT_EQ(after.private_pools, 1);
+  EXPECT_EQ(after.private_reserved_bytes, before.private_reserved_bytes);
+  EXPECT_EQ(after.segment[kAggregatePool].current, before.segment[kAggregatePool].current);
+  hooks->free_segment_instead = nullptr;
+}
+
 }  // namespace
 }  // namespace devmem
