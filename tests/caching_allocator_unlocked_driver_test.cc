@@ -831,5 +831,69 @@ TEST(UnlockedDriverTest, APrivatePoolStaysKnownWhileItsReleaseMayPutSegmentsBack
   hooks->free_segment_instead = nullptr;
 }
 
+// Stage 2 of the staged retry releases the lock before its grow (here: the fence wait
+// for a cross-stream free), and another thread's trim starts a give-back then. The grow
+// must wait for that memory rather than report an OOM while it is on its way back.
+// Ordering without sleeps: the pending block becomes free only in the retry's poll
+// after its fence wait, and the retry holds the lock from there to its grow; so once
+// stats() shows no pending bytes, the retry has released the lock after that poll:
+// waiting for give-backs (fixed) or having reported the OOM (the defect).
+TEST(UnlockedDriverTest, TheRetryWaitsForAGiveBackBegunDuringItsEventWait) {
+  testutil::HookedBackend* hooks = nullptr;
+  // A 5 MiB limit: two 2 MiB small-pool segments fit, three do not.
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:100MiB,expandable_segments:false,thread_cache:false,"
+      "per_process_memory_fraction:0.05",
+      &hooks);
+  const Stream y = testutil::NewStream(*t);   // the cross-stream use
+  const Stream sa = testutil::NewStream(*t);  // A's: no cached block serves it
+  void* p0 = t->allocate(kMiB);
+  void* p1 = t->allocate(768 * kKiB);  // S1: [p0][p1][256 KiB free]
+  void* q1 = t->allocate(kMiB);
+  void* q2 = t->allocate(768 * kKiB);  // S2: [q1][q2][256 KiB free]
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 2);
+  testutil::StreamBlocker busy(t->backend(), y);
+  t->record_stream(p1, y);
+  t->free(p1);  // pending on an event on y, which stays open until the retry waits
+  FirstCallGate gate;  // C's free of S2
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    hooks->inner().free_segment(p, n);
+  };
+  std::future<void> c;
+  std::atomic<int> waits{0};
+  hooks->before_synchronize_event = [&](Event) {
+    if (waits++ != 0) return;  // C's own fence (S2's stream) passes
+    // A's fence for the cross-stream free, the lock released: C frees S2's blocks and
+    // trims; S2's free is held in the driver.
+    c = std::async(std::launch::async, [&] {
+      t->free(q1);
+      t->free(q2);
+      t->trim(0);
+    });
+    gate.entered.wait();
+    busy.Release();  // A's fence completes
+  };
+  std::future<void*> a = std::async(std::launch::async, [&] { return t->allocate(768 * kKiB, sa); });
+  const auto deadline = std::chrono::steady_clock::now() + kBound;
+  while (t->stats().pending_bytes[kAggregatePool].current != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();  // polls what A did; orders nothing by time
+  }
+  EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, 0);
+  gate.release.count_down();
+  void* pa = nullptr;
+  EXPECT_NO_THROW(pa = a.get()) << "memory on its way back made an allocation fail";
+  if (c.valid()) c.get();
+  EXPECT_EQ(gate.calls.load(), 1);
+  hooks->before_synchronize_event = nullptr;
+  hooks->free_segment_instead = nullptr;
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->free(p0);
+  if (pa != nullptr) t->free(pa);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace devmem
