@@ -124,7 +124,9 @@ void CachingAllocator::end_allocate_to_pool(PoolId pool) {
 }
 void CachingAllocator::release_pool(PoolId pool) {
   RefuseInStreamCallback(*pool_, "release_pool");
-  pool_->release_pool(pool);
+  // Gives memory back to the device: refused on a poisoned pool, and a DriverError
+  // poisons it, as for empty_cache.
+  DeviceCall(*pool_, "release_pool", [&] { pool_->release_pool(pool); });
 }
 void CachingAllocator::empty_cache() {
   RefuseInStreamCallback(*pool_, "empty_cache");

@@ -238,10 +238,7 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
       case RetryStage::kWaitAndReleaseAll:
         // Wait for every pending cross-stream free, release every unused segment, and
         // try once more. Waiting may have made a cached block on this stream fit.
-        // Memory other threads are giving back with the lock released is waited for
-        // too: it must not make this allocation fail.
         acct_.count_alloc_retry();
-        if (in_flight_.give_back_bytes() > 0) in_flight_.wait_for_give_backs(&mu_);
         if (!events_.empty()) {
           acct_.count_sync_all_streams();
           wait_for_events_locked();
@@ -252,6 +249,14 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
         }
         release_private_pools_locked();  // released graphs' pools hold memory too
         reclaimer_.reclaim(SIZE_MAX, Urgency::kRetryWaitAll);
+        // Memory other threads are giving back with the lock released must not make
+        // this allocation fail, so it is waited for here, last: each step above that
+        // released the lock (the fence wait for the cross-stream frees, this stage's
+        // own releases) let another thread's trim, empty_cache or retry start one (a
+        // wait before them missed those: the grow then saw the bytes still in flight
+        // against the limit and reported an OOM). Once this returns none is in
+        // flight, and the grow below checks the limit in the same lock hold.
+        if (Block* b = wait_for_give_backs_locked(size, stream)) return b;
         break;
       case RetryStage::kExactSegment:
         // Last resort for the large pool: a segment of just the request (rounded to
@@ -260,6 +265,8 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
         // worth an OOM.
         grow_size = ExactSegmentSize(size, segment_size);
         if (grow_size == 0) continue;
+        // Stage 2's grow may have released the lock (a driver call that failed).
+        if (Block* b = wait_for_give_backs_locked(size, stream)) return b;
         break;
     }
     Block* b = stage == RetryStage::kExactSegment
@@ -271,6 +278,15 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
     }
   }
   return nullptr;
+}
+
+Block* DevicePool::wait_for_give_backs_locked(size_t size, Stream stream) {
+  if (in_flight_.give_back_bytes() == 0) return nullptr;
+  in_flight_.wait_for_give_backs(&mu_);
+  // The lock was released: another thread's free may have made a cached block fit.
+  Block* b = free_.take_best_fit(size, stream, config_.max_split_size);
+  if (b != nullptr) acct_.count_cache_hit();
+  return b;
 }
 
 size_t DevicePool::memory_limit() const {

@@ -40,13 +40,13 @@
 // (its bytes count against the memory limit, DriverInFlight; what the call works on is
 // out of everyone's reach), the pool is consistent at the release, and the caller
 // re-checks what it prepared once it is back: try_grow, new_segment_with_retry,
-// Reclaimer::reclaim, poll_locked and wait_for_events_locked may release mu_. The
+// Reclaimer::reclaim, poll_locked, wait_for_events_locked and
+// release_private_pools_locked may release mu_. The
 // stream waits before frees and unmaps, and the waits for cross-stream frees, wait
 // with mu_ released for events recorded under it (release_fence.h: a stream is named
 // to the driver only while release_stream is kept out). Still under mu_: event record
-// / query / release (non-blocking; the allocation path's queries bounded), private
-// pools' segment releases and pool destruction (docs/architecture.md, "Thread safety
-// and lock order", says why).
+// / query / release (non-blocking; the allocation path's queries bounded) and pool
+// destruction (docs/architecture.md, "Thread safety and lock order", says why).
 #pragma once
 
 #include <cstddef>
@@ -183,6 +183,11 @@ class DevicePool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GrowRequest grow_request(size_t size, size_t segment_size, bool small, Stream stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The staged retry, right before a grow that could fail on the memory limit: waits
+  // (mu_ released) until no give-back is in flight; then a cached block that fits, if
+  // another thread freed one meanwhile, else nullptr (grow next).
+  Block* wait_for_give_backs_locked(size_t size, Stream stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves blocks whose events completed to the cache, polling at most `budget` events
   // (EventQueues::poll). With `wait` (and no budget), synchronizes every pending event
   // first (so nothing stays pending).
@@ -234,10 +239,13 @@ class DevicePool {
   // Records the events of blocks freed during a capture, once their streams capture no
   // more.
   void record_deferred_events_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives the unused segments of released private pools back to the device (no
-  // capture under way), and forgets the pools left empty.
-  void release_private_pools_locked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void release_private_pool_locked(PrivatePool* pool) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives the unused segments of released private pools (of `only`, when not nullptr)
+  // back to the device (no capture under way), with mu_ released around the stream
+  // waits and the frees, and forgets the pools left empty. The caller holds an
+  // Operation (driver_in_flight.h). A DriverError puts what was not given back into
+  // its pool again and propagates.
+  void release_private_pools_locked(PrivatePool* only = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // stats() and snapshots: the private pools' share.
   void private_stats_locked(DeviceStats* stats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // validate()'s share: the pools' records against the segment table.

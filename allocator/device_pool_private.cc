@@ -54,6 +54,9 @@ void DevicePool::end_allocate_to_pool(PoolId pool) {
   // What waited for the end of the captures. A failure here (a driver error recording
   // an event) leaves the rest deferred to the next poll and propagates.
   if (blocks_.has_deferred()) record_deferred_events_locked();
+  // The released pools' segments go back with the lock released: one operation, so
+  // that no capture begins before their frees are done (begin_allocate_to_pool).
+  const DriverInFlight::Operation op(in_flight_);
   release_private_pools_locked();
 }
 
@@ -64,8 +67,12 @@ void DevicePool::release_pool(PoolId pool) {
     throw InvalidArgumentError(std::string(st.message()));
   }
   // Its unused segments go back now unless a capture (of another pool) is under way;
-  // then at the end of the last one (end_allocate_to_pool), or on empty_cache.
-  if (p->released && !privates_.any_underway()) release_private_pool_locked(p);
+  // then at the end of the last one (end_allocate_to_pool), or on empty_cache. With
+  // the lock released for the driver calls: one operation, as empty_cache.
+  if (p->released && !privates_.any_underway()) {
+    const DriverInFlight::Operation op(in_flight_);
+    release_private_pools_locked(p);
+  }
 }
 
 bool DevicePool::capturing_locked(Stream stream) {
@@ -120,24 +127,80 @@ void DevicePool::record_deferred_events_locked() {
   });
 }
 
-void DevicePool::release_private_pools_locked() {
-  std::vector<PrivatePool*> released;
-  for (const auto& [id, p] : privates_) {
-    if (p->released) released.push_back(p.get());
+void DevicePool::release_private_pools_locked(PrivatePool* only) {
+  // The choice, under the lock: every unused segment (one free block) of the released
+  // pools, each pool that has one pinned for the window below. All that may throw
+  // (std::bad_alloc) comes before the first change.
+  std::vector<Segment*> unused;
+  std::vector<PrivatePool*> pinned;  // distinct: each pool is looked at once
+  std::vector<PrivatePool*> empty;   // released pools with nothing to give back now
+  auto choose = [&](PrivatePool* p) {
+    const size_t before = unused.size();
+    for (Segment* s : p->segments) {
+      if (s->busy_blocks == 0) unused.push_back(s);  // the others: once they are freed
+    }
+    (unused.size() != before ? pinned : empty).push_back(p);
+  };
+  if (only != nullptr) {
+    choose(only);
+  } else {
+    for (const auto& [id, p] : privates_) {
+      if (p->released) choose(p.get());
+    }
   }
-  for (PrivatePool* p : released) release_private_pool_locked(p);
-}
-
-void DevicePool::release_private_pool_locked(PrivatePool* pool) {
-  const std::vector<Segment*> segments = pool->segments;  // release() changes the list
-  for (Segment* s : segments) {
-    if (s->busy_blocks != 0) continue;  // goes back once its blocks are freed
-    privates_.remove_segment(pool, s);
-    // Waits for its stream, then frees it, under the lock: the loop walks the pool's
-    // list, which another thread could change were the lock released.
-    regular_.release({s}, /*lock=*/nullptr);
+  for (PrivatePool* p : empty) privates_.forget_if_empty(p);
+  if (unused.empty()) return;
+  regular_.reserve_detached(unused.size());  // may throw: before any change
+  for (PrivatePool* p : pinned) ++p->releasing;
+  // Every chosen segment leaves the books now: its pool's list, the free sets, the
+  // table and the statistics (RegularSegments::detached, SegmentSource); its bytes
+  // count as a give-back in flight (DriverInFlight) until the driver has them.
+  regular_.detach_for_release(unused);
+  // give_back_detached records a fence event on each segment's stream (under the
+  // lock), releases the lock, waits for the events, frees the segments, and takes the
+  // lock back. What other threads can do meanwhile, and what each sees:
+  //   * allocate and free on the device (cache hits, misses, grows): none finds these
+  //     segments (they are in no table, set or list); their bytes still count against
+  //     the memory limit, and the staged retry waits for them (wait_for_give_backs)
+  //     before it reports an OOM.
+  //   * allocate into a pool being released: impossible. A released pool has no
+  //     allocation under way (release_pool refuses a pool still being allocated to)
+  //     and begin_allocate_to_pool refuses it for as long as it is known, which the
+  //     pin makes last until this release is done. A free of a block of one of its
+  //     busy segments returns the block to the pool's free set (the pool is alive);
+  //     that segment goes back on a later release, not on this one.
+  //   * release_pool of the same pool again: the pool is still known and released,
+  //     so InvalidArgumentError ("released already"), changing nothing, as before.
+  //   * empty_cache, stage 2 of the staged retry, or the end of the last capture (of
+  //     any pool) run this function too: they choose only among the segments in the
+  //     pools' lists then (freed since, never these), release them in a window of
+  //     their own, and do not forget a pinned pool even when its list is empty; the
+  //     last release to finish forgets it. The reclaimer never takes private
+  //     segments (SegmentTable::unused skips them).
+  //   * a capture beginning: begin_allocate_to_pool waits until no operation is under
+  //     way (every caller of this holds one) and no give-back is in flight, so no
+  //     free of this release reaches the driver once a capture may have begun.
+  //   * snapshot(), stats(), validate(): consistent (the segments are in no book and
+  //     in no statistic; the pools' lists and the table agree).
+  //   * release_stream of a segment's stream: may return meanwhile; the release
+  //     waits only for the event recorded under the lock (release_fence.h).
+  // Pool destruction cannot overlap (no other thread may use the allocator then).
+  // On a DriverError (a fence wait or a free) the segments not given back are put
+  // back as they were, each into its pool (pinned, so alive): its list
+  // (RegularSegments::restored), its free set, the table and the statistics.
+  auto unpin = [&]() noexcept {
+    for (PrivatePool* p : pinned) {
+      --p->releasing;
+      privates_.forget_if_empty(p);  // the last release of a pool left empty forgets it
+    }
+  };
+  try {
+    regular_.give_back_detached(unused, &mu_);
+  } catch (...) {
+    unpin();
+    throw;
   }
-  privates_.forget_if_empty(pool);
+  unpin();
 }
 
 void DevicePool::private_stats_locked(DeviceStats* stats) const {

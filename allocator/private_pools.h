@@ -11,13 +11,16 @@
 //     begin on an existing live pool shares it. When release_pool brings it to zero the
 //     pool is released: its unused segments go back to the device (at once, or once no
 //     capture is under way), its other segments when their blocks have been freed (on
-//     empty_cache and under memory pressure); the pool is forgotten when it holds none.
+//     empty_cache and under memory pressure); the pool is forgotten when it holds none
+//     and no release of its segments is under way (`releasing`: those run with the
+//     device lock released and may put their segments back).
 //   * A pool's segments serve only allocations routed to it; their free blocks are in
 //     the pool's own free sets (FreeIndex routes by Segment::private_pool), never in the
 //     shared ones, never in a thread cache or an arena; the reclaimer never releases
 //     them (SegmentTable::unused skips them).
 // Invariants (validate): every segment with private_pool == p is in p's list and the
-// reverse; the under-way entries name live (unreleased) pools.
+// reverse (one being released with the lock released is in neither); only a released
+// pool is pinned; the under-way entries name live (unreleased) pools.
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
@@ -38,6 +41,10 @@ struct PrivatePool {
   const PoolId id;
   int use_count = 0;      // begins not yet released
   bool released = false;  // use_count reached 0: draining back to the device
+  // Releases of its segments under way with the device lock released (DevicePool::
+  // release_private_pools_locked): while > 0 the pool is pinned (never forgotten), so
+  // that a release that fails can put its segments back into this pool.
+  int releasing = 0;
   absl::btree_set<Block*, BlockLess> small_free, large_free;  // its free blocks
   std::vector<Segment*> segments;                              // its segments
   absl::btree_set<Block*, BlockLess>& free_set(bool small) {
@@ -70,7 +77,7 @@ class PrivatePools {
 
   void add_segment(PrivatePool* p, Segment* s) { p->segments.push_back(s); }
   void remove_segment(PrivatePool* p, const Segment* s);
-  // Forgets a released pool that holds no segment.
+  // Forgets a released pool that holds no segment and is not pinned (releasing).
   void forget_if_empty(PrivatePool* p);
 
   size_t size() const { return pools_.size(); }

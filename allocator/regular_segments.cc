@@ -1,11 +1,13 @@
 // allocator/regular_segments.cc: see regular_segments.h.
 #include "allocator/regular_segments.h"
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 
 #include "absl/strings/str_format.h"
 #include "allocator/pool_policy.h"
+#include "allocator/private_pools.h"
 
 namespace devmem::internal {
 
@@ -70,6 +72,17 @@ Grown RegularSegments::grow(const GrowRequest& req) {
 
 void RegularSegments::give_back_call(uintptr_t addr, size_t size) {
   backend_.free_segment(reinterpret_cast<void*>(addr), size);
+}
+
+void RegularSegments::detached(Segment* s) {
+  if (s->private_pool == nullptr) return;
+  std::vector<Segment*>& list = s->private_pool->segments;
+  if (auto it = std::find(list.begin(), list.end(), s); it != list.end()) list.erase(it);
+}
+
+void RegularSegments::restored(Segment* s) {
+  if (s->private_pool == nullptr) return;
+  s->private_pool->segments.push_back(s);  // within capacity (regular_segments.h)
 }
 
 }  // namespace devmem::internal

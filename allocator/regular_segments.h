@@ -47,6 +47,14 @@ class RegularSegments final : public SegmentSource {
 
  private:
   void give_back_call(uintptr_t addr, size_t size) override;
+  // A private pool's segment (Segment::private_pool) leaves the pool's list when it is
+  // detached for release and goes back into it when it is restored after a failed
+  // release, so that a DriverError leaves the pool's list as it was (validate: every
+  // private segment of the table is in its pool's list and the reverse). The restore
+  // never allocates: the list only shrank since the segment left it (no allocation is
+  // routed to a released pool, so nothing was added), and erasing keeps the capacity.
+  void detached(Segment* s) override;
+  void restored(Segment* s) override;
 
   const size_t max_split_size_;
 };

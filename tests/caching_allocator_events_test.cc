@@ -205,6 +205,40 @@ TEST(EventPollingTest, AnAllocationPollsAtMostTheBudgetAndProcessEventsTheRest) 
   EXPECT_VALID(*t);
 }
 
+// Retirement events (release_stream of a stream with work still queued) share the
+// allocation path's budget with cross-stream frees: with three budgets' worth of
+// streams retiring, one allocation still queries at most kAllocationEventPollBudget
+// events (docs/architecture.md, "Thread safety and lock order": the event queries left
+// under the device lock are bounded in count).
+TEST(EventPollingTest, AnAllocationQueriesAtMostTheBudgetWithManyStreamsRetiring) {
+  EventCounts counts;  // outlives the allocator, whose destructor releases events
+  HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB,thread_cache:false", &hooks);
+  CountEvents(hooks, &counts);
+  constexpr int kStreams = 3 * static_cast<int>(kAllocationEventPollBudget);
+  std::vector<std::unique_ptr<StreamBlocker>> busy;
+  std::vector<Stream> streams;
+  for (int i = 0; i < kStreams; ++i) {
+    const Stream s = NewStream(*t);
+    streams.push_back(s);
+    busy.push_back(std::make_unique<StreamBlocker>(t->backend(), s));
+    t->free(t->allocate(4096, s));  // cached on s: pending on its retirement
+    t->release_stream(s);           // its work is held: the retirement stays open
+  }
+  // Every segment's one free block waits for its stream's retirement.
+  ASSERT_EQ(Pending(t), t->stats().reserved_bytes[kAggregatePool].current);
+  counts.queried = 0;
+  void* p = t->allocate(4096);
+  EXPECT_GT(counts.queried, 0) << "the allocation polled no retirement";
+  EXPECT_LE(counts.queried, static_cast<int>(kAllocationEventPollBudget));
+  t->free(p);
+  for (auto& b : busy) b->Release();
+  for (const Stream s : streams) t->backend().synchronize_stream(s);  // the test's own
+  t->process_events();
+  EXPECT_EQ(Pending(t), 0);
+  EXPECT_VALID(*t);
+}
+
 TEST(EventPollingTest, AllocationsAloneFreeEveryCompletedBlockInTheEnd) {
   HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB,thread_cache:false", &hooks);

@@ -680,3 +680,220 @@ TEST(UnlockedDriverTest, AStreamReleasedWhileEmptyCacheWaitsHasItsMemoryGivenBac
 
 }  // namespace
 }  // namespace devmem
+
+// --- private pools' releases (release_pool, graph pools) -------------------------------
+namespace devmem {
+namespace {
+
+constexpr PoolId kGraphPool{9, 1};
+constexpr const char* kRegularNoCache =
+    "sim_capacity:1GiB,expandable_segments:false,thread_cache:false";
+
+// Allocations of `sizes` into kGraphPool (12 MiB: a regular segment each), the
+// allocation to the pool ended; the blocks are returned, not freed.
+std::vector<void*> AllocateToGraphPool(CachingAllocator& a, const std::vector<size_t>& sizes) {
+  a.begin_allocate_to_pool(kGraphPool, [](Stream) { return true; });
+  std::vector<void*> ptrs;
+  for (const size_t n : sizes) ptrs.push_back(a.allocate(n));
+  a.end_allocate_to_pool(kGraphPool);
+  return ptrs;
+}
+
+// A free fails in the middle of a private pool's release: the segment given back is
+// gone, the other is the pool's again (in its list, its free set, its statistics), the
+// pool is poisoned and consistent. (It was left out of the pool's list: validate()
+// failed, and a later release could never find it.)
+TEST(UnlockedDriverTest, APrivatePoolReleaseErrorPutsTheRestBackIntoThePool) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  for (void* p : AllocateToGraphPool(*t, {12 * kMiB, 12 * kMiB})) t->free(p);
+  const DeviceStats before = t->stats();
+  ASSERT_EQ(before.segment[kAggregatePool].current, 2);
+  ASSERT_EQ(before.private_reserved_bytes, before.reserved_bytes[kAggregatePool].current);
+  std::atomic<int> calls{0};
+  int64_t freed = 0;  // the first call's (the hook runs on this thread only)
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    if (calls++ == 1) throw DriverError("test: cudaFree failed");
+    hooks->inner().free_segment(p, n);
+    freed = static_cast<int64_t>(n);
+  };
+  EXPECT_THROW(t->release_pool(kGraphPool), DriverError);
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_TRUE(t->poisoned());
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  const DeviceStats after = t->stats();
+  EXPECT_EQ(after.private_pools, 1);
+  ASSERT_GT(freed, 0);
+  EXPECT_EQ(after.private_reserved_bytes, before.private_reserved_bytes - freed);
+  EXPECT_EQ(after.reserved_bytes[kAggregatePool].current,
+            before.reserved_bytes[kAggregatePool].current - freed);
+  EXPECT_EQ(after.segment[kAggregatePool].current, 1);
+  EXPECT_EQ(after.num_device_free, before.num_device_free + 1);
+  // A poisoned pool refuses another release without reaching the driver.
+  EXPECT_THROW(t->release_pool(kGraphPool), DriverError);
+  EXPECT_EQ(calls.load(), 2);
+  hooks->free_segment_instead = nullptr;
+}
+
+// A private pool's release frees with the lock released (its fence wait and its
+// cudaFree): held in the driver, another thread allocates, misses and frees on the
+// device, is refused a second release of the pool, frees the pool's last busy block
+// and releases that segment in an empty_cache of its own; a capture cannot begin
+// until the held free is done; the last release to finish forgets the pool.
+TEST(UnlockedDriverTest, APrivatePoolReleaseRunsWithTheLockReleased) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  const std::vector<void*> graph = AllocateToGraphPool(*t, {12 * kMiB, 12 * kMiB});
+  t->free(graph[0]);  // one unused segment; graph[1]'s stays busy
+  void* other = t->allocate(kMiB);
+  t->free(t->allocate(256 * kKiB));  // a cached small block: B's hit
+  FirstCallGate gate;
+  std::atomic<bool> held_free_done{false};
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    const bool first = gate.calls == 0;
+    gate.Pass();
+    hooks->inner().free_segment(p, n);
+    if (first) held_free_done = true;
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->release_pool(kGraphPool); });
+  gate.entered.wait();
+  std::future<void> b = std::async(std::launch::async, [&] {
+    t->free(t->allocate(256 * kKiB));  // a hit
+    t->free(t->allocate(4 * kMiB));    // a miss: a new segment, allocated meanwhile
+    EXPECT_THROW(t->release_pool(kGraphPool), InvalidArgumentError);
+    t->free(graph[1]);  // into the pool's free set: its segment is unused now
+    t->empty_cache();   // releases it (a free of its own), and the shared ones
+  });
+  const bool b_done = b.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(b_done) << "another thread waited for a private pool's release";
+  if (b_done) {
+    b.get();
+    EXPECT_TRUE(t->validate().ok()) << t->validate();  // consistent while it frees
+    const DeviceStats st = t->stats();
+    EXPECT_EQ(st.private_pools, 1) << "the pool was forgotten while its release runs";
+    EXPECT_EQ(st.private_reserved_bytes, 0);
+  }
+  // A capture beginning now waits until the held free is done.
+  std::future<bool> capture = std::async(std::launch::async, [&] {
+    t->begin_allocate_to_pool(PoolId{9, 2}, [](Stream) { return true; });
+    return held_free_done.load();
+  });
+  gate.release.count_down();
+  a.get();
+  if (!b_done) b.get();
+  EXPECT_TRUE(capture.get()) << "a capture began while a release's free was in flight";
+  t->end_allocate_to_pool(PoolId{9, 2});
+  t->release_pool(PoolId{9, 2});
+  EXPECT_EQ(gate.calls.load(), 3);  // the two graph segments, B's 4 MiB miss
+  const DeviceStats st = t->stats();
+  EXPECT_EQ(st.private_pools, 0) << "the pool left empty was not forgotten";
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->free(other);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+  hooks->free_segment_instead = nullptr;
+}
+
+// The pin: while a release's free is held, another thread's empty_cache finds the pool
+// with an empty list (its one segment is on its way back) and must not forget it, for
+// the free then fails and the segment goes back into the pool.
+TEST(UnlockedDriverTest, APrivatePoolStaysKnownWhileItsReleaseMayPutSegmentsBack) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  for (void* p : AllocateToGraphPool(*t, {12 * kMiB})) t->free(p);
+  const DeviceStats before = t->stats();
+  FirstCallGate gate;
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    if (gate.calls == 1) throw DriverError("test: cudaFree failed");
+    hooks->inner().free_segment(p, n);
+  };
+  std::future<void> a = std::async(std::launch::async, [&] { t->release_pool(kGraphPool); });
+  gate.entered.wait();
+  std::future<void> b = std::async(std::launch::async, [&] {
+    t->empty_cache();
+    EXPECT_THROW(t->release_pool(kGraphPool), InvalidArgumentError);
+  });
+  const bool b_done = b.wait_for(kBound) == std::future_status::ready;
+  EXPECT_TRUE(b_done) << "empty_cache waited for a private pool's release";
+  if (b_done) {
+    EXPECT_EQ(t->stats().private_pools, 1) << "the pool was forgotten while pinned";
+  }
+  gate.release.count_down();
+  EXPECT_THROW(a.get(), DriverError);
+  b.get();
+  EXPECT_TRUE(t->poisoned());
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  const DeviceStats after = t->stats();
+  EXPECT_EQ(after.private_pools, 1);
+  EXPECT_EQ(after.private_reserved_bytes, before.private_reserved_bytes);
+  EXPECT_EQ(after.segment[kAggregatePool].current, before.segment[kAggregatePool].current);
+  hooks->free_segment_instead = nullptr;
+}
+
+// Stage 2 of the staged retry releases the lock before its grow (here: the fence wait
+// for a cross-stream free), and another thread's trim starts a give-back then. The grow
+// must wait for that memory rather than report an OOM while it is on its way back.
+// Ordering without sleeps: the pending block becomes free only in the retry's poll
+// after its fence wait, and the retry holds the lock from there to its grow; so once
+// stats() shows no pending bytes, the retry has released the lock after that poll:
+// waiting for give-backs (fixed) or having reported the OOM (the defect).
+TEST(UnlockedDriverTest, TheRetryWaitsForAGiveBackBegunDuringItsEventWait) {
+  testutil::HookedBackend* hooks = nullptr;
+  // A 5 MiB limit: two 2 MiB small-pool segments fit, three do not.
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:100MiB,expandable_segments:false,thread_cache:false,"
+      "per_process_memory_fraction:0.05",
+      &hooks);
+  const Stream y = testutil::NewStream(*t);   // the cross-stream use
+  const Stream sa = testutil::NewStream(*t);  // A's: no cached block serves it
+  void* p0 = t->allocate(kMiB);
+  void* p1 = t->allocate(768 * kKiB);  // S1: [p0][p1][256 KiB free]
+  void* q1 = t->allocate(kMiB);
+  void* q2 = t->allocate(768 * kKiB);  // S2: [q1][q2][256 KiB free]
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 2);
+  testutil::StreamBlocker busy(t->backend(), y);
+  t->record_stream(p1, y);
+  t->free(p1);  // pending on an event on y, which stays open until the retry waits
+  FirstCallGate gate;  // C's free of S2
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    gate.Pass();
+    hooks->inner().free_segment(p, n);
+  };
+  std::future<void> c;
+  std::atomic<int> waits{0};
+  hooks->before_synchronize_event = [&](Event) {
+    if (waits++ != 0) return;  // C's own fence (S2's stream) passes
+    // A's fence for the cross-stream free, the lock released: C frees S2's blocks and
+    // trims; S2's free is held in the driver.
+    c = std::async(std::launch::async, [&] {
+      t->free(q1);
+      t->free(q2);
+      t->trim(0);
+    });
+    gate.entered.wait();
+    busy.Release();  // A's fence completes
+  };
+  std::future<void*> a = std::async(std::launch::async, [&] { return t->allocate(768 * kKiB, sa); });
+  const auto deadline = std::chrono::steady_clock::now() + kBound;
+  while (t->stats().pending_bytes[kAggregatePool].current != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();  // polls what A did; orders nothing by time
+  }
+  EXPECT_EQ(t->stats().pending_bytes[kAggregatePool].current, 0);
+  gate.release.count_down();
+  void* pa = nullptr;
+  EXPECT_NO_THROW(pa = a.get()) << "memory on its way back made an allocation fail";
+  if (c.valid()) c.get();
+  EXPECT_EQ(gate.calls.load(), 1);
+  hooks->before_synchronize_event = nullptr;
+  hooks->free_segment_instead = nullptr;
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  t->free(p0);
+  if (pa != nullptr) t->free(pa);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace devmem
