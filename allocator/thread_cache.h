@@ -43,6 +43,7 @@
 #include "allocator/block.h"
 #include "allocator/cache_counters.h"
 #include "allocator/cache_line.h"
+#include "allocator/coarse_clock.h"
 #include "allocator/config.h"
 #include "allocator/types.h"
 
@@ -248,6 +249,9 @@ class ThreadCache {
   size_t flush_cursor_ = 0;  // the bin a flush starts at (rotates)
   size_t site_windows_ = 0;  // counters_.sites.size(), set by reserve_site
   CacheCounters counters_;
+  // Keeps PublishedCoarseNowNs() fresh while a cache exists: a hit stamps
+  // Block::alloc_time_ns with it (coarse_clock.h).
+  CoarseTickerUse ticker_use_;
 };
 
 // --- the calling thread's caches --------------------------------------------------------
