@@ -152,7 +152,10 @@ class ThreadCache {
   Slot* slot_for(Stream stream) {
     for (Slot& s : slots_) {
       if (s.used && s.stream == stream) {
-        s.last_use = ++tick_;
+        // Already the most recent (it holds the last tick): nothing to write, which is
+        // every hit on one stream. The least recent slot is still the one with the
+        // smaller tick.
+        if (s.last_use != tick_) s.last_use = ++tick_;
         return &s;
       }
     }
@@ -188,7 +191,6 @@ class ThreadCache {
     counters_.bytes.add(static_cast<int64_t>(b->size));
     counters_.count.add(1);
     counters_.requested.add(static_cast<int64_t>(b->requested));
-    ++counters_.hits;
     SiteWindow& w = counters_.sites[b->site];
     w.live_bytes += static_cast<int64_t>(b->size);
     w.live_count += 1;
@@ -201,7 +203,6 @@ class ThreadCache {
     counters_.bytes.sub(static_cast<int64_t>(b->size));
     counters_.count.sub(1);
     counters_.requested.sub(static_cast<int64_t>(b->requested));
-    ++counters_.frees;
     SiteWindow& w = counters_.sites[b->site];
     w.live_bytes -= static_cast<int64_t>(b->size);
     w.live_count -= 1;
