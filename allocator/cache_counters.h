@@ -51,15 +51,16 @@ struct SiteWindow {
 struct CacheCounters {
   // Allocations from the cache add, frees into it subtract (all small-pool blocks).
   WindowCounter bytes;      // block bytes: allocated and active (+), thread-cached (-)
-  WindowCounter count;      // blocks, likewise
+  // Blocks, likewise. Its `up` is also the allocations the cache served
+  // (DeviceStats::cache_hits) and its `down` the user frees it took (num_frees): a hit
+  // adds or takes exactly one block, so no separate counters are kept for those.
+  WindowCounter count;
   WindowCounter requested;  // requested bytes
-  int64_t hits = 0;         // allocations served (DeviceStats::cache_hits)
-  int64_t frees = 0;        // user frees taken (DeviceStats::num_frees)
   // On lines of their own (cache_line.h): the owner writes them on every hit.
   LineVector<SiteWindow> sites;  // by SiteId; grown under the device lock only
   LineVector<SiteId> dirty;      // sites touched in this window (capacity reserved)
 
-  bool empty() const { return bytes.empty() && count.empty() && hits == 0 && frees == 0; }
+  bool empty() const { return bytes.empty() && count.empty(); }
 };
 
 }  // namespace devmem::internal

@@ -49,7 +49,7 @@ inline void Emit(AllocatorObserver* observer, const AllocEvent& event) {
           b->state = BlockState::kAllocated;
           b->requested = requested;
           b->site = site;
-          b->alloc_time_ns = CoarseNowNs();
+          b->alloc_time_ns = PublishedCoarseNowNs();  // a load (coarse_clock.h)
           tc->count_alloc(b);
           const AllocEvent event = front_internal::HitEvent(AllocAction::kAlloc, device_, b);
           tc->end_op();

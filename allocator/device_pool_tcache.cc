@@ -54,6 +54,7 @@ void DevicePool::resume_cache_locked(ThreadCache* tc) {
 
 void* DevicePool::cache_allocate_slow(ThreadCache* tc, size_t requested, Stream stream,
                                       SiteId site) {
+  EnsureCoarseTicker();  // a forked child's hits read the clock until it runs again
   AllocEvent event;
   bool hit = false;
   {
@@ -68,7 +69,7 @@ void* DevicePool::cache_allocate_slow(ThreadCache* tc, size_t requested, Stream 
       b->state = BlockState::kAllocated;
       b->requested = requested;
       b->site = site;
-      b->alloc_time_ns = CoarseNowNs();
+      b->alloc_time_ns = PublishedCoarseNowNs();
       tc->count_alloc(b);
       event = HitEvent(AllocAction::kAlloc, device_, b);
       hit = true;

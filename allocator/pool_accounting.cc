@@ -65,8 +65,8 @@ void PoolAccounting::fold_thread_cache(const CacheCounters& c) {
   ApplyWindow(stats_.active, c.count, +1);
   ApplyWindow(stats_.thread_cached, c.count, -1);
   ApplyWindow(stats_.requested_bytes, c.requested, +1);
-  stats_.cache_hits += c.hits;
-  stats_.num_frees += c.frees;
+  stats_.cache_hits += c.count.up;  // one block per hit (cache_counters.h)
+  stats_.num_frees += c.count.down;
   for (const SiteId id : c.dirty) {
     const SiteWindow& w = c.sites[id];
     SiteStats& ss = site_stats_[id];

@@ -416,28 +416,13 @@ thread_local std::string tls_tag;
 // Constant-initialized and trivially destructible, so no guard and no exit-time work.
 thread_local std::array<std::source_location, kMaxScopedSiteDepth> tls_frames;
 
-// The per-thread front (see the top). A slot holds the identity plus kind + 1 (the
-// records are pointer-aligned, so the low three bits are free and a used slot is never
-// 0, which an empty slot reads) and the id. Only its thread reads or writes it.
-constexpr bool kHasFront = sizeof(std::source_location) == sizeof(uintptr_t) &&
-                           std::is_trivially_copyable_v<std::source_location> &&
-                           alignof(void*) >= 8 && kNumSiteKinds < 8;
-constexpr size_t kFrontSlots = 1024;  // a power of two; 16 KiB per thread that interns
-struct FrontSlot {
-  uintptr_t key = 0;
-  SiteId id = kUnknownSite;
-};
-// What InternSite's fast path reads, in one thread_local (one TLS address: in a shared
-// library each is a __tls_get_addr call). Constant-initialized, trivially destructible.
-struct ThreadSites {
-  FrontSlot* front = nullptr;  // null until the thread's first plain intern
-  size_t depth = 0;            // ScopedSite frames live (recorded or not)
-  bool has_tag = false;        // tls_tag is not empty
-  // Set at thread exit once the front is freed: later interns (from other thread_local
-  // destructors) take the index and make no new front.
-  bool front_gone = false;
-};
-constinit thread_local ThreadSites tls_sites;
+// The per-thread front (see the top; its types and InternSite's hit are in site.h).
+using site_internal::FrontIndex;
+using site_internal::FrontKey;
+using site_internal::FrontSlot;
+using site_internal::kFrontSlots;
+using site_internal::kHasFront;
+using site_internal::tls_sites;
 // Frees the front at thread exit (touched only when the front is made, so a thread
 // that never interns registers nothing).
 struct FrontOwner {
@@ -449,15 +434,6 @@ struct FrontOwner {
   }
 };
 thread_local FrontOwner tls_front_owner;
-
-// (Copied, not bit_cast: well-formed whatever the layout; with kHasFront it is the one
-// pointer std::source_location holds.)
-uintptr_t FrontKey(const std::source_location& loc, SiteKind kind) {
-  uintptr_t identity = 0;
-  std::memcpy(&identity, &loc, std::min(sizeof(identity), sizeof(loc)));
-  return identity + static_cast<uintptr_t>(kind) + 1;
-}
-size_t FrontIndex(uintptr_t key) { return (key >> 3) & (kFrontSlots - 1); }
 
 }  // namespace
 
@@ -530,32 +506,18 @@ bool IsPlain(std::string_view tag) {
   return kHasFront && tag.empty() && !tls_sites.has_tag && tls_sites.depth == 0;
 }
 
-// Everything but a front hit, with InternSite's own arguments: the hit then saves no
-// register and makes no call (a tail call with the arguments as they came).
+}  // namespace
+
+namespace site_internal {
+// Everything but a front hit (InternSite is inline in site.h).
+constinit thread_local ThreadSites tls_sites;
+
 [[gnu::noinline]] SiteId InternSiteMiss(const std::source_location& loc, SiteKind kind,
                                         std::string_view tag) {
   if (IsPlain(tag)) return InternPlainMiss(loc, kind, FrontKey(loc, kind));
   return InternIndexed(loc, kind, tag);
 }
-
-}  // namespace
-
-SiteId InternSite(const std::source_location& loc, SiteKind kind, std::string_view tag) {
-  // The tag is tested before the thread_local is read, and dropped (an empty tag is no
-  // tag whatever its pointer): in -fPIC code that read is a call (__tls_get_addr, relaxed
-  // away only in an executable), and every value live across it is a callee-saved
-  // register pushed and popped on each hit. Two are live this way instead of four.
-  if (kHasFront && tag.empty()) [[likely]] {
-    const ThreadSites& t = tls_sites;
-    if (!t.has_tag && t.depth == 0 && t.front != nullptr) [[likely]] {
-      const uintptr_t key = FrontKey(loc, kind);
-      const FrontSlot& slot = t.front[FrontIndex(key)];
-      if (slot.key == key) [[likely]] return slot.id;
-    }
-    return InternSiteMiss(loc, kind, {});
-  }
-  return InternSiteMiss(loc, kind, tag);
-}
+}  // namespace site_internal
 
 // Takes `tag` literally (an empty tag is no tag, not the thread's current tag): a
 // site read back from a trace file must not pick up the reader's tag.

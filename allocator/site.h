@@ -24,11 +24,14 @@
 // ids are never reused; SiteInfo for an id never changes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <source_location>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace devmem {
@@ -89,9 +92,66 @@ struct SiteInfo {
 bool SiteTextMatches(std::string_view where, std::string_view file, uint32_t line,
                      std::string_view function, std::string_view needle);
 
+namespace site_internal {
+// InternSite's per-thread front (allocator/site.cc has the design): a direct-mapped
+// array of kFrontSlots (source_location identity + kind + 1) -> id. The records a
+// std::source_location points at are pointer-aligned, so the low three bits are free
+// and a used slot's key is never 0, which an empty slot reads. Only its thread reads
+// or writes it.
+inline constexpr bool kHasFront = sizeof(std::source_location) == sizeof(uintptr_t) &&
+                                  std::is_trivially_copyable_v<std::source_location> &&
+                                  alignof(void*) >= 8 && kNumSiteKinds < 8;
+inline constexpr size_t kFrontSlots = 1024;  // a power of two; 16 KiB per thread
+struct FrontSlot {
+  uintptr_t key = 0;
+  SiteId id = kUnknownSite;
+};
+// What InternSite's fast path reads, in one thread_local (one TLS address: in a shared
+// library each is a __tls_get_addr call). Constant-initialized, trivially destructible.
+// Defined in site.cc, which alone writes it (on the thread it belongs to).
+struct ThreadSites {
+  FrontSlot* front = nullptr;  // null until the thread's first plain intern
+  size_t depth = 0;            // ScopedSite frames live (recorded or not)
+  bool has_tag = false;        // the thread's ScopedSiteTag is not empty
+  // Set at thread exit once the front is freed: later interns (from other thread_local
+  // destructors) take the index and make no new front.
+  bool front_gone = false;
+};
+extern constinit thread_local ThreadSites tls_sites;
+// (Copied, not bit_cast: well-formed whatever the layout; with kHasFront it is the one
+// pointer std::source_location holds.)
+inline uintptr_t FrontKey(const std::source_location& loc, SiteKind kind) {
+  uintptr_t identity = 0;
+  std::memcpy(&identity, &loc, std::min(sizeof(identity), sizeof(loc)));
+  return identity + static_cast<uintptr_t>(kind) + 1;
+}
+inline size_t FrontIndex(uintptr_t key) { return (key >> 3) & (kFrontSlots - 1); }
+// Everything but a front hit, with InternSite's own arguments (out of line).
+SiteId InternSiteMiss(const std::source_location& loc, SiteKind kind,
+                      std::string_view tag);
+}  // namespace site_internal
+
 // Interns (loc, kind, tag). The same arguments always give the same id.
-SiteId InternSite(const std::source_location& loc, SiteKind kind,
-                  std::string_view tag = {});
+//
+// Inline: a plain intern of a site this thread's front holds (nearly every call) is
+// three thread-local loads, two compares and a load, at the call site, where `loc` is
+// a constant; out of line it paid a call and a frame (four registers pushed and
+// popped around the TLS read, which is a call in -fPIC code): about 20 of its 34
+// instructions. The tag is tested before the thread_local is read, and dropped (an
+// empty tag is no tag whatever its pointer).
+inline SiteId InternSite(const std::source_location& loc, SiteKind kind,
+                         std::string_view tag = {}) {
+  if (site_internal::kHasFront && tag.empty()) [[likely]] {
+    const site_internal::ThreadSites& t = site_internal::tls_sites;
+    if (!t.has_tag && t.depth == 0 && t.front != nullptr) [[likely]] {
+      const uintptr_t key = site_internal::FrontKey(loc, kind);
+      const site_internal::FrontSlot& slot = t.front[site_internal::FrontIndex(key)];
+      if (slot.key == key) [[likely]] return slot.id;
+    }
+    return site_internal::InternSiteMiss(loc, kind, {});
+  }
+  return site_internal::InternSiteMiss(loc, kind, tag);
+}
 // Interns a site that has no source location (for example one read from a trace
 // file, or a C caller that passes a name). No ScopedSite frame is added.
 SiteId InternNamedSite(std::string_view file, uint32_t line, std::string_view function,

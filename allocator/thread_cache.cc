@@ -108,8 +108,6 @@ void ThreadCache::reset_counters() {
   counters_.bytes = WindowCounter{};
   counters_.count = WindowCounter{};
   counters_.requested = WindowCounter{};
-  counters_.hits = 0;
-  counters_.frees = 0;
 }
 
 namespace tcache {

@@ -43,6 +43,7 @@
 #include "allocator/block.h"
 #include "allocator/cache_counters.h"
 #include "allocator/cache_line.h"
+#include "allocator/coarse_clock.h"
 #include "allocator/config.h"
 #include "allocator/types.h"
 
@@ -151,7 +152,10 @@ class ThreadCache {
   Slot* slot_for(Stream stream) {
     for (Slot& s : slots_) {
       if (s.used && s.stream == stream) {
-        s.last_use = ++tick_;
+        // Already the most recent (it holds the last tick): nothing to write, which is
+        // every hit on one stream. The least recent slot is still the one with the
+        // smaller tick.
+        if (s.last_use != tick_) s.last_use = ++tick_;
         return &s;
       }
     }
@@ -187,7 +191,6 @@ class ThreadCache {
     counters_.bytes.add(static_cast<int64_t>(b->size));
     counters_.count.add(1);
     counters_.requested.add(static_cast<int64_t>(b->requested));
-    ++counters_.hits;
     SiteWindow& w = counters_.sites[b->site];
     w.live_bytes += static_cast<int64_t>(b->size);
     w.live_count += 1;
@@ -200,7 +203,6 @@ class ThreadCache {
     counters_.bytes.sub(static_cast<int64_t>(b->size));
     counters_.count.sub(1);
     counters_.requested.sub(static_cast<int64_t>(b->requested));
-    ++counters_.frees;
     SiteWindow& w = counters_.sites[b->site];
     w.live_bytes -= static_cast<int64_t>(b->size);
     w.live_count -= 1;
@@ -248,6 +250,9 @@ class ThreadCache {
   size_t flush_cursor_ = 0;  // the bin a flush starts at (rotates)
   size_t site_windows_ = 0;  // counters_.sites.size(), set by reserve_site
   CacheCounters counters_;
+  // Keeps PublishedCoarseNowNs() fresh while a cache exists: a hit stamps
+  // Block::alloc_time_ns with it (coarse_clock.h).
+  CoarseTickerUse ticker_use_;
 };
 
 // --- the calling thread's caches --------------------------------------------------------

@@ -174,10 +174,13 @@ inline void SizeHistogram::on_event(const AllocEvent& event) {
 
 inline void SizeHistogram::record(DeviceId device, size_t requested) {
   const size_histogram_internal::LastCounts& last = size_histogram_internal::tls_last;
+  // Read once: the counters are atomics, after whose stores the compiler would read
+  // the thread_local again (its address too, in -fPIC code).
+  DeviceCounts* const counts = last.counts;
   if (last.histogram_id == id_ && last.device == device) [[likely]] {
     const auto bucket = static_cast<size_t>(BucketOf(requested));
-    size_histogram_internal::Bump(last.counts->buckets[bucket], 1);
-    size_histogram_internal::Bump(last.counts->sum_bytes, requested);
+    size_histogram_internal::Bump(counts->buckets[bucket], 1);
+    size_histogram_internal::Bump(counts->sum_bytes, requested);
     return;
   }
   record_slow(device, requested);

@@ -1,0 +1,114 @@
+// allocator/coarse_clock.cc: the coarse ticker (see coarse_clock.h).
+#include "allocator/coarse_clock.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+namespace devmem {
+
+namespace coarse_clock_internal {
+constinit std::atomic<int64_t> g_published_ns{0};
+}  // namespace coarse_clock_internal
+using coarse_clock_internal::g_published_ns;
+
+namespace {
+
+// The process's ticker. Leaked: a detached ticker may still run while static
+// destructors do. `mu` guards everything but g_published_ns, which only holders of `mu`
+// write; fork() takes `mu` first, so a child never inherits it held.
+struct Ticker {
+  std::mutex mu;
+  std::condition_variable wake;  // the use count fell to 0
+  int users = 0;                 // live CoarseTickerUses
+  bool running = false;          // a ticker thread of `generation` runs (or starts)
+  bool start_failed = false;     // no thread could be made: read the clock, do not retry
+  uint64_t generation = 0;       // a new one per thread started (and per fork)
+
+  // Raises the published value to now (never lowers it: a use's constructor and the
+  // ticker may both publish).
+  void PublishLocked() {
+    const int64_t now = CoarseNowNs();
+    if (now > g_published_ns.load(std::memory_order_relaxed)) {
+      g_published_ns.store(now, std::memory_order_relaxed);
+    }
+  }
+
+  void StartLocked() {
+    if (users == 0 || start_failed) return;
+    PublishLocked();
+    if (running) return;
+    const uint64_t gen = ++generation;
+    try {
+      std::thread([this, gen] { Run(gen); }).detach();
+    } catch (const std::system_error& e) {
+      std::fprintf(stderr, "devmem: coarse clock: cannot start its ticker thread (%s); "
+                           "thread-cache hits read the clock instead\n", e.what());
+      start_failed = true;
+      g_published_ns.store(0, std::memory_order_relaxed);  // nobody would refresh it
+      return;
+    }
+    running = true;
+  }
+
+  void Run(uint64_t gen) {
+    std::unique_lock<std::mutex> lock(mu);
+    while (users > 0 && generation == gen) {
+      PublishLocked();
+      wake.wait_for(lock, std::chrono::nanoseconds(kCoarseTickerPeriodNs));
+    }
+    if (generation == gen) running = false;  // not replaced (by a fork's child)
+  }
+};
+
+Ticker& TheTicker() {
+  static Ticker* ticker = [] {
+    auto* t = new Ticker;
+    pthread_atfork([] { TheTicker().mu.lock(); }, [] { TheTicker().mu.unlock(); },
+                   [] {
+                     // The child has no ticker thread: withdraw the value (hits read
+                     // the clock) until EnsureCoarseTicker starts one.
+                     Ticker& c = TheTicker();
+                     c.running = false;
+                     ++c.generation;
+                     g_published_ns.store(0, std::memory_order_relaxed);
+                     c.mu.unlock();
+                   });
+    return t;
+  }();
+  return *ticker;
+}
+
+}  // namespace
+
+namespace coarse_clock_internal {
+void RestartTicker() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.StartLocked();
+}
+}  // namespace coarse_clock_internal
+
+CoarseTickerUse::CoarseTickerUse() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  ++t.users;
+  t.StartLocked();  // publishes first: a current value from the start
+}
+
+CoarseTickerUse::~CoarseTickerUse() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  if (--t.users == 0) {
+    // Nobody keeps it fresh once the thread stops: withdraw it now.
+    g_published_ns.store(0, std::memory_order_relaxed);
+    t.wake.notify_all();
+  }
+}
+
+}  // namespace devmem
