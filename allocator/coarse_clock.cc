@@ -29,14 +29,16 @@ struct Ticker {
   bool running = false;          // a ticker thread of `generation` runs (or starts)
   bool start_failed = false;     // no thread could be made: read the clock, do not retry
   uint64_t generation = 0;       // a new one per thread started (and per fork)
+  TickPublisher extra = nullptr; // SetTickPublisher's
 
   // Raises the published value to now (never lowers it: a use's constructor and the
-  // ticker may both publish).
+  // ticker may both publish), then runs the registered publisher.
   void PublishLocked() {
     const int64_t now = CoarseNowNs();
     if (now > g_published_ns.load(std::memory_order_relaxed)) {
       g_published_ns.store(now, std::memory_order_relaxed);
     }
+    if (extra != nullptr) extra();
   }
 
   void StartLocked() {
@@ -48,7 +50,8 @@ struct Ticker {
       std::thread([this, gen] { Run(gen); }).detach();
     } catch (const std::system_error& e) {
       std::fprintf(stderr, "devmem: coarse clock: cannot start its ticker thread (%s); "
-                           "thread-cache hits read the clock instead\n", e.what());
+                           "thread-cache hits read the clock instead, and trace times "
+                           "of cache hits will be coarser\n", e.what());
       start_failed = true;
       g_published_ns.store(0, std::memory_order_relaxed);  // nobody would refresh it
       return;
@@ -93,6 +96,13 @@ void RestartTicker() {
   t.StartLocked();
 }
 }  // namespace coarse_clock_internal
+
+void SetTickPublisher(TickPublisher publish) {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  t.extra = publish;
+  if (publish != nullptr) publish();  // a current value before this returns
+}
 
 CoarseTickerUse::CoarseTickerUse() {
   Ticker& t = TheTicker();

@@ -17,6 +17,10 @@
 // negative. It never decreases. With no ticker running (no use alive, its thread could
 // not be made, or a forked child before EnsureCoarseTicker) it is CoarseNowNs() itself.
 //
+// The ticker is the process's only periodic thread: a layer above that needs a value
+// published each period registers one publisher (SetTickPublisher; the trace clock's
+// coarse tick, runtime/trace_clock.cc) instead of starting a thread of its own.
+//
 // Thread-safety: every function may be called from any thread. The ticker is
 // process-wide: started by the first CoarseTickerUse, stopped after the last one is
 // destroyed; a forked child has none (its published value is withdrawn at the fork)
@@ -54,6 +58,14 @@ inline void EnsureCoarseTicker() {
     coarse_clock_internal::RestartTicker();
   }
 }
+
+// A second value the ticker publishes: `publish` runs on the ticker's thread every
+// period, whenever a use (re)starts the ticker, and once before SetTickPublisher
+// returns, always with the ticker's mutex held (so publishes never race each other). One
+// per process (a later call replaces it); it must be short and must not make or destroy
+// a CoarseTickerUse. The ticker runs while any use lives, so its registrant holds one.
+using TickPublisher = void (*)();
+void SetTickPublisher(TickPublisher publish);
 
 // Keeps the ticker running while alive (a ThreadCache holds one). The constructor
 // publishes a current value before it returns and starts the ticker thread if none

@@ -1,18 +1,10 @@
-// runtime/trace_clock.cc: TSC ticks mapped onto CLOCK_MONOTONIC, and the ticker that
-// publishes a coarse tick (see trace_clock.h).
+// runtime/trace_clock.cc: TSC ticks mapped onto CLOCK_MONOTONIC, and the publisher of
+// the coarse tick that the allocator's coarse ticker runs (see trace_clock.h).
 #include "runtime/trace_clock.h"
 
-#include <pthread.h>
-
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
-#include <cstdio>
+#include <atomic>
 #include <fstream>
-#include <mutex>
 #include <string>
-#include <system_error>
-#include <thread>
 
 #include "allocator/snapshot.h"
 
@@ -25,10 +17,8 @@ namespace devmem {
 
 namespace trace_clock_internal {
 constinit std::atomic<int64_t> g_coarse_tick{0};
-constinit std::atomic<bool> g_ticker_running{false};
 }  // namespace trace_clock_internal
 using trace_clock_internal::g_coarse_tick;
-using trace_clock_internal::g_ticker_running;
 
 namespace {
 
@@ -59,73 +49,21 @@ int64_t ReadTsc() {
 // TraceClock::Now() without an object (every TraceClock ticks alike).
 int64_t NowTick() { return KernelUsesTsc() ? ReadTsc() : NowNs(); }
 
-// The process's ticker. Leaked: a detached ticker may still run while static
-// destructors do. `mu` guards everything but the two atomics, which only holders of
-// `mu` write; fork() takes it first, so a child never inherits it held.
-struct Ticker {
-  std::mutex mu;
-  std::condition_variable wake;  // a user count that fell to 0, or a child's restart
-  int users = 0;                 // live TraceClocks
-  bool running = false;          // a ticker thread of `generation` runs (or starts)
-  bool hold = false;             // HoldTickerForTest
-  bool start_failed = false;     // no thread could be made: do not retry per chunk
-  uint64_t generation = 0;       // a new one per thread started (and per fork)
+// Whether HoldTickerForTest holds the tick; read by the publisher.
+constinit std::atomic<bool> g_hold{false};
 
-  // Raises the published tick to now (it never goes back: the ticker and a
-  // constructor may race to publish).
-  void PublishLocked() {
-    const int64_t now = NowTick();
-    if (now > g_coarse_tick.load(std::memory_order_relaxed)) {
-      g_coarse_tick.store(now, std::memory_order_relaxed);
-    }
+// Raises the published tick to `now`, never lowering it: the ticker and a constructor
+// may publish at once.
+void RaiseTick(int64_t now) {
+  int64_t seen = g_coarse_tick.load(std::memory_order_relaxed);
+  while (now > seen &&
+         !g_coarse_tick.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
   }
+}
 
-  void StartLocked() {
-    if (running || users == 0 || start_failed) return;
-    PublishLocked();
-    const uint64_t gen = ++generation;
-    try {
-      std::thread([this, gen] { Run(gen); }).detach();
-    } catch (const std::system_error& e) {
-      // Times then come from chunk claims and locked events only (coarser; the order
-      // is as exact as ever): runtime/trace.h.
-      std::fprintf(stderr, "devmem: trace clock: cannot start its ticker thread (%s); "
-                           "trace times of cache hits will be coarser\n", e.what());
-      start_failed = true;
-      return;
-    }
-    running = true;
-    g_ticker_running.store(true, std::memory_order_relaxed);
-  }
-
-  void Run(uint64_t gen) {
-    std::unique_lock<std::mutex> lock(mu);
-    while (users > 0 && generation == gen) {
-      if (!hold) PublishLocked();
-      wake.wait_for(lock, std::chrono::nanoseconds(TraceClock::kTickerPeriodNs));
-    }
-    if (generation == gen) {  // not replaced (a fork's child replaces none: no thread)
-      running = false;
-      g_ticker_running.store(false, std::memory_order_relaxed);
-    }
-  }
-};
-
-Ticker& TheTicker() {
-  static Ticker* ticker = [] {
-    auto* t = new Ticker;
-    pthread_atfork([] { TheTicker().mu.lock(); }, [] { TheTicker().mu.unlock(); },
-                   [] {
-                     // The child has no ticker thread: the next chunk claim starts one.
-                     Ticker& c = TheTicker();
-                     c.running = false;
-                     ++c.generation;
-                     g_ticker_running.store(false, std::memory_order_relaxed);
-                     c.mu.unlock();
-                   });
-    return t;
-  }();
-  return *ticker;
+// The coarse ticker's publisher (SetTickPublisher), run every period.
+void PublishTick() {
+  if (!g_hold.load(std::memory_order_relaxed)) RaiseTick(NowTick());
 }
 
 }  // namespace
@@ -135,29 +73,17 @@ TraceClock::TraceClock() : use_tsc_(KernelUsesTsc()) {
     tick0_ = ReadTsc();
     ns0_ = NowNs();
   }
-  Ticker& t = TheTicker();
-  std::lock_guard<std::mutex> lock(t.mu);
-  ++t.users;
-  t.PublishLocked();  // Coarse() is a current tick from the start
-  t.StartLocked();
+  // ticker_use_ has started the ticker; from now on it publishes the tick too. A first
+  // tick now (even while a test holds the ticker), so that Coarse() is current from the
+  // start.
+  SetTickPublisher(&PublishTick);
+  RaiseTick(NowTick());
 }
 
-TraceClock::~TraceClock() {
-  Ticker& t = TheTicker();
-  std::lock_guard<std::mutex> lock(t.mu);
-  if (--t.users == 0) t.wake.notify_all();
-}
-
-void TraceClock::RestartTicker() {
-  Ticker& t = TheTicker();
-  std::lock_guard<std::mutex> lock(t.mu);
-  t.StartLocked();
-}
+TraceClock::~TraceClock() = default;  // ticker_use_ stops the ticker after the last use
 
 void TraceClock::HoldTickerForTest(bool hold) {
-  Ticker& t = TheTicker();
-  std::lock_guard<std::mutex> lock(t.mu);
-  t.hold = hold;
+  g_hold.store(hold, std::memory_order_relaxed);
 }
 
 TraceClock::Mapping TraceClock::Map() const {

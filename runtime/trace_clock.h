@@ -10,7 +10,10 @@
 //     the raw TSC; elsewhere (other CPUs, another clocksource) it is NowNs() itself.
 //   - Coarse(): Now() as a background thread (the ticker) last published it, every
 //     kTickerPeriodNs while any TraceClock exists: at most that period plus the
-//     ticker's scheduling delay behind Now(), never ahead of it.
+//     ticker's scheduling delay behind Now(), never ahead of it. The ticker is the
+//     allocator's coarse ticker (allocator/coarse_clock.h), the process's only
+//     periodic thread: a TraceClock holds a use of it and registers the publisher of
+//     this tick, so the trace and the thread caches share one thread.
 // ToNs() maps ticks onto CLOCK_MONOTONIC (NowNs()) by the straight line through two
 // points: one taken at construction and one taken at conversion time (the identity
 // when Now() is NowNs()).
@@ -23,27 +26,29 @@
 //
 // Thread-safety: Now(), Coarse() and ToNs() may be called from any thread; the object
 // is immutable after construction. The ticker is process-wide, started by the first
-// TraceClock and stopped after the last one is destroyed; a forked child has none
-// until EnsureTicker() (called by the trace once per chunk of events) restarts it.
+// TraceClock or thread cache and stopped after the last one is destroyed; a forked
+// child has none until EnsureTicker() (called by the trace once per chunk of events)
+// or a thread cache's miss restarts it; meanwhile Coarse() stands still and the trace's
+// stamps stay ordered (runtime/trace.h raises them past each lane's last).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 
-#include "allocator/snapshot.h"  // NowNs
+#include "allocator/coarse_clock.h"  // the ticker
+#include "allocator/snapshot.h"      // NowNs
 
 namespace devmem {
 
 namespace trace_clock_internal {
 // The ticker's last reading of TraceClock::Now() (0 before the first TraceClock).
 extern constinit std::atomic<int64_t> g_coarse_tick;
-extern constinit std::atomic<bool> g_ticker_running;
 }  // namespace trace_clock_internal
 
 class TraceClock {
  public:
   // How often the ticker publishes Coarse().
-  static constexpr int64_t kTickerPeriodNs = 1'000'000;
+  static constexpr int64_t kTickerPeriodNs = kCoarseTickerPeriodNs;
 
   TraceClock();   // starts the ticker if none runs; publishes a first tick before
   ~TraceClock();  // the last one stops the ticker
@@ -63,12 +68,8 @@ class TraceClock {
     return trace_clock_internal::g_coarse_tick.load(std::memory_order_relaxed);
   }
   // Restarts the ticker when it is not running (in a forked child); cheap otherwise.
-  static void EnsureTicker() {
-    if (!trace_clock_internal::g_ticker_running.load(std::memory_order_relaxed)) [[unlikely]] {
-      RestartTicker();
-    }
-  }
-  // Tests: while held, the ticker publishes nothing (Coarse() stands still), so that
+  static void EnsureTicker() { EnsureCoarseTicker(); }
+  // Tests: while held, the ticker publishes no tick (Coarse() stands still), so that
   // events of several threads fall within one coarse tick deterministically.
   static void HoldTickerForTest(bool hold);
 
@@ -85,8 +86,7 @@ class TraceClock {
   bool uses_tsc() const { return use_tsc_; }
 
  private:
-  static void RestartTicker();
-
+  CoarseTickerUse ticker_use_;  // the ticker runs while this clock lives
   bool use_tsc_ = false;
   int64_t tick0_ = 0;
   int64_t ns0_ = 0;
