@@ -120,7 +120,14 @@ void CachingAllocator::begin_allocate_to_pool(PoolId pool, StreamFilter filter) 
 }
 void CachingAllocator::end_allocate_to_pool(PoolId pool) {
   RefuseInStreamCallback(*pool_, "end_allocate_to_pool");
-  pool_->end_allocate_to_pool(pool);
+  // Not refused on a poisoned pool (the capture's bookkeeping must end; the pool then
+  // makes no driver call), but a DriverError of the release it may run (the end of the
+  // last capture gives released pools back) poisons it, as for release_pool.
+  try {
+    pool_->end_allocate_to_pool(pool);
+  } catch (const DriverError& e) {
+    throw DriverError(pool_->poison("end_allocate_to_pool", e.what()));
+  }
 }
 void CachingAllocator::release_pool(PoolId pool) {
   RefuseInStreamCallback(*pool_, "release_pool");

@@ -49,8 +49,20 @@ void DevicePool::end_allocate_to_pool(PoolId pool) {
   if (absl::Status st = privates_.end(pool, device_.ToString()); !st.ok()) {
     throw InvalidArgumentError(std::string(st.message()));
   }
+  // An allocation routed to the pool before this end may still be in the driver with
+  // the lock released (grow_during_capture_locked); its segment joins the pool's list
+  // when it takes the lock back. Wait for it, so that no segment joins a pool after its
+  // capture has ended: the pool stays known meanwhile (forget_if_empty and the release
+  // skip a growing pool), and it is looked up again by id after each wake.
+  in_flight_.wait_until(&mu_, [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const PrivatePool* p = privates_.find(pool);
+    return p == nullptr || p->growing == 0;
+  });
   if (privates_.any_underway()) return;
   pools_underway_.store(false, std::memory_order_release);
+  // A poisoned device makes no more driver calls (CachingAllocator refuses them); the
+  // bookkeeping above still ends the capture.
+  if (poisoned()) return;
   // What waited for the end of the captures. A failure here (a driver error recording
   // an event) leaves the rest deferred to the next poll and propagates.
   if (blocks_.has_deferred()) record_deferred_events_locked();
@@ -86,6 +98,17 @@ Block* DevicePool::grow_during_capture_locked(size_t size, Stream stream, Privat
   GrowRequest req = grow_request(size, segment_size, small, stream);
   req.during_capture = true;
   req.private_pool = pool;
+  // The pool stays known and unreleased while the grows below run with the lock
+  // released (PrivatePool::growing; end_allocate_to_pool waits for them).
+  struct GrowPin {
+    PrivatePool* p;
+    explicit GrowPin(PrivatePool* pool) : p(pool) {
+      if (p != nullptr) ++p->growing;
+    }
+    ~GrowPin() {
+      if (p != nullptr) --p->growing;
+    }
+  } const pin(pool);
   if (Block* b = regular_.grow(req).block) {
     acct_.count_cache_miss();
     return b;
@@ -135,6 +158,9 @@ void DevicePool::release_private_pools_locked(PrivatePool* only) {
   std::vector<PrivatePool*> pinned;  // distinct: each pool is looked at once
   std::vector<PrivatePool*> empty;   // released pools with nothing to give back now
   auto choose = [&](PrivatePool* p) {
+    // A grow into it is under way (its capture is ending): it goes back once that is
+    // done, at the end of end_allocate_to_pool or on a later release.
+    if (p->growing > 0) return;
     const size_t before = unused.size();
     for (Segment* s : p->segments) {
       if (s->busy_blocks == 0) unused.push_back(s);  // the others: once they are freed
@@ -164,9 +190,11 @@ void DevicePool::release_private_pools_locked(PrivatePool* only) {
   //     the memory limit, and the staged retry waits for them (wait_for_give_backs)
   //     before it reports an OOM.
   //   * allocate into a pool being released: impossible. A released pool has no
-  //     allocation under way (release_pool refuses a pool still being allocated to)
-  //     and begin_allocate_to_pool refuses it for as long as it is known, which the
-  //     pin makes last until this release is done. A free of a block of one of its
+  //     allocation under way (release_pool refuses a pool still being allocated to,
+  //     end_allocate_to_pool waits for grows routed to it before its end, and a pool
+  //     with one in flight is not chosen above) and begin_allocate_to_pool refuses it
+  //     for as long as it is known, which the pin makes last until this release is
+  //     done. A free of a block of one of its
   //     busy segments returns the block to the pool's free set (the pool is alive);
   //     that segment goes back on a later release, not on this one.
   //   * release_pool of the same pool again: the pool is still known and released,

@@ -78,10 +78,11 @@ class DriverInFlight {
     grow_bytes_ += bytes;
     ++grow_calls_;
   }
+  // Wakes wait_for_idle() when the last call ends, and wait_until() on every one.
   void end_grow(size_t bytes) {
     grow_bytes_ -= bytes;
     --grow_calls_;
-    notify_if_idle();
+    done_.notify_all();
   }
   void begin_give_back(size_t bytes) {
     give_back_bytes_ += bytes;
@@ -107,6 +108,12 @@ class DriverInFlight {
   // Returns once no operation is under way and no call is in flight (the same).
   void wait_for_idle(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
     done_.wait(*mu, [this] { return idle(); });
+  }
+  // Returns once `done()` holds, evaluated with `mu` held after each grow ends (the
+  // same): for a condition that only the end of a grow can make true.
+  template <typename Pred>
+  void wait_until(Mutex* mu, Pred done) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    done_.wait(*mu, done);
   }
 
   // This part's share of validate().

@@ -88,12 +88,19 @@ void PrivatePools::remove_segment(PrivatePool* p, const Segment* s) {
 }
 
 void PrivatePools::forget_if_empty(PrivatePool* p) {
-  if (p->released && p->segments.empty() && p->releasing == 0) pools_.erase(p->id);
+  if (p->released && p->segments.empty() && p->releasing == 0 && p->growing == 0) {
+    pools_.erase(p->id);
+  }
 }
 
 absl::Status PrivatePools::validate(size_t private_segments) const {
   size_t listed = 0;
   for (const auto& [id, p] : pools_) {
+    if (p->growing < 0) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): private pool %s has %d grows under way", id.ToString(),
+          p->growing));
+    }
     if (p->releasing < 0 || (p->releasing > 0 && !p->released)) {
       return absl::InternalError(absl::StrFormat(
           "devmem validate(): private pool %s has %d releases under way but is %s",

@@ -45,6 +45,11 @@ struct PrivatePool {
   // release_private_pools_locked): while > 0 the pool is pinned (never forgotten), so
   // that a release that fails can put its segments back into this pool.
   int releasing = 0;
+  // Grows into it under way with the device lock released (grow_during_capture_locked:
+  // an allocation routed to it before its capture ended). While > 0 the pool is never
+  // forgotten nor released (its list may still grow), and end_allocate_to_pool waits
+  // for them before it returns.
+  int growing = 0;
   absl::btree_set<Block*, BlockLess> small_free, large_free;  // its free blocks
   std::vector<Segment*> segments;                              // its segments
   absl::btree_set<Block*, BlockLess>& free_set(bool small) {
@@ -77,8 +82,14 @@ class PrivatePools {
 
   void add_segment(PrivatePool* p, Segment* s) { p->segments.push_back(s); }
   void remove_segment(PrivatePool* p, const Segment* s);
-  // Forgets a released pool that holds no segment and is not pinned (releasing).
+  // Forgets a released pool that holds no segment and is not pinned (releasing,
+  // growing).
   void forget_if_empty(PrivatePool* p);
+  // The known pool `id`, or nullptr.
+  PrivatePool* find(PoolId id) const {
+    const auto it = pools_.find(id);
+    return it == pools_.end() ? nullptr : it->second.get();
+  }
 
   size_t size() const { return pools_.size(); }
   auto begin() const { return pools_.begin(); }

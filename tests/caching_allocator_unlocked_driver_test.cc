@@ -831,6 +831,47 @@ TEST(UnlockedDriverTest, APrivatePoolStaysKnownWhileItsReleaseMayPutSegmentsBack
   hooks->free_segment_instead = nullptr;
 }
 
+// An allocation routed to a private pool is in the driver (its grow runs with the lock
+// released) when another thread ends the capture and releases the pool. The end waits
+// for the grow, so its segment joins a pool still known, and the pool goes back once
+// that block is freed. (Before, the end and the release ran meanwhile and forgot the
+// empty pool; the grow then linked its segment into the freed PrivatePool: a use after
+// free, and validate() found a segment in no pool.)
+TEST(UnlockedDriverTest, ACaptureEndWaitsForAGrowIntoItsPool) {
+  testutil::HookedBackend* hooks = nullptr;
+  SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
+  FirstCallGate gate;
+  hooks->allocate_segment_instead = [&](size_t n) {
+    gate.Pass();
+    return hooks->inner().allocate_segment_during_capture(n);
+  };
+  t->begin_allocate_to_pool(kGraphPool, [](Stream) { return true; });
+  std::future<void*> a = std::async(std::launch::async, [&] { return t->allocate(12 * kMiB); });
+  gate.entered.wait();
+  std::future<void> b = std::async(std::launch::async, [&] {
+    t->end_allocate_to_pool(kGraphPool);
+    t->release_pool(kGraphPool);
+  });
+  // Unfixed, B finishes while A is held; fixed, its end waits for A. Either way A goes
+  // on after this bounded wait, which only gives the unfixed code its chance.
+  const bool b_done_early = b.wait_for(std::chrono::milliseconds(200)) == std::future_status::ready;
+  gate.release.count_down();
+  void* p = a.get();
+  b.get();
+  EXPECT_FALSE(b_done_early) << "the capture ended while an allocation into it was growing";
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  DeviceStats st = t->stats();
+  EXPECT_EQ(st.private_pools, 1) << "the released pool was forgotten while it grew";
+  EXPECT_EQ(st.private_reserved_bytes, static_cast<int64_t>(12 * kMiB));
+  t->free(p);
+  t->empty_cache();
+  st = t->stats();
+  EXPECT_EQ(st.private_pools, 0);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+  hooks->allocate_segment_instead = nullptr;
+}
+
 // Stage 2 of the staged retry releases the lock before its grow (here: the fence wait
 // for a cross-stream free), and another thread's trim starts a give-back then. The grow
 // must wait for that memory rather than report an OOM while it is on its way back.
