@@ -84,6 +84,10 @@ TraceClock::~TraceClock() = default;  // ticker_use_ stops the ticker after the 
 
 void TraceClock::HoldTickerForTest(bool hold) {
   g_hold.store(hold, std::memory_order_relaxed);
+  // Registering again takes the ticker's mutex, under which every publish runs: a
+  // publish that read the old flag has finished when this returns, and later ones read
+  // the new one, so a held tick stands still from here on.
+  SetTickPublisher(&PublishTick);
 }
 
 TraceClock::Mapping TraceClock::Map() const {
