@@ -48,6 +48,16 @@ int64_t Pending(const SimAllocator& t, StatPool pool = kAggregatePool) {
   return t->stats().pending_bytes[pool].current;
 }
 
+// A 4 KiB block used on `side` and freed, its event completed and processed: the block
+// is free again and its event back in the pool.
+void FreeUsedOn(SimAllocator& t, Stream side) {
+  void* p = t->allocate(4096);
+  t->record_stream(p, side);
+  t->free(p);
+  t->backend().synchronize_stream(side);
+  t->process_events();
+}
+
 TEST(EventPoolTest, CrossStreamFreesReuseOneEventWhenEachCompletesBeforeTheNext) {
   EventCounts counts;  // outlives the allocator, whose destructor releases events
   constexpr int kFrees = 100;
@@ -57,11 +67,7 @@ TEST(EventPoolTest, CrossStreamFreesReuseOneEventWhenEachCompletesBeforeTheNext)
     CountEvents(hooks, &counts);
     const Stream side = NewStream(*t);
     for (int i = 0; i < kFrees; ++i) {
-      void* p = t->allocate(4096);
-      t->record_stream(p, side);
-      t->free(p);
-      t->backend().synchronize_stream(side);
-      t->process_events();  // the event completed: back to the pool
+      FreeUsedOn(t, side);  // the event completed: back to the pool
       ASSERT_EQ(Pending(t), 0);
     }
     // One event made, recorded again for every later free (not one made and destroyed
@@ -117,21 +123,13 @@ TEST(EventPoolTest, EmptyCacheGivesTheKeptEventsBack) {
   SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
   CountEvents(hooks, &counts);
   const Stream side = NewStream(*t);
-  void* p = t->allocate(4096);
-  t->record_stream(p, side);
-  t->free(p);
-  t->backend().synchronize_stream(side);
-  t->process_events();  // completed: kept by the pool
+  FreeUsedOn(t, side);  // completed: kept by the pool
   ASSERT_GE(counts.created, 1);
   t->empty_cache();  // the segment's release fence records (and keeps) one more
   EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, 0);
   EXPECT_EQ(counts.released, counts.created) << "events kept after empty_cache";
   // The pool still works after it.
-  p = t->allocate(4096);
-  t->record_stream(p, side);
-  t->free(p);
-  t->backend().synchronize_stream(side);
-  t->process_events();
+  FreeUsedOn(t, side);
   EXPECT_EQ(Pending(t), 0);
   EXPECT_VALID(*t);
 }
@@ -145,12 +143,8 @@ TEST(EventPoolTest, AFailedRerecordChangesNothing) {
     SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
     CountEvents(hooks, &counts);
     const Stream side = NewStream(*t);
+    FreeUsedOn(t, side);  // one event kept
     void* p = t->allocate(4096);
-    t->record_stream(p, side);
-    t->free(p);
-    t->backend().synchronize_stream(side);
-    t->process_events();  // one event kept
-    p = t->allocate(4096);
     t->record_stream(p, side);
     t.sim->set_event_failure_injection(1);
     EXPECT_THROW(t->free(p), std::runtime_error);
