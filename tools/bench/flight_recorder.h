@@ -1,5 +1,6 @@
 // tools/bench/flight_recorder.h: the flight recorder's cost, for devmem-bench
-// (flight_recorder_overhead_ratio = recorded_ns / plain_ns; target <= 1.15).
+// (flight_recorder_overhead_ratio: the median ratio of alternated recorded and plain
+// passes; target <= 1.15).
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,8 @@ namespace devmem::devbench {
 struct FlightFigures {
   double plain_ns = 0;     // median ns per cache-hit pair, no observer
   double recorded_ns = 0;  // the same with a flight recorder attached
+  double ratio = 0;        // median over alternated pass pairs of recorded / plain
+  double minor_faults_per_pass = 0;  // of the recorded passes (getrusage)
   int64_t timed_segment_allocs = 0;  // must be 0: every timed pair hit the cache
 };
 
