@@ -127,13 +127,12 @@ class FlightDevice final : public AllocatorObserver {
   // shared lane, whose writers hold `mu`.
   // The lane's share of one site, current after every event, in this process's memory
   // (the file's entry is its copy as of the lane's last checkpoint).
-  // (The count is allocs - frees: an alloc and a free each change two words, apart, so
-  // that GCC does not pack them into one vector add, which cost 5 instructions more.)
+  // (The count is allocs - frees, each counted apart: an event adds 1 to the one its
+  // action indexes.)
   struct SiteShare {
     int64_t bytes = 0;
     uint64_t epoch = 0;  // the lane's epoch it was last listed dirty in (0: never seen)
-    uint64_t allocs = 0;
-    uint64_t frees = 0;
+    uint64_t counts[2] = {0, 0};  // [kAlloc]: allocations, [kFree]: frees
   };
   struct FreeDeleter {
     void operator()(void* p) const { std::free(p); }
@@ -165,10 +164,15 @@ class FlightDevice final : public AllocatorObserver {
   // The thread's first event in this recorder (takes its lane), or an event into the
   // shared lane.
   [[gnu::noinline]] void RecordSlow(const AllocEvent& e);
-  // The rare ends of an event (a mask of kEnd*): its lane's new peak, the checkpoint,
-  // a segment event's stats, the site's name.
-  static constexpr uint32_t kEndPeak = 1, kEndCheckpoint = 2, kEndCold = 4, kEndName = 8;
-  [[gnu::noinline]] void Finish(Lane& lane, const AllocEvent& e, uint64_t seq, uint32_t ends);
+  // An alloc's or a free's change to the lane's share of its site and to the lane's
+  // live bytes (and peak, when it rises). `action` is 0 (alloc) or 1 (free).
+  [[gnu::always_inline]] inline void Add(Lane& lane, SiteShare& share, uint8_t action,
+                                         size_t size, uint64_t seq);
+  // The rare ends of an event, out of line: the lane's first event of share `i` in
+  // this epoch (lists it for the checkpoint, names a site new to the lane), and an
+  // event that is a checkpoint's or not an alloc or free (a segment event's stats).
+  [[gnu::noinline]] void List(Lane& lane, uint32_t i, const AllocEvent& e, uint64_t seq);
+  [[gnu::noinline]] void Finish(Lane& lane, const AllocEvent& e, uint64_t seq);
   // Copies the listed shares into their file entries as of event `seq` (the lane's
   // newest), then starts a new epoch (flight_record_format.h, "Checkpoints").
   void Checkpoint(Lane& lane, uint64_t seq);
@@ -176,7 +180,7 @@ class FlightDevice final : public AllocatorObserver {
   // Every lane's checkpoint, at the recorder's destruction (no writer left: see
   // "Lifetime"), so that a record closed cleanly has its entries current.
   void CheckpointAll();
-  void WritePeak(Lane& lane, uint64_t seq);
+  [[gnu::noinline]] void WritePeak(Lane& lane, uint64_t seq);
   // A segment event's stats (under the device lock, see the file comment).
   [[gnu::noinline]] void RecordCold(const AllocEvent& e);
   void WriteCold(uint64_t seq);
