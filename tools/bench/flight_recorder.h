@@ -16,6 +16,7 @@ struct FlightFigures {
   double plain_ns = 0;     // median ns per cache-hit pair, no observer
   double recorded_ns = 0;  // the same with a flight recorder attached
   double ratio = 0;        // median over alternated pass pairs of recorded / plain
+  double fastest_ratio = 0;  // the fastest recorded pass over the fastest plain one
   double minor_faults_per_pass = 0;  // of the recorded passes (getrusage)
   int64_t timed_segment_allocs = 0;  // must be 0: every timed pair hit the cache
 };

@@ -201,8 +201,10 @@ int Main(int argc, char** argv) {
       return 1;
     }
     std::printf("flight_plain_pair_ns %.2f\nflight_recorded_pair_ns %.2f\n"
-                "flight_minor_faults_per_pass %.2f\nflight_recorder_overhead_ratio %.3f\n",
-                f->plain_ns, f->recorded_ns, f->minor_faults_per_pass, f->ratio);
+                "flight_minor_faults_per_pass %.2f\nflight_fastest_ratio %.3f\n"
+                "flight_recorder_overhead_ratio %.3f\n",
+                f->plain_ns, f->recorded_ns, f->minor_faults_per_pass, f->fastest_ratio,
+                f->ratio);
     return f->timed_segment_allocs == 0 ? 0 : 1;
   }
   // The shipped path: the runtime, as a program gets it, on the sim device.
