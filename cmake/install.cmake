@@ -21,10 +21,12 @@ set(DEVMEM_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/devmem)
 
 # The include root as a usage requirement: devmem's own directories add it with
 # include_directories(), a consumer gets it through the targets. Both roots: headers
-# say "allocator/x.h", consumers may say <devmem/allocator/x.h>.
+# say "allocator/x.h", consumers may say <devmem/allocator/x.h>. In the build tree the
+# generated root (devmem/devmem_version.h) is devmem::devmem's and devmem::capi's, not
+# the libraries' own: they do not include from it, and their compile lines stay free
+# of the binary directory (top-level CMakeLists.txt says why).
 target_include_directories(devmem_allocator PUBLIC
   $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>
-  $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>
   $<INSTALL_INTERFACE:${DEVMEM_INSTALL_INCLUDEDIR}>
   $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 
@@ -41,6 +43,8 @@ target_include_directories(devmem_capi INTERFACE
 
 # devmem::devmem: an interface target over the static libraries.
 add_library(devmem_devmem INTERFACE)
+target_include_directories(devmem_devmem INTERFACE
+  $<BUILD_INTERFACE:${PROJECT_BINARY_DIR}/include>)
 set(devmem_libs devmem_allocator devmem_runtime)
 if(TARGET devmem_tensor)
   list(APPEND devmem_libs devmem_tensor)

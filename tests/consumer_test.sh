@@ -18,10 +18,19 @@
 #              the objects the main build just compiled (under BUILD_DIR,
 #              "../../allocator/x.cc" missed every one of them, and every change to a
 #              header compiled the libraries a second time: minutes on a loaded
-#              machine, past the test's timeout).
+#              machine, past the test's timeout). The libraries' compile lines are
+#              then the main build's word for word (their include paths leave out the
+#              binary directory: top-level CMakeLists.txt), so ccache's direct mode
+#              hits without running the preprocessor; only the consumer's two sources
+#              and capi/devmem.cc (it includes the generated devmem_version.h, whose
+#              path differs) compile when they changed. CCACHE_BASEDIR and
+#              CCACHE_NOHASHDIR default to scripts/build.sh's (the source tree, and
+#              no working directory in the hash), so that a plain `ctest` finds the
+#              objects too: with absolute paths every one missed.
 set -euo pipefail
 mode=$1 src=$2 build=$3 launcher=${4:-}
 export DEVMEM_CONF=backend:sim,sim_capacity:64MiB
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$src} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 launch=()

@@ -86,9 +86,11 @@ void WarmUp(Pass pass, Segments segments) {
   }
 }
 
-// TimePairs timed in the calling thread's CPU time (ThreadCpuNs). For ratios of two
-// variants on a loaded machine, compare their fastest passes: wall-clock medians of
-// passes of a few milliseconds measure preemption there (see flight_recorder.cc).
+// TimePairs timed in the calling thread's CPU time (ThreadCpuNs): on a loaded machine
+// wall-clock passes of a few milliseconds measure preemption. For a ratio of two
+// variants, alternate their passes within the run, then compare: the median of each
+// pass over the one before it (flight_recorder.cc), or the fastest of each
+// (FastestAlternating, below).
 template <typename Alloc, typename Free>
 double CpuTimePairs(const std::vector<size_t>& sizes, Alloc alloc, Free free_fn) {
   const int64_t start = ThreadCpuNs();
