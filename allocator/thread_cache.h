@@ -244,9 +244,12 @@ class ThreadCache {
 #endif
   const ThreadCacheLimits limits_;
   Slot slots_[kSlots];
+  // bytes_ and blocks_ are not neighbours (tick_ between them): a hit changes both, and
+  // adjacent, GCC's SLP vectorizer made pop's two subtractions a vector load, shuffle,
+  // arithmetic and store, with a constant from memory (about 9 instructions, not 2).
   size_t bytes_ = 0;   // in bins
-  size_t blocks_ = 0;  // in bins
   uint64_t tick_ = 0;
+  size_t blocks_ = 0;  // in bins
   size_t flush_cursor_ = 0;  // the bin a flush starts at (rotates)
   size_t site_windows_ = 0;  // counters_.sites.size(), set by reserve_site
   CacheCounters counters_;
