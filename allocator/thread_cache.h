@@ -231,7 +231,7 @@ class ThreadCache {
   void mark(SiteId site, SiteWindow& w) {
     if (!w.dirty) {
       w.dirty = true;
-      counters_.dirty.push_back(site);  // capacity reserved: never reallocates
+      counters_.dirty.push(site);  // room reserved (reserve_site): no call
     }
   }
 
