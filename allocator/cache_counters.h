@@ -36,6 +36,9 @@ struct WindowCounter {
     down += n;
     if (up - down < lo) lo = up - down;
   }
+  // sub() for a counter whose negation no stat follows, so whose `lo` is never read
+  // (requested: pool_accounting.cc applies it with sign +1 only); it stays 0.
+  void sub_untracked(int64_t n) { down += n; }
   bool empty() const { return up == 0 && down == 0; }
 };
 
@@ -83,7 +86,7 @@ struct CacheCounters {
   // (DeviceStats::cache_hits) and its `down` the user frees it took (num_frees): a hit
   // adds or takes exactly one block, so no separate counters are kept for those.
   WindowCounter count;
-  WindowCounter requested;  // requested bytes
+  WindowCounter requested;  // requested bytes (taken with sub_untracked: no `lo`)
   // On lines of their own (cache_line.h): the owner writes them on every hit.
   LineVector<SiteWindow> sites;  // by SiteId; grown under the device lock only
   DirtySites dirty;              // sites touched in this window (room reserved)

@@ -202,7 +202,7 @@ class ThreadCache {
   [[gnu::always_inline]] void count_free(const Block* b) {
     counters_.bytes.sub(static_cast<int64_t>(b->size));
     counters_.count.sub(1);
-    counters_.requested.sub(static_cast<int64_t>(b->requested));
+    counters_.requested.sub_untracked(static_cast<int64_t>(b->requested));
     SiteWindow& w = counters_.sites[b->site];
     w.live_bytes -= static_cast<int64_t>(b->size);
     w.live_count -= 1;
