@@ -36,6 +36,11 @@ inline void Emit(AllocatorObserver* observer, const AllocEvent& event) {
   // 1 .. max_size (max_size 0: caches off; requested 0 wraps around). Not while a
   // private pool is allocated to: routing to it happens under the lock.
   if (requested - 1 < cache_limits_.max_size && !allocating_to_pools()) {
+    // Read before the cache is looked up: with no ticker running it is a call, and a
+    // call anywhere between the lookup and the hit's end made GCC keep the cache and
+    // the block on the stack throughout (about 20 instructions a hit). A reading a few
+    // instructions early is as good (coarse_clock.h: never later than the call).
+    const int64_t now = PublishedCoarseNowNs();
     ThreadCache* tc = tcache::Find(pool_id_);
     if (tc == nullptr) [[unlikely]] return allocate_without_cache(requested, stream, site);
     if (!tc->begin_op()) [[unlikely]] return cache_allocate_slow(tc, requested, stream, site);
@@ -49,7 +54,7 @@ inline void Emit(AllocatorObserver* observer, const AllocEvent& event) {
           b->state = BlockState::kAllocated;
           b->requested = requested;
           b->site = site;
-          b->alloc_time_ns = PublishedCoarseNowNs();  // a load (coarse_clock.h)
+          b->alloc_time_ns = now;
           tc->count_alloc(b);
           const AllocEvent event = front_internal::HitEvent(AllocAction::kAlloc, device_, b);
           tc->end_op();

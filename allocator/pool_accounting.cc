@@ -41,6 +41,7 @@ absl::Status CompareStat(const char* name, const StatArray& stat,
 // `sign` +1 the stat follows the window's running total (allocated, active,
 // requested); with -1 its negation (thread_cached). The peak moves to the window's
 // highest point above the current value, as if each change had been applied in turn.
+// A window applied with -1 must have been taken with WindowCounter::sub (its `lo`).
 void ApplyWindow(StatArray& a, const WindowCounter& w, int sign) {
   const int64_t up = sign > 0 ? w.up : w.down;
   const int64_t down = sign > 0 ? w.down : w.up;

@@ -187,6 +187,10 @@ void SizeHistogram::record_slow(DeviceId device, size_t requested) {
   tls_last = LastCounts{id_, device, &counts};
 }
 
+void SizeHistogram::record_event_slow(const AllocEvent& event) {
+  record_slow(event.device, event.requested);
+}
+
 std::vector<SizeHistogram::Counts> SizeHistogram::counts() const {
   std::vector<Counts> out;
   MutexLock lock(&mu_);

@@ -97,6 +97,26 @@ TEST(HitPathLinesTest, AThreadCachesArraysOwnTheirLines) {
   }
 }
 
+TEST(HitPathLinesTest, DirtySitesListsWhatWasPushedAcrossGrowth) {
+  // A hit lists a site with a plain store (no growth on the hit path, see
+  // cache_counters.h): the room reserved under the lock must keep what was listed.
+  DirtySites d;
+  d.reserve(2);
+  d.push(7);
+  d.push(3);
+  d.reserve(300);  // grows with two listed
+  d.reserve(10);   // never shrinks
+  for (SiteId id = 100; id < 110; ++id) d.push(id);
+  std::vector<SiteId> listed(d.begin(), d.end());
+  std::vector<SiteId> want = {7, 3};
+  for (SiteId id = 100; id < 110; ++id) want.push_back(id);
+  EXPECT_EQ(listed, want);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(d.data()) % kLine, 0u);
+  d.clear();
+  EXPECT_TRUE(d.empty());
+  EXPECT_EQ(d.begin(), d.end());
+}
+
 TEST(HitPathLinesTest, LineVectorsStartALineAtAnySize) {
   // Small arrays too: a heap's 48-byte class puts most of them off a line boundary.
   std::vector<LineVector<ThreadCache::Bin>> arrays;

@@ -9,11 +9,13 @@
 #include <condition_variable>
 #include <future>
 #include <latch>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -718,6 +720,54 @@ AllocEvent AllocOf(DeviceId device, size_t requested) {
   e.device = device;
   e.requested = requested;
   return e;
+}
+
+TEST(SizeHistogramTest, OnEventCountsAsRecordDoesOnEveryPath) {
+  // on_event has a fast path of its own beside record()'s (size_histogram.h). Events
+  // that alternate between histograms and devices take each one's slow path, repeats
+  // its fast path; every request must land exactly once, in its bucket and its sum.
+  SizeHistogram a, b;
+  const DeviceId sim0{DeviceType::kSim, 0};
+  const DeviceId sim1{DeviceType::kSim, 1};
+  const size_t sizes[] = {0, 1, 512, 513, 3000, kMiB + 1, (size_t{1} << 40) + 1};
+  using Key = std::pair<const SizeHistogram*, DeviceId>;
+  std::map<Key, SizeHistogram::Counts> want;
+  auto count = [&](SizeHistogram& h, DeviceId device, size_t requested, bool as_event) {
+    if (as_event) {
+      h.on_event(AllocOf(device, requested));
+    } else {
+      h.record(device, requested);
+    }
+    SizeHistogram::Counts& w = want[Key{&h, device}];
+    w.device = device;
+    ++w.buckets[static_cast<size_t>(SizeHistogram::BucketOf(requested))];
+    ++w.count;
+    w.sum_bytes += requested;
+  };
+  for (const size_t n : sizes) {
+    count(a, sim0, n, true);   // slow (the thread last counted elsewhere)
+    count(a, sim0, n, true);   // fast
+    count(a, sim1, n, false);  // slow
+    count(a, sim1, n, true);   // fast
+    count(b, sim1, n, true);   // slow: another histogram
+    count(a, sim1, n, true);   // slow again
+    count(b, sim0, n, false);  // slow
+    count(b, sim0, n, false);  // fast
+  }
+  AllocEvent free_event = AllocOf(sim0, 4096);
+  free_event.action = AllocAction::kFree;  // ignored on either path
+  a.on_event(free_event);
+  b.on_event(free_event);
+  for (const SizeHistogram* h : {&a, &b}) {
+    const std::vector<SizeHistogram::Counts> counts = h->counts();
+    ASSERT_EQ(counts.size(), 2u);
+    for (const SizeHistogram::Counts& c : counts) {
+      const SizeHistogram::Counts& w = want[Key{h, c.device}];
+      EXPECT_EQ(c.buckets, w.buckets) << c.device.ToString();
+      EXPECT_EQ(c.count, w.count) << c.device.ToString();
+      EXPECT_EQ(c.sum_bytes, w.sum_bytes) << c.device.ToString();
+    }
+  }
 }
 
 TEST(SizeHistogramTest, CountsAddUpAcrossThreads) {

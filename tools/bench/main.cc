@@ -34,7 +34,8 @@
 // A window of kLive allocations stays live in every pair loop (allocate the next, free
 // the oldest). Each figure is the median of kRepetitions passes after a warm-up; devmem
 // and the host allocators are interleaved per pass so that drift in machine load hits
-// both alike. Absolute numbers depend on the machine; the ratios and the instruction
+// both alike (the shipped pair and its mimalloc and jemalloc figures: 3 * kRepetitions
+// passes each, in thread CPU time, see shipped_path.h). Absolute numbers depend on the machine; the ratios and the instruction
 // count are what to compare.
 // Exit status: 0; 1 when a segment was allocated while timing cache-hit pairs (the
 // figures are printed, then a message); 2 bad arguments or a malformed DEVMEM_CONF

@@ -41,7 +41,8 @@ struct ShippedPairFigures {
 };
 
 // `sizes` through `alloc` (sites from Sites() in rotation), mimalloc and jemalloc,
-// interleaved per pass.
+// alternating pass by pass (3 * kRepetitions passes each), each pass in the calling
+// thread's CPU time (CpuTimePairs); each figure is the median of its passes.
 ShippedPairFigures MeasureShippedPairs(CachingAllocator& alloc, const std::vector<size_t>& sizes);
 
 // ns to create and destroy `empty({64})` on sim:0 through the tensor layer.
