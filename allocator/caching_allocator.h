@@ -221,11 +221,12 @@ class CachingAllocator {
   absl::Status enable_peer_access(int peer);
 
   // True once a driver error poisoned this allocator (allocator/errors.h): allocate,
-  // free, record_stream, release_stream, empty_cache, trim and process_events then
-  // throw DriverError naming the call and the first driver error, and change
-  // nothing; stats(), snapshot(), validate() and the other readers still answer.
-  // Never cleared: the device's context is broken (a sticky error) and the process
-  // must start again.
+  // free, record_stream, release_stream, release_pool, empty_cache, trim,
+  // process_events and enable_peer_access then throw DriverError naming the call and
+  // the first driver error, and change nothing; stats(), snapshot(), validate() and
+  // the other readers still answer. end_allocate_to_pool is not refused (a capture's
+  // bookkeeping must end) but makes no driver call. Never cleared: the device's
+  // context is broken (a sticky error) and the process must start again.
   bool poisoned() const;
 
   DeviceId device() const;

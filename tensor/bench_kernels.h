@@ -14,11 +14,14 @@
 //
 // What bounds tensor_copy_ns: a copy is one relaxed atomic increment, a destroy one
 // acq_rel decrement (the copied-from handle keeps the count above 1, so the unique-owner
-// fast path does not apply), plus ~130 bytes of inline metadata. The two locked
-// read-modify-writes dominate: on the 2-core AMD EPYC VM this was written on, a bare
-// uncontended atomic increment+decrement pair costs ~9.5 ns of CPU time, and the handle
-// copy ~10-11 ns. The figure is therefore at the target only on CPUs with cheap locked
-// instructions, and it is sensitive to load (wall-clock time includes preemption).
+// fast path does not apply), plus ~130 bytes of inline metadata (60 instructions an
+// iteration in all). The two locked read-modify-writes dominate: on the 2-core AMD
+// EPYC VM this was written on, a bare uncontended atomic increment+decrement pair cost
+// ~9.5 ns of CPU time and the handle copy ~10-11 ns; since the VM changed (2026-12-01)
+// the pair costs 11.0-11.7 ns (~5.6 ns, some 20 cycles, a locked instruction) and the
+// copy ~1.15x that, whichever build runs. The figure is therefore at the target only on
+// CPUs with cheap locked instructions, and it is sensitive to load (wall-clock time
+// includes preemption).
 #pragma once
 
 #include <cstdint>

@@ -63,6 +63,21 @@ void WriteAll(const std::string& path, const std::string& bytes) {
   out << bytes;
 }
 
+// Recomputes the header's check over the bytes before it, as a crafted file would, so
+// that a changed header field reaches the reader's checks of that field.
+void FixHeaderCheck(std::string& bytes) {
+  const uint64_t check = flight::FlightCheckBytes(
+      0, reinterpret_cast<const unsigned char*>(bytes.data()), flight::header::kCheck);
+  std::memcpy(&bytes[flight::header::kCheck], &check, 8);
+}
+
+// `bytes` with the 4-byte header field at `offset` set to `value`, its check fixed up.
+std::string WithHeaderField(std::string bytes, size_t offset, uint32_t value) {
+  std::memcpy(&bytes[offset], &value, 4);
+  FixHeaderCheck(bytes);
+  return bytes;
+}
+
 // Small regions, so that a test's file is a few hundred KiB. Site ids are the
 // process's (allocator/site.h): run with the whole binary, the tests before this one
 // have interned many, and ids past the last slot share it ("the rest"), so the site
@@ -727,33 +742,16 @@ TEST(FlightRecorderTest, TruncatedAndMalformedFilesAreErrorsNamingFileAndOffset)
   }
   // A header whose counts are out of range (its check fixed up, as a crafted file
   // would): refused by field, never used to compute offsets.
-  std::string bad = clean;
-  const uint32_t ring = 100;  // not a power of two
-  std::memcpy(&bad[flight::header::kRingSlots], &ring, 4);
-  const uint64_t check = flight::FlightCheckBytes(
-      0, reinterpret_cast<const unsigned char*>(bad.data()), flight::header::kCheck);
-  std::memcpy(&bad[flight::header::kCheck], &check, 8);
-  absl::StatusOr<FlightRecord> r = ParseFlightRecord(bad, path);
+  absl::StatusOr<FlightRecord> r = ParseFlightRecord(
+      WithHeaderField(clean, flight::header::kRingSlots, 100), path);  // not a power of two
   ASSERT_FALSE(r.ok());
   EXPECT_CONTAINS(r.status().message(), "offset 28: field ring_slots: 100 is out of range");
-  bad = clean;
-  const uint32_t lanes = 65;
-  std::memcpy(&bad[flight::header::kLaneSlots], &lanes, 4);
-  const uint64_t check2 = flight::FlightCheckBytes(
-      0, reinterpret_cast<const unsigned char*>(bad.data()), flight::header::kCheck);
-  std::memcpy(&bad[flight::header::kCheck], &check2, 8);
-  r = ParseFlightRecord(bad, path);
+  r = ParseFlightRecord(WithHeaderField(clean, flight::header::kLaneSlots, 65), path);
   ASSERT_FALSE(r.ok());
   EXPECT_CONTAINS(r.status().message(), path + ": offset 88: field lane_slots: 65 is out of range");
   // Version 2 (entries current after every event, the same layout) is read by version
   // 3's rule.
-  bad = clean;
-  const uint32_t v2 = 2;
-  std::memcpy(&bad[flight::header::kVersion], &v2, 4);
-  const uint64_t check3 = flight::FlightCheckBytes(
-      0, reinterpret_cast<const unsigned char*>(bad.data()), flight::header::kCheck);
-  std::memcpy(&bad[flight::header::kCheck], &check3, 8);
-  r = ParseFlightRecord(bad, path);
+  r = ParseFlightRecord(WithHeaderField(clean, flight::header::kVersion, 2), path);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->version, 2u);
   EXPECT_FALSE(ReadFlightRecord(dir / "missing.flight").ok());
@@ -779,11 +777,6 @@ TEST(FlightRecorderTest, AbsurdClockAnchorsGiveClampedTimesNotOverflow) {
   const std::string clean = ReadAll(path);
   const flight::Layout layout = LayoutOf(o);
   auto put = [](std::string& b, size_t at, uint64_t v) { std::memcpy(&b[at], &v, 8); };
-  auto fix_header = [&](std::string& b) {
-    put(b, flight::header::kCheck,
-        flight::FlightCheckBytes(0, reinterpret_cast<const unsigned char*>(b.data()),
-                                 flight::header::kCheck));
-  };
   const uint32_t tsc = flight::kFlagTsc;
   const size_t clk = layout.device_offset(0) + flight::device::kClock;
 
@@ -794,7 +787,7 @@ TEST(FlightRecorderTest, AbsurdClockAnchorsGiveClampedTimesNotOverflow) {
   put(low, flight::header::kTick0, static_cast<uint64_t>(INT64_MIN + 1));
   put(low, flight::header::kNs0, 0);
   std::memset(&low[clk], 0, 2 * flight::kRecordBytes);
-  fix_header(low);
+  FixHeaderCheck(low);
   absl::StatusOr<FlightRecord> r = ParseFlightRecord(low, path);
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->devices.size(), 1u);
@@ -808,7 +801,7 @@ TEST(FlightRecorderTest, AbsurdClockAnchorsGiveClampedTimesNotOverflow) {
   std::memcpy(&rate[flight::header::kFlags], &tsc, 4);
   put(rate, flight::header::kTick0, 0);
   put(rate, flight::header::kNs0, static_cast<uint64_t>(INT64_MIN + 1));
-  fix_header(rate);
+  FixHeaderCheck(rate);
   std::memset(&rate[clk], 0, 2 * flight::kRecordBytes);  // the writer's own points gone
   const uint64_t seq = 1, tick = 1'000'000, ns = static_cast<uint64_t>(INT64_MAX - 1);
   put(rate, clk, seq);

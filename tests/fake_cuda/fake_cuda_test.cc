@@ -16,7 +16,7 @@
 //   FakeCudaPinnedHostTest the cpu_pinned backend (cudaHostAlloc) under the caching
 //                          allocator: host-touchable memory, and reuse gated on the
 //                          events of the GPU streams that used a block (record_stream);
-//                          PinnedHostWithoutADevice (in fake_cuda.no_device): plain
+//                          PinnedHostWithoutADevice (a child process with no device): plain
 //                          host memory with a one-line message.
 //   FakeCudaSelfTest       the fake's own checks fire (misuse aborts, leaks fail the
 //                          process, device memory is not host memory).
@@ -742,20 +742,29 @@ TEST(FakeCudaPinnedHostTest, TheFactoryGivesCudaPinnedMemoryWhereThereIsADevice)
   b->free_segment(*p, 4096);
 }
 
-// Run by fake_cuda.no_device (DEVMEM_FAKE_CUDA_DEVICES=0): no GPU, so cpu_pinned is
-// plain host memory, and says so in one line.
+// No GPU (DEVMEM_FAKE_CUDA_DEVICES=0): cpu_pinned is plain host memory, and says so in
+// one line. In a child process (InChild: a fresh exec of this binary), because the
+// fake reads its device count once per process, at the first CUDA call: in a process
+// where any earlier case had called it, the fake has its two default devices whatever
+// the variable says, and MakePinnedHostBackend gives cudaHostAlloc memory. ctest runs
+// it in fake_cuda.no_device, which sets the variable for the whole process; here it is
+// set for the child either way.
 TEST(PinnedHostWithoutADevice, IsPlainHostMemoryWithAMessage) {
-  testing::internal::CaptureStderr();
-  std::unique_ptr<Backend> b = MakePinnedHostBackend();
-  const std::string err = testing::internal::GetCapturedStderr();
-  EXPECT_TRUE(absl::StrContains(err, "devmem: cpu_pinned is plain host memory here (")) << err;
-  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
-  EXPECT_EQ(b->device(), (DeviceId{DeviceType::kCpuPinned, 0}));
-  absl::StatusOr<void*> p = b->allocate_segment(4096);
-  ASSERT_TRUE(p.ok()) << p.status();
-  std::memset(*p, 1, 4096);
-  b->free_segment(*p, 4096);
-  EXPECT_EQ(Live("pinned"), 0u);
+  ScopedEnv no_device("DEVMEM_FAKE_CUDA_DEVICES", "0");
+  fake_cuda_test::InChild([] {
+    testing::internal::CaptureStderr();
+    std::unique_ptr<Backend> b = MakePinnedHostBackend();
+    const std::string err = testing::internal::GetCapturedStderr();
+    EXPECT_TRUE(absl::StrContains(err, "devmem: cpu_pinned is plain host memory here ("))
+        << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_EQ(b->device(), (DeviceId{DeviceType::kCpuPinned, 0}));
+    absl::StatusOr<void*> p = b->allocate_segment(4096);
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::memset(*p, 1, 4096);
+    b->free_segment(*p, 4096);
+    EXPECT_EQ(Live("pinned"), 0u);
+  });
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -55,18 +56,28 @@ Fn DriverFn(const char* name) {
 inline size_t Live(const char* what) { return devmem_fake_cuda_live(what); }
 
 // Sets an environment variable for the scope (the fake reads DEVMEM_FAKE_CUDA_FAIL,
-// _NO_VMM, _NO_PEER, _MISSING ... at every call).
+// _NO_VMM, _NO_PEER, _MISSING ... at every call), and puts back the value it had
+// before (or unsets it), so that a case leaves the process's environment as it found
+// it: ctest sets some of these variables for a whole run (fake_cuda.no_device).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) before_ = before;
     ::setenv(name, value, /*overwrite=*/1);
   }
-  ~ScopedEnv() { ::unsetenv(name_); }
+  ~ScopedEnv() {
+    if (before_) {
+      ::setenv(name_, before_->c_str(), /*overwrite=*/1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;
 
  private:
   const char* name_;
+  std::optional<std::string> before_;
 };
 
 // The CUDA backend of fake device `index`; null (and a failed expectation) if it
