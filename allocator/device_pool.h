@@ -77,6 +77,7 @@
 #include "allocator/regular_segments.h"
 #include "allocator/segment_table.h"
 #include "allocator/snapshot.h"
+#include "allocator/snapshot_walk.h"
 #include "allocator/stats.h"
 #include "allocator/thread_cache.h"
 
@@ -370,6 +371,12 @@ class DevicePool {
   mutable std::atomic<int64_t> snapshot_lock_max_ns_{0};
   mutable std::atomic<int64_t> snapshot_lock_last_cpu_ns_{0};
   mutable std::atomic<int64_t> snapshot_lock_max_cpu_ns_{0};
+  // The snapshots' copy arrays, kept between snapshots so that their pages are not
+  // faulted in again each time (allocator/snapshot_walk.h): one snapshot takes the
+  // object, gives it back when done; a concurrent one makes its own. A leaf lock, never
+  // held with mu_.
+  mutable Mutex kept_walk_mu_;
+  mutable std::unique_ptr<SnapshotWalk> kept_walk_ ABSL_GUARDED_BY(kept_walk_mu_);
 
   // Poisoning: the first driver error's message, written once (poison_once_) before
   // poisoned_ is set, read only after it is.

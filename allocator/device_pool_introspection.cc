@@ -75,7 +75,13 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   snap.mem_info = backend_->mem_info();
   size_t segment_hint = 0;
   size_t block_hint = 0;
-  SnapshotWalk walk;
+  std::unique_ptr<SnapshotWalk> kept;
+  {
+    MutexLock lock(&kept_walk_mu_);
+    kept = std::move(kept_walk_);
+  }
+  if (kept == nullptr) kept = std::make_unique<SnapshotWalk>();
+  SnapshotWalk& walk = *kept;
   {
     MutexLock lock(&mu_);
     segment_hint = segments_.size();
@@ -88,7 +94,8 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   const size_t segment_room = segment_hint + segment_hint / 8 + 16;
   walk.reserve(block_hint + block_hint / 16 + segment_hint + 256, segment_room);
   walk.prefetch();  // the Blocks' lines, before the hold that reads them
-  snap.segments.reserve(segment_room);
+  snap.segments.resize(segment_room);  // touched now, not first under the lock
+  snap.segments.clear();
   {
     MutexLock lock(&mu_);
     const int64_t locked_ns = NowNs();
@@ -119,6 +126,10 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   std::vector<std::vector<BlockInfo>> blocks = walk.take();
   for (size_t i = 0; i < snap.segments.size(); ++i) {
     snap.segments[i].blocks = std::move(blocks[i]);
+  }
+  {
+    MutexLock lock(&kept_walk_mu_);
+    kept_walk_ = std::move(kept);  // empty again (take()); a concurrent one's, if any, goes
   }
   return snap;
 }

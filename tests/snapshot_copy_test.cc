@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -81,6 +84,74 @@ TEST(SnapshotCopy, ALongListComesBackWholeInAddressOrder) {
   for (void* p : ptrs) {
     if (p != nullptr) t->free(p);
   }
+}
+
+// A snapshot is what the pool held at one moment, even while other threads allocate
+// and free (through their thread caches and the pool) and other snapshots are taken at
+// the same time (each pool keeps one walk object between snapshots: a concurrent one
+// makes its own): its blocks tile its segments, and they add up to the statistics read
+// in the same hold.
+TEST(SnapshotCopy, SnapshotsTakenWhileOtherThreadsAllocateAreConsistentCuts) {
+  auto t = MakeSimAllocator("expandable_segments:false");
+  std::atomic<int> snapshotters_left{2};
+  auto churn = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<void*> live;
+    while (snapshotters_left.load() > 0) {
+      if (live.size() < 300 && rng() % 3 != 0) {
+        live.push_back(t->allocate(512 * (1 + rng() % 64)));
+      } else if (!live.empty()) {
+        const size_t i = rng() % live.size();
+        t->free(live[i]);
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    for (void* p : live) t->free(p);
+  };
+  std::vector<std::string> failures[2];
+  auto snapshots = [&](int who) {
+    for (int i = 0; i < 40; ++i) {
+      const AllocatorSnapshot snap = t->snapshot();
+      int64_t allocated = 0, allocated_bytes = 0, bytes = 0;
+      for (const SegmentInfo& s : snap.segments) {
+        for (const BlockInfo& b : s.blocks) {
+          bytes += static_cast<int64_t>(b.size);
+          if (b.state == BlockState::kAllocated) {
+            ++allocated;
+            allocated_bytes += static_cast<int64_t>(b.size);
+          }
+        }
+      }
+      const std::string what = "snapshot " + std::to_string(i) + " of thread " +
+                               std::to_string(who);
+      if (!testutil::SnapshotWellFormed(snap)) failures[who].push_back(what + ": ill formed");
+      if (allocated != snap.stats.allocation[kAggregatePool].current ||
+          allocated_bytes != snap.stats.allocated_bytes[kAggregatePool].current ||
+          bytes != snap.stats.reserved_bytes[kAggregatePool].current) {
+        failures[who].push_back(what + ": blocks " + std::to_string(allocated) + " (" +
+                                std::to_string(allocated_bytes) + " B of " +
+                                std::to_string(bytes) + ") against the stats' " +
+                                std::to_string(snap.stats.allocation[kAggregatePool].current) +
+                                " (" +
+                                std::to_string(snap.stats.allocated_bytes[kAggregatePool].current) +
+                                " B of " +
+                                std::to_string(snap.stats.reserved_bytes[kAggregatePool].current) +
+                                ")");
+      }
+    }
+    snapshotters_left.fetch_sub(1);
+  };
+  std::thread a(churn, 1), b(churn, 2), s0(snapshots, 0), s1(snapshots, 1);
+  s0.join();
+  s1.join();
+  a.join();
+  b.join();
+  for (const auto& f : failures) {
+    for (const std::string& m : f) ADD_FAILURE() << m;
+  }
+  EXPECT_GE(t->snapshot_lock_stats().snapshots, 80u);
+  EXPECT_VALID(*t);
 }
 
 TEST(SnapshotCopy, EachSnapshotRecordsItsLockHold) {
