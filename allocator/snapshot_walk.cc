@@ -2,6 +2,7 @@
 #include "allocator/snapshot_walk.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "allocator/block.h"
 #include "allocator/free_index.h"
@@ -49,6 +50,9 @@ void SnapshotWalk::reserve(size_t blocks, size_t segments) {
   // A kept copy array over 4x the room asked for is given back (the pool shrank).
   if (out_.size() > 4 * blocks) std::vector<Copied>().swap(out_);
   if (out_.size() < blocks) out_.resize(blocks);  // value-initialized: its pages touched now
+  // Written again now, kept or not: the walk's stores then find these lines in the
+  // caches instead of reading each from memory first under the lock.
+  std::memset(static_cast<void*>(out_.data()), 0, blocks * sizeof(Copied));
   ReserveTouched(segments_, segments);
   ReserveTouched(chains_, segments + kMaxEntries);
   ReserveTouched(chain_blocks_, segments + kMaxEntries);
