@@ -306,9 +306,9 @@ class DevicePool {
   size_t take_back_arena_chunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AllocatorSnapshot snapshot_impl(bool drain) const;
-  // Records one snapshot's device-lock hold (SnapshotLockStats), wall and CPU time;
-  // called under the lock.
-  void note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns) const;
+  // Records one snapshot's device-lock hold (SnapshotLockStats): wall and CPU time,
+  // and the page faults taken in it; called under the lock.
+  void note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns, int64_t faults) const;
 
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -371,6 +371,8 @@ class DevicePool {
   mutable std::atomic<int64_t> snapshot_lock_max_ns_{0};
   mutable std::atomic<int64_t> snapshot_lock_last_cpu_ns_{0};
   mutable std::atomic<int64_t> snapshot_lock_max_cpu_ns_{0};
+  mutable std::atomic<int64_t> snapshot_lock_last_faults_{0};
+  mutable std::atomic<int64_t> snapshot_lock_max_faults_{0};
   // The snapshots' copy arrays, kept between snapshots so that their pages are not
   // faulted in again each time (allocator/snapshot_walk.h): one snapshot takes the
   // object, gives it back when done; a concurrent one makes its own. A leaf lock, never

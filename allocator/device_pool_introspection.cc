@@ -100,6 +100,7 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
     MutexLock lock(&mu_);
     const int64_t locked_ns = NowNs();
     const int64_t locked_cpu_ns = ThreadCpuNowNs();
+    const int64_t locked_faults = ThreadFaults();
     if (drain) {
       drain_for_read_locked();  // no thread-cached block in a snapshot (snapshot.h)
     } else {
@@ -121,7 +122,8 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
       walk.add_segment(s);
     }
     walk.walk();
-    note_snapshot_lock_hold(NowNs() - locked_ns, ThreadCpuNowNs() - locked_cpu_ns);
+    note_snapshot_lock_hold(NowNs() - locked_ns, ThreadCpuNowNs() - locked_cpu_ns,
+                            ThreadFaults() - locked_faults);
   }
   std::vector<std::vector<BlockInfo>> blocks = walk.take();
   for (size_t i = 0; i < snap.segments.size(); ++i) {
@@ -141,6 +143,8 @@ SnapshotLockStats DevicePool::snapshot_lock_stats() const {
   s.max_ns = snapshot_lock_max_ns_.load(std::memory_order_relaxed);
   s.last_cpu_ns = snapshot_lock_last_cpu_ns_.load(std::memory_order_relaxed);
   s.max_cpu_ns = snapshot_lock_max_cpu_ns_.load(std::memory_order_relaxed);
+  s.last_faults = snapshot_lock_last_faults_.load(std::memory_order_relaxed);
+  s.max_faults = snapshot_lock_max_faults_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -152,12 +156,14 @@ void StoreMax(std::atomic<int64_t>& max, int64_t v) {
 }
 }  // namespace
 
-void DevicePool::note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns) const {
+void DevicePool::note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns, int64_t faults) const {
   snapshot_count_.fetch_add(1, std::memory_order_relaxed);
   snapshot_lock_last_ns_.store(ns, std::memory_order_relaxed);
   snapshot_lock_last_cpu_ns_.store(cpu_ns, std::memory_order_relaxed);
+  snapshot_lock_last_faults_.store(faults, std::memory_order_relaxed);
   StoreMax(snapshot_lock_max_ns_, ns);
   StoreMax(snapshot_lock_max_cpu_ns_, cpu_ns);
+  StoreMax(snapshot_lock_max_faults_, faults);
 }
 
 std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {

@@ -3,6 +3,9 @@
 // (the lists are walked in chains cut at allocated blocks: allocator/snapshot_walk.h),
 // and every snapshot records how long it held the device lock (SnapshotLockStats).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -166,13 +169,37 @@ TEST(SnapshotCopy, EachSnapshotRecordsItsLockHold) {
   EXPECT_EQ(one.max_ns, one.last_ns);
   EXPECT_GE(one.last_cpu_ns, 0);
   EXPECT_EQ(one.max_cpu_ns, one.last_cpu_ns);
+  EXPECT_GE(one.last_faults, 0);
+  EXPECT_EQ(one.max_faults, one.last_faults);
   (void)t->snapshot();
   const SnapshotLockStats two = t->snapshot_lock_stats();
   EXPECT_EQ(two.snapshots, 2u);
   EXPECT_GE(two.max_ns, two.last_ns);
   EXPECT_GE(two.max_ns, one.last_ns);
   EXPECT_GE(two.max_cpu_ns, one.last_cpu_ns);
+  EXPECT_GE(two.max_faults, std::max(one.last_faults, two.last_faults));
   for (void* p : ptrs) t->free(p);
+}
+
+// The hold's fault count (SnapshotLockStats::last_faults) is ThreadFaults() before
+// and after: it counts the calling thread's page faults, here 64 pages first touched.
+TEST(SnapshotCopy, ThreadFaultsCountsPagesFirstTouched) {
+#ifdef RUSAGE_THREAD
+  constexpr size_t kPages = 64;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, kPages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  const int64_t before = ThreadFaults();
+  for (size_t i = 0; i < kPages; ++i) static_cast<volatile char*>(m)[i * page] = 1;
+  const int64_t after = ThreadFaults();
+  munmap(m, kPages * page);
+  // One fault a page, or fewer where the kernel maps a huge page at once.
+  EXPECT_GT(after, before);
+  EXPECT_LE(after - before, static_cast<int64_t>(kPages) + 8);  // the test's own, at most
+#else
+  EXPECT_EQ(ThreadFaults(), 0);
+#endif
 }
 
 }  // namespace
