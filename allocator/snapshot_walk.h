@@ -45,11 +45,11 @@
 //
 // Reusable: take() leaves the object empty but keeps its arrays, their pages touched,
 // and the pool keeps the object between snapshots (DevicePool::snapshot_impl), so a
-// snapshot neither faults nor writes them in again. Why: at 10^5 blocks the copy's
-// array is 5.6 MB, and faulting it in (~1,460 pages) and writing it once before the
-// copy took ~2.3 ms of Runtime::snapshot's ~6.5 (the lock is not held then, but the
-// caller waits for it); the chains' arrays, reserved but first written under the lock,
-// faulted ~6 pages there. reserve() shrinks a kept array that is over 4x the room asked
+// snapshot does not fault them in again. Why: at 10^5 blocks the copy's array is 5.6
+// MB, and faulting it in (~1,460 pages) was most of ~2.3 ms of Runtime::snapshot's
+// ~6.5 (no lock held, but the caller waits); reserve() still writes it (~0.3 ms) so the
+// walk finds its lines in cache; the chains' arrays, reserved but first written under
+// the lock, faulted ~6 pages there. reserve() shrinks a kept array over 4x the room asked
 // for (a pool that held many more blocks once does not keep their copy's memory).
 #pragma once
 
