@@ -77,6 +77,7 @@
 #include "allocator/regular_segments.h"
 #include "allocator/segment_table.h"
 #include "allocator/snapshot.h"
+#include "allocator/snapshot_walk.h"
 #include "allocator/stats.h"
 #include "allocator/thread_cache.h"
 
@@ -305,9 +306,9 @@ class DevicePool {
   size_t take_back_arena_chunks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   AllocatorSnapshot snapshot_impl(bool drain) const;
-  // Records one snapshot's device-lock hold (SnapshotLockStats), wall and CPU time;
-  // called under the lock.
-  void note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns) const;
+  // Records one snapshot's device-lock hold (SnapshotLockStats): wall and CPU time,
+  // and the page faults taken in it; called under the lock.
+  void note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns, int64_t faults) const;
 
   // --- bookkeeping ---------------------------------------------------------------
   size_t memory_limit() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -370,6 +371,14 @@ class DevicePool {
   mutable std::atomic<int64_t> snapshot_lock_max_ns_{0};
   mutable std::atomic<int64_t> snapshot_lock_last_cpu_ns_{0};
   mutable std::atomic<int64_t> snapshot_lock_max_cpu_ns_{0};
+  mutable std::atomic<int64_t> snapshot_lock_last_faults_{0};
+  mutable std::atomic<int64_t> snapshot_lock_max_faults_{0};
+  // The snapshots' copy arrays, kept between snapshots so that their pages are not
+  // faulted in again each time (allocator/snapshot_walk.h): one snapshot takes the
+  // object, gives it back when done; a concurrent one makes its own. A leaf lock, never
+  // held with mu_.
+  mutable Mutex kept_walk_mu_;
+  mutable std::unique_ptr<SnapshotWalk> kept_walk_ ABSL_GUARDED_BY(kept_walk_mu_);
 
   // Poisoning: the first driver error's message, written once (poison_once_) before
   // poisoned_ is set, read only after it is.

@@ -75,7 +75,13 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   snap.mem_info = backend_->mem_info();
   size_t segment_hint = 0;
   size_t block_hint = 0;
-  SnapshotWalk walk;
+  std::unique_ptr<SnapshotWalk> kept;
+  {
+    MutexLock lock(&kept_walk_mu_);
+    kept = std::move(kept_walk_);
+  }
+  if (kept == nullptr) kept = std::make_unique<SnapshotWalk>();
+  SnapshotWalk& walk = *kept;
   {
     MutexLock lock(&mu_);
     segment_hint = segments_.size();
@@ -88,11 +94,13 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
   const size_t segment_room = segment_hint + segment_hint / 8 + 16;
   walk.reserve(block_hint + block_hint / 16 + segment_hint + 256, segment_room);
   walk.prefetch();  // the Blocks' lines, before the hold that reads them
-  snap.segments.reserve(segment_room);
+  snap.segments.resize(segment_room);  // touched now, not first under the lock
+  snap.segments.clear();
   {
     MutexLock lock(&mu_);
     const int64_t locked_ns = NowNs();
     const int64_t locked_cpu_ns = ThreadCpuNowNs();
+    const int64_t locked_faults = ThreadFaults();
     if (drain) {
       drain_for_read_locked();  // no thread-cached block in a snapshot (snapshot.h)
     } else {
@@ -114,11 +122,16 @@ AllocatorSnapshot DevicePool::snapshot_impl(bool drain) const {
       walk.add_segment(s);
     }
     walk.walk();
-    note_snapshot_lock_hold(NowNs() - locked_ns, ThreadCpuNowNs() - locked_cpu_ns);
+    note_snapshot_lock_hold(NowNs() - locked_ns, ThreadCpuNowNs() - locked_cpu_ns,
+                            ThreadFaults() - locked_faults);
   }
   std::vector<std::vector<BlockInfo>> blocks = walk.take();
   for (size_t i = 0; i < snap.segments.size(); ++i) {
     snap.segments[i].blocks = std::move(blocks[i]);
+  }
+  {
+    MutexLock lock(&kept_walk_mu_);
+    kept_walk_ = std::move(kept);  // empty again (take()); a concurrent one's, if any, goes
   }
   return snap;
 }
@@ -130,6 +143,8 @@ SnapshotLockStats DevicePool::snapshot_lock_stats() const {
   s.max_ns = snapshot_lock_max_ns_.load(std::memory_order_relaxed);
   s.last_cpu_ns = snapshot_lock_last_cpu_ns_.load(std::memory_order_relaxed);
   s.max_cpu_ns = snapshot_lock_max_cpu_ns_.load(std::memory_order_relaxed);
+  s.last_faults = snapshot_lock_last_faults_.load(std::memory_order_relaxed);
+  s.max_faults = snapshot_lock_max_faults_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -141,12 +156,14 @@ void StoreMax(std::atomic<int64_t>& max, int64_t v) {
 }
 }  // namespace
 
-void DevicePool::note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns) const {
+void DevicePool::note_snapshot_lock_hold(int64_t ns, int64_t cpu_ns, int64_t faults) const {
   snapshot_count_.fetch_add(1, std::memory_order_relaxed);
   snapshot_lock_last_ns_.store(ns, std::memory_order_relaxed);
   snapshot_lock_last_cpu_ns_.store(cpu_ns, std::memory_order_relaxed);
+  snapshot_lock_last_faults_.store(faults, std::memory_order_relaxed);
   StoreMax(snapshot_lock_max_ns_, ns);
   StoreMax(snapshot_lock_max_cpu_ns_, cpu_ns);
+  StoreMax(snapshot_lock_max_faults_, faults);
 }
 
 std::optional<BlockInfo> DevicePool::find_allocation(const void* ptr) const {

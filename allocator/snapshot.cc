@@ -3,6 +3,7 @@
 // Thread-safe.
 #include "allocator/snapshot.h"
 
+#include <sys/resource.h>
 #include <time.h>
 
 #include <vector>
@@ -59,5 +60,15 @@ int64_t CoarseNowNs() { return ReadClock(CLOCK_MONOTONIC_COARSE); }
 int64_t NowNs() { return ReadClock(CLOCK_MONOTONIC); }
 
 int64_t ThreadCpuNowNs() { return ReadClock(CLOCK_THREAD_CPUTIME_ID); }
+
+int64_t ThreadFaults() {
+#ifdef RUSAGE_THREAD
+  rusage ru{};
+  if (getrusage(RUSAGE_THREAD, &ru) != 0) return 0;
+  return int64_t{ru.ru_minflt} + int64_t{ru.ru_majflt};
+#else
+  return 0;
+#endif
+}
 
 }  // namespace devmem

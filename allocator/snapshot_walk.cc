@@ -2,6 +2,7 @@
 #include "allocator/snapshot_walk.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "allocator/block.h"
 #include "allocator/free_index.h"
@@ -28,16 +29,33 @@ inline void PrefetchBlock(const Block* b) { __builtin_prefetch(b); }
 #define DEVMEM_READS_SPARE_BLOCKS
 #endif
 
+namespace {
+// Makes room for `n` elements in `v` (empty) and touches its pages now: resized, then
+// emptied (the capacity, and the pages written, stay).
+template <typename T>
+void ReserveTouched(std::vector<T>& v, size_t n) {
+  if (v.capacity() >= n) return;  // touched when it was made
+  v.resize(n);
+  v.clear();
+}
+}  // namespace
+
 SnapshotWalk::SnapshotWalk() {
-  entries_.reserve(kMaxEntries);
-  slabs_.reserve(128);  // a pool of 10^6 Blocks has ~70 slabs (more: the vector grows)
+  // Written under the lock (pick_entries): touched now.
+  ReserveTouched(entries_, kMaxEntries);
+  ReserveTouched(slabs_, 128);  // a pool of 10^6 Blocks has ~70 slabs (more: it grows)
 }
 
 void SnapshotWalk::reserve(size_t blocks, size_t segments) {
+  // A kept copy array over 4x the room asked for is given back (the pool shrank).
+  if (out_.size() > 4 * blocks) std::vector<Copied>().swap(out_);
   if (out_.size() < blocks) out_.resize(blocks);  // value-initialized: its pages touched now
-  segments_.reserve(segments);
-  chains_.reserve(segments + kMaxEntries);
-  chain_blocks_.reserve(segments + kMaxEntries);
+  // Written again now, kept or not: the walk's stores then find these lines in the
+  // caches instead of reading each from memory first under the lock.
+  std::memset(static_cast<void*>(out_.data()), 0, blocks * sizeof(Copied));
+  ReserveTouched(segments_, segments);
+  ReserveTouched(chains_, segments + kMaxEntries);
+  ReserveTouched(chain_blocks_, segments + kMaxEntries);
 }
 
 void SnapshotWalk::add_segment(const Segment* s) {
@@ -196,8 +214,7 @@ std::vector<std::vector<BlockInfo>> SnapshotWalk::take() {
   entries_.clear();
   chains_.clear();
   chain_blocks_.clear();
-  out_.clear();
-  copied_ = 0;
+  copied_ = 0;  // out_ keeps its size: the next walk writes over it
   return result;
 }
 

@@ -3,8 +3,14 @@
 // (the lists are walked in chains cut at allocated blocks: allocator/snapshot_walk.h),
 // and every snapshot records how long it held the device lock (SnapshotLockStats).
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
@@ -83,6 +89,74 @@ TEST(SnapshotCopy, ALongListComesBackWholeInAddressOrder) {
   }
 }
 
+// A snapshot is what the pool held at one moment, even while other threads allocate
+// and free (through their thread caches and the pool) and other snapshots are taken at
+// the same time (each pool keeps one walk object between snapshots: a concurrent one
+// makes its own): its blocks tile its segments, and they add up to the statistics read
+// in the same hold.
+TEST(SnapshotCopy, SnapshotsTakenWhileOtherThreadsAllocateAreConsistentCuts) {
+  auto t = MakeSimAllocator("expandable_segments:false");
+  std::atomic<int> snapshotters_left{2};
+  auto churn = [&](unsigned seed) {
+    std::mt19937 rng(seed);
+    std::vector<void*> live;
+    while (snapshotters_left.load() > 0) {
+      if (live.size() < 300 && rng() % 3 != 0) {
+        live.push_back(t->allocate(512 * (1 + rng() % 64)));
+      } else if (!live.empty()) {
+        const size_t i = rng() % live.size();
+        t->free(live[i]);
+        live[i] = live.back();
+        live.pop_back();
+      }
+    }
+    for (void* p : live) t->free(p);
+  };
+  std::vector<std::string> failures[2];
+  auto snapshots = [&](int who) {
+    for (int i = 0; i < 40; ++i) {
+      const AllocatorSnapshot snap = t->snapshot();
+      int64_t allocated = 0, allocated_bytes = 0, bytes = 0;
+      for (const SegmentInfo& s : snap.segments) {
+        for (const BlockInfo& b : s.blocks) {
+          bytes += static_cast<int64_t>(b.size);
+          if (b.state == BlockState::kAllocated) {
+            ++allocated;
+            allocated_bytes += static_cast<int64_t>(b.size);
+          }
+        }
+      }
+      const std::string what = "snapshot " + std::to_string(i) + " of thread " +
+                               std::to_string(who);
+      if (!testutil::SnapshotWellFormed(snap)) failures[who].push_back(what + ": ill formed");
+      if (allocated != snap.stats.allocation[kAggregatePool].current ||
+          allocated_bytes != snap.stats.allocated_bytes[kAggregatePool].current ||
+          bytes != snap.stats.reserved_bytes[kAggregatePool].current) {
+        failures[who].push_back(what + ": blocks " + std::to_string(allocated) + " (" +
+                                std::to_string(allocated_bytes) + " B of " +
+                                std::to_string(bytes) + ") against the stats' " +
+                                std::to_string(snap.stats.allocation[kAggregatePool].current) +
+                                " (" +
+                                std::to_string(snap.stats.allocated_bytes[kAggregatePool].current) +
+                                " B of " +
+                                std::to_string(snap.stats.reserved_bytes[kAggregatePool].current) +
+                                ")");
+      }
+    }
+    snapshotters_left.fetch_sub(1);
+  };
+  std::thread a(churn, 1), b(churn, 2), s0(snapshots, 0), s1(snapshots, 1);
+  s0.join();
+  s1.join();
+  a.join();
+  b.join();
+  for (const auto& f : failures) {
+    for (const std::string& m : f) ADD_FAILURE() << m;
+  }
+  EXPECT_GE(t->snapshot_lock_stats().snapshots, 80u);
+  EXPECT_VALID(*t);
+}
+
 TEST(SnapshotCopy, EachSnapshotRecordsItsLockHold) {
   auto t = MakeSimAllocator();
   EXPECT_EQ(t->snapshot_lock_stats().snapshots, 0u);
@@ -95,13 +169,37 @@ TEST(SnapshotCopy, EachSnapshotRecordsItsLockHold) {
   EXPECT_EQ(one.max_ns, one.last_ns);
   EXPECT_GE(one.last_cpu_ns, 0);
   EXPECT_EQ(one.max_cpu_ns, one.last_cpu_ns);
+  EXPECT_GE(one.last_faults, 0);
+  EXPECT_EQ(one.max_faults, one.last_faults);
   (void)t->snapshot();
   const SnapshotLockStats two = t->snapshot_lock_stats();
   EXPECT_EQ(two.snapshots, 2u);
   EXPECT_GE(two.max_ns, two.last_ns);
   EXPECT_GE(two.max_ns, one.last_ns);
   EXPECT_GE(two.max_cpu_ns, one.last_cpu_ns);
+  EXPECT_GE(two.max_faults, std::max(one.last_faults, two.last_faults));
   for (void* p : ptrs) t->free(p);
+}
+
+// The hold's fault count (SnapshotLockStats::last_faults) is ThreadFaults() before
+// and after: it counts the calling thread's page faults, here 64 pages first touched.
+TEST(SnapshotCopy, ThreadFaultsCountsPagesFirstTouched) {
+#ifdef RUSAGE_THREAD
+  constexpr size_t kPages = 64;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, kPages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                 -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  const int64_t before = ThreadFaults();
+  for (size_t i = 0; i < kPages; ++i) static_cast<volatile char*>(m)[i * page] = 1;
+  const int64_t after = ThreadFaults();
+  munmap(m, kPages * page);
+  // One fault a page, or fewer where the kernel maps a huge page at once.
+  EXPECT_GT(after, before);
+  EXPECT_LE(after - before, static_cast<int64_t>(kPages) + 8);  // the test's own, at most
+#else
+  EXPECT_EQ(ThreadFaults(), 0);
+#endif
 }
 
 }  // namespace

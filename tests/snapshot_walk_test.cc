@@ -207,6 +207,36 @@ TEST(SnapshotWalkTest, EntriesPickedFromTheSlabsCutEvenChains) {
   }
 }
 
+// The pool keeps one walk between snapshots (its arrays' pages touched once): each use
+// copies only what it walks, whatever the object walked before (more blocks, fewer,
+// other segments), and take() keeps the copy's room, given back only when it is over
+// 4x what a walk asks for.
+TEST(SnapshotWalkTest, OneWalkServesManySnapshots) {
+  const Lists big({3000, 5, 1000});
+  const Lists small({7, 2});
+  const Lists other(std::vector<size_t>(300, 3));
+  SnapshotWalk walk;
+  auto copy = [&walk](const Lists& lists, const std::vector<size_t>& entries, size_t room) {
+    for (size_t e : entries) walk.add_entry(lists.blocks()[e]);
+    walk.reserve(room, lists.segments().size());
+    walk.prefetch();
+    for (const auto& s : lists.segments()) walk.add_segment(s.get());
+    walk.walk();
+    return walk.take();
+  };
+  ExpectSame(copy(big, {10, 500, 3001, 3900}, 4005), big.Expected(), "big");
+  EXPECT_EQ(walk.blocks(), 0u);  // take() empties it...
+  EXPECT_EQ(walk.block_room(), 4005u);  // ...and keeps the room
+  // Fewer blocks than the room kept, then more, then none kept at all asked for.
+  ExpectSame(copy(small, {1}, 1024), small.Expected(), "small after big");
+  EXPECT_EQ(walk.block_room(), 4005u);  // 1024 * 4 >= 4005: kept
+  ExpectSame(copy(other, {0, 5, 899}, 900), other.Expected(), "other after small");
+  EXPECT_EQ(walk.block_room(), 900u);  // 4005 > 4 * 900: given back, made again
+  ExpectSame(copy(big, {}, 0), big.Expected(), "big, no room asked for");
+  ExpectSame(copy(small, {}, 9), small.Expected(), "small after the copy grew");
+  EXPECT_EQ(walk.block_room(), 9u);
+}
+
 TEST(SnapshotWalkTest, APoolsBlocksLieTogether) {
   // The walk reads one line of every Block, so what it costs is the memory and pages
   // the Blocks span: made one after another (as a filling pool splits), they lie

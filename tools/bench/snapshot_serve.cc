@@ -17,6 +17,12 @@
 //   lock_hold_median_ms, lock_hold_median_cpu_ms  the median hold, wall and CPU: the
 //                      typical stall, where the longest is the worst one (a single
 //                      preemption, or a neighbour's burst of memory traffic, sets it)
+//   lock_holds_ms      every hold measured, in order (the GETs', then the in-process
+//                      snapshots'), so that "every get <= X" can be checked
+//   lock_hold_first_ms the warm-up GET's hold: the pool's first snapshot (its copy's
+//                      arrays made and touched then, before the lock)
+//   lock_hold_faults   the most page faults one hold took (SnapshotLockStats; 0 expected:
+//                      what the copy writes is touched before the lock)
 //   served_cpu_ms      the CPU time one GET took, medians: the server's (the process's
 //   client_cpu_ms      CPU time over the GET less the client thread's: the copy, the
 //                      JSON and the sends) and the client's (receiving and de-chunking);
@@ -75,6 +81,12 @@ bool ParseCountArg(const char* flag, const char* text, size_t* out) {
 }
 
 double Ms(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+
+std::string FormatMs(double ms) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3f", ms);
+  return text;
+}
 
 // The CPU time of every thread of this process (the server's workers with the client).
 int64_t ProcessCpuNowNs() {
@@ -167,6 +179,8 @@ int Main(int argc, char** argv) {
   // The served figure: GETs over loopback, each timed from connect to last byte.
   std::vector<double> served, holds, cpu_holds, server_cpu, client_cpu;
   size_t body_bytes = 0;
+  double first_hold = 0;
+  int64_t faults = 0;  // the most in one measured hold
   for (int r = 0; r <= o.gets; ++r) {
     const int64_t t0 = NowNs(), p0 = ProcessCpuNowNs(), c0 = ThreadCpuNowNs();
     absl::StatusOr<std::string> body = memtrace::HttpGetOk(url, "");
@@ -193,13 +207,16 @@ int Main(int argc, char** argv) {
         return 1;
       }
       body_bytes = body->size();
+      first_hold = Ms(alloc->snapshot_lock_stats().last_ns);
       continue;
     }
     served.push_back(Ms(t1 - t0));
     server_cpu.push_back(Ms((p1 - p0) - (c1 - c0)));
     client_cpu.push_back(Ms(c1 - c0));
-    holds.push_back(Ms(alloc->snapshot_lock_stats().last_ns));
-    cpu_holds.push_back(Ms(alloc->snapshot_lock_stats().last_cpu_ns));
+    const SnapshotLockStats lock = alloc->snapshot_lock_stats();
+    holds.push_back(Ms(lock.last_ns));
+    cpu_holds.push_back(Ms(lock.last_cpu_ns));
+    faults = std::max(faults, lock.last_faults);
   }
   // The in-process split of the same work (no HTTP): the copy and its JSON.
   std::vector<double> copy_ms, json_ms, copy_cpu_ms, json_cpu_ms;
@@ -213,8 +230,10 @@ int Main(int argc, char** argv) {
     json_ms.push_back(Ms(t2 - t1));
     copy_cpu_ms.push_back(Ms(c1 - c0));
     json_cpu_ms.push_back(Ms(c2 - c1));
-    holds.push_back(Ms(alloc->snapshot_lock_stats().last_ns));
-    cpu_holds.push_back(Ms(alloc->snapshot_lock_stats().last_cpu_ns));
+    const SnapshotLockStats lock = alloc->snapshot_lock_stats();
+    holds.push_back(Ms(lock.last_ns));
+    cpu_holds.push_back(Ms(lock.last_cpu_ns));
+    faults = std::max(faults, lock.last_faults);
   }
   const double lock_max = *std::max_element(holds.begin(), holds.end());
   const double lock_cpu_max = *std::max_element(cpu_holds.begin(), cpu_holds.end());
@@ -224,16 +243,20 @@ int Main(int argc, char** argv) {
   for (void* p : live) alloc->free(p);
 
   if (o.json) {
+    std::string each;
+    for (double h : holds) each += (each.empty() ? "" : ", ") + FormatMs(h);
     std::printf(
         "{\"live_buffers\": %zu, \"trace_entries\": %zu, \"snapshot_bytes\": %zu, "
         "\"served_ms\": %.2f, \"served_cpu_ms\": %.2f, \"client_cpu_ms\": %.2f, "
         "\"lock_hold_ms\": %.3f, \"lock_hold_cpu_ms\": %.3f, "
         "\"lock_hold_median_ms\": %.3f, \"lock_hold_median_cpu_ms\": %.3f, "
+        "\"lock_holds_ms\": [%s], \"lock_hold_first_ms\": %.3f, \"lock_hold_faults\": %lld, "
         "\"snapshot_ms\": %.2f, \"json_ms\": %.2f, \"snapshot_cpu_ms\": %.2f, "
         "\"json_cpu_ms\": %.2f}\n",
         live.size(), trace_held, body_bytes, served_ms, Median(server_cpu), Median(client_cpu),
-        lock_max, lock_cpu_max, lock_median, lock_cpu_median, Median(copy_ms), Median(json_ms),
-        Median(copy_cpu_ms), Median(json_cpu_ms));
+        lock_max, lock_cpu_max, lock_median, lock_cpu_median, each.c_str(), first_hold,
+        static_cast<long long>(faults), Median(copy_ms), Median(json_ms), Median(copy_cpu_ms),
+        Median(json_cpu_ms));
     return 0;
   }
   std::printf("/debug/snapshot of sim:0: %zu live buffers, %zu trace entries, %zu bytes\n",
@@ -247,6 +270,8 @@ int Main(int argc, char** argv) {
   std::printf("%-34s %8.3f ms   (without preemption)\n", "  in the holder's CPU time", lock_cpu_max);
   std::printf("%-34s %8.3f ms   (CPU %.3f ms)\n", "device lock held (median)", lock_median,
               lock_cpu_median);
+  std::printf("%-34s %8.3f ms   (page faults in a hold: at most %lld)\n",
+              "  the first snapshot's", first_hold, static_cast<long long>(faults));
   std::printf("%-34s %8.2f ms   (CPU %.2f ms)\n", "in process: the copy (median)",
               Median(copy_ms), Median(copy_cpu_ms));
   std::printf("%-34s %8.2f ms   (CPU %.2f ms)\n", "in process: the JSON (median)",
