@@ -34,8 +34,12 @@ namespace {
 // emptied (the capacity, and the pages written, stay).
 template <typename T>
 void ReserveTouched(std::vector<T>& v, size_t n) {
-  if (v.capacity() >= n) return;  // touched when it was made
-  v.resize(n);
+  // Every element of the capacity is written, not only up to n: a kept vector that
+  // grew under the lock (push_back past the room asked for) has a capacity tail that
+  // nothing wrote, which the next snapshot would fault in under the lock. These
+  // arrays are small (segments, chains), so writing them whole costs little, and it
+  // leaves their lines in the caches for the walk.
+  v.resize(std::max(n, v.capacity()));
   v.clear();
 }
 }  // namespace
