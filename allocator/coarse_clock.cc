@@ -29,7 +29,8 @@ struct Ticker {
   bool running = false;          // a ticker thread of `generation` runs (or starts)
   bool start_failed = false;     // no thread could be made: read the clock, do not retry
   uint64_t generation = 0;       // a new one per thread started (and per fork)
-  TickPublisher extra = nullptr; // SetTickPublisher's
+  TickPublisher extra = nullptr; // TickPublisherUse's; nullptr while none lives
+  int extra_uses = 0;            // live TickPublisherUses
 
   // Raises the published value to now (never lowers it: a use's constructor and the
   // ticker may both publish), then runs the registered publisher.
@@ -97,12 +98,33 @@ void RestartTicker() {
 }
 }  // namespace coarse_clock_internal
 
-void SetTickPublisher(TickPublisher publish) {
+TickPublisherUse::TickPublisherUse(TickPublisher publish) {
   Ticker& t = TheTicker();
   std::lock_guard<std::mutex> lock(t.mu);
+  ++t.extra_uses;
   t.extra = publish;
-  if (publish != nullptr) publish();  // a current value before this returns
+  publish();  // a current value before this returns
 }
+
+TickPublisherUse::~TickPublisherUse() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  // Under the mutex every publish runs under: none is in flight, and none comes.
+  if (--t.extra_uses == 0) t.extra = nullptr;
+}
+
+void SyncWithTickPublisher() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+}
+
+namespace coarse_clock_internal {
+int TickPublisherUsesForTest() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.extra_uses;
+}
+}  // namespace coarse_clock_internal
 
 CoarseTickerUse::CoarseTickerUse() {
   Ticker& t = TheTicker();
