@@ -26,9 +26,12 @@
 // process-wide: started by the first CoarseTickerUse, stopped after the last one is
 // destroyed; a forked child has none (its published value is withdrawn at the fork)
 // until EnsureCoarseTicker() restarts it (the thread caches' slow paths call it).
+// fork() waits (at most a second) for a ticker thread that is still starting: its
+// start may hold a heap lock that a child would inherit held (coarse_clock.cc).
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "allocator/snapshot.h"  // CoarseNowNs
@@ -86,6 +89,13 @@ void SyncWithTickPublisher();
 namespace coarse_clock_internal {
 // Tests: how many TickPublisherUses live.
 int TickPublisherUsesForTest();
+// Tests' diagnostics: writes the ticker's state in one line ("users=1 running=1 ...")
+// into `out` (NUL-terminated, cut to `size`), or that its mutex is held (it does not
+// wait for it). Allocates nothing: a forked child may call it whatever its heap's state.
+void TickerStateForTest(char* out, size_t size);
+// Tests, in a forked child: whether the parent's ticker thread, if one was running, had
+// finished starting when fork() copied the process (see coarse_clock.cc's fork handler).
+bool TickerStartedAtForkForTest();
 }  // namespace coarse_clock_internal
 
 // Keeps the ticker running while alive (a ThreadCache holds one). The constructor
