@@ -277,7 +277,8 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
     // give-backs begun before it (DriverInFlight's generations): a stream of other
     // threads' trims and releases holds this thread off only while its grow fails for
     // want of their memory. It ends with a block, or with a grow that failed while
-    // nothing was in flight or came back (the OOM).
+    // nothing was in flight or came back (the OOM); the rounds are not capped
+    // (driver_in_flight.h says why).
     const bool waits =
         stage == RetryStage::kWaitAndReleaseAll || stage == RetryStage::kExactSegment;
     for (;;) {

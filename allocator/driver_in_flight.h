@@ -26,8 +26,12 @@
 // call left. The caller grows right after (in the same lock hold) and, should the grow
 // still fail while later give-backs are in flight, waits again for those (or grows
 // again when one ended while its driver call ran with the lock released:
-// give_backs_ended): each round ends with the give-backs it found in flight, so it is
-// bounded by them, not by the rate at which others begin.
+// give_backs_ended): each round ends with the give-backs it found in flight, so no
+// round is held open by the rate at which others begin. The rounds themselves are not
+// capped: while other threads keep giving memory back and taking it again, so that
+// every grow fails yet some give-back is always in flight or just ended, the caller
+// keeps retrying (others progress meanwhile: starvation, not a deadlock). A cap would
+// report an OOM while memory is on its way back, which stage 2 promises not to.
 //
 // Operations: a pool call that may release the lock for driver calls (the staged
 // retry, trim, empty_cache, the poll's deferred recycles) is one from start to end, its
