@@ -22,14 +22,26 @@ namespace {
 // The process's ticker. Leaked: a detached ticker may still run while static
 // destructors do. `mu` guards everything but g_published_ns, which only holders of `mu`
 // write; fork() takes `mu` first, so a child never inherits it held.
+//
+// fork() also waits until a ticker thread that is starting has started (taken `mu` in
+// Run): a thread's start may allocate (glibc's pthread_getattr_np, which
+// AddressSanitizer's thread start calls, reallocs a CPU set), and a heap without fork
+// handlers of its own (GCC 12's ASan allocator) then hands the child its lock held: the
+// child's own ticker thread blocked on its first allocation of that size class, and
+// never published (CoarseClockTest.AForkedChild..., exit 5, under ASan). Once started,
+// the ticker allocates nothing.
 struct Ticker {
   std::mutex mu;
-  std::condition_variable wake;  // the use count fell to 0
-  int users = 0;                 // live CoarseTickerUses
-  bool running = false;          // a ticker thread of `generation` runs (or starts)
+  std::condition_variable wake;     // the use count fell to 0
+  std::condition_variable started;  // a ticker thread started, or gave up
+  int users = 0;                    // live CoarseTickerUses
+  bool running = false;             // a ticker thread of `generation` runs (or starts)
+  bool run_started = false;         // ... and has taken `mu` in Run (its start is over)
+  bool started_at_fork = true;      // in a child: no thread was starting at the fork
   bool start_failed = false;     // no thread could be made: read the clock, do not retry
   uint64_t generation = 0;       // a new one per thread started (and per fork)
-  TickPublisher extra = nullptr; // SetTickPublisher's
+  TickPublisher extra = nullptr; // TickPublisherUse's; nullptr while none lives
+  int extra_uses = 0;            // live TickPublisherUses
 
   // Raises the published value to now (never lowers it: a use's constructor and the
   // ticker may both publish), then runs the registered publisher.
@@ -57,27 +69,43 @@ struct Ticker {
       return;
     }
     running = true;
+    run_started = false;
   }
 
   void Run(uint64_t gen) {
     std::unique_lock<std::mutex> lock(mu);
+    if (generation == gen) {
+      run_started = true;
+      started.notify_all();
+    }
     while (users > 0 && generation == gen) {
       PublishLocked();
       wake.wait_for(lock, std::chrono::nanoseconds(kCoarseTickerPeriodNs));
     }
     if (generation == gen) running = false;  // not replaced (by a fork's child)
   }
+
+  // fork()'s prepare handler: takes `mu` and keeps it through the fork, once no ticker
+  // thread is starting (see above). Bounded: should a start never finish, the fork
+  // goes ahead as it did before this wait.
+  void LockForFork() {
+    std::unique_lock<std::mutex> lock(mu);
+    started.wait_for(lock, std::chrono::seconds(1), [this] { return !running || run_started; });
+    lock.release();  // unlocked by the parent and child handlers
+  }
 };
 
 Ticker& TheTicker() {
   static Ticker* ticker = [] {
     auto* t = new Ticker;
-    pthread_atfork([] { TheTicker().mu.lock(); }, [] { TheTicker().mu.unlock(); },
+    pthread_atfork([] { TheTicker().LockForFork(); }, [] { TheTicker().mu.unlock(); },
                    [] {
                      // The child has no ticker thread: withdraw the value (hits read
                      // the clock) until EnsureCoarseTicker starts one.
                      Ticker& c = TheTicker();
+                     c.started_at_fork = !c.running || c.run_started;
                      c.running = false;
+                     c.run_started = false;
                      ++c.generation;
                      g_published_ns.store(0, std::memory_order_relaxed);
                      c.mu.unlock();
@@ -97,12 +125,54 @@ void RestartTicker() {
 }
 }  // namespace coarse_clock_internal
 
-void SetTickPublisher(TickPublisher publish) {
+TickPublisherUse::TickPublisherUse(TickPublisher publish) {
   Ticker& t = TheTicker();
   std::lock_guard<std::mutex> lock(t.mu);
+  ++t.extra_uses;
   t.extra = publish;
-  if (publish != nullptr) publish();  // a current value before this returns
+  publish();  // a current value before this returns
 }
+
+TickPublisherUse::~TickPublisherUse() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  // Under the mutex every publish runs under: none is in flight, and none comes.
+  if (--t.extra_uses == 0) t.extra = nullptr;
+}
+
+void SyncWithTickPublisher() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+}
+
+namespace coarse_clock_internal {
+int TickPublisherUsesForTest() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.extra_uses;
+}
+
+bool TickerStartedAtForkForTest() {
+  Ticker& t = TheTicker();
+  std::lock_guard<std::mutex> lock(t.mu);
+  return t.started_at_fork;
+}
+
+void TickerStateForTest(char* out, size_t size) {
+  Ticker& t = TheTicker();
+  std::unique_lock<std::mutex> lock(t.mu, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    std::snprintf(out, size, "the ticker's mutex is held");
+    return;
+  }
+  std::snprintf(out, size,
+                "users=%d running=%d start_failed=%d generation=%llu publishers=%d "
+                "published_ns=%lld",
+                t.users, t.running ? 1 : 0, t.start_failed ? 1 : 0,
+                static_cast<unsigned long long>(t.generation), t.extra_uses,
+                static_cast<long long>(g_published_ns.load(std::memory_order_relaxed)));
+}
+}  // namespace coarse_clock_internal
 
 CoarseTickerUse::CoarseTickerUse() {
   Ticker& t = TheTicker();

@@ -18,16 +18,20 @@
 // not be made, or a forked child before EnsureCoarseTicker) it is CoarseNowNs() itself.
 //
 // The ticker is the process's only periodic thread: a layer above that needs a value
-// published each period registers one publisher (SetTickPublisher; the trace clock's
-// coarse tick, runtime/trace_clock.cc) instead of starting a thread of its own.
+// published each period registers one publisher (TickPublisherUse; the trace clock's
+// coarse tick, runtime/trace_clock.cc) instead of starting a thread of its own, for as
+// long as it needs it: after the last registration ends the ticker runs it no more.
 //
 // Thread-safety: every function may be called from any thread. The ticker is
 // process-wide: started by the first CoarseTickerUse, stopped after the last one is
 // destroyed; a forked child has none (its published value is withdrawn at the fork)
 // until EnsureCoarseTicker() restarts it (the thread caches' slow paths call it).
+// fork() waits (at most a second) for a ticker thread that is still starting: its
+// start may hold a heap lock that a child would inherit held (coarse_clock.cc).
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "allocator/snapshot.h"  // CoarseNowNs
@@ -59,13 +63,40 @@ inline void EnsureCoarseTicker() {
   }
 }
 
-// A second value the ticker publishes: `publish` runs on the ticker's thread every
-// period, whenever a use (re)starts the ticker, and once before SetTickPublisher
-// returns, always with the ticker's mutex held (so publishes never race each other). One
-// per process (a later call replaces it); it must be short and must not make or destroy
-// a CoarseTickerUse. The ticker runs while any use lives, so its registrant holds one.
+// A second value the ticker publishes: while a TickPublisherUse of `publish` lives,
+// `publish` runs on the ticker's thread every period, whenever a use (re)starts the
+// ticker, and once before each TickPublisherUse's constructor returns, always with the
+// ticker's mutex held (so publishes never race each other, nor a registration's start
+// or end). One publisher per process: a use of another one replaces it for the uses
+// still alive. It must be short and must not make or destroy a CoarseTickerUse or a
+// TickPublisherUse. The ticker runs while any CoarseTickerUse lives, so a registrant
+// holds one too. After the last use is destroyed no publish runs, nor one in flight:
+// the destructor takes the ticker's mutex.
 using TickPublisher = void (*)();
-void SetTickPublisher(TickPublisher publish);
+class TickPublisherUse {
+ public:
+  explicit TickPublisherUse(TickPublisher publish);
+  ~TickPublisherUse();
+  TickPublisherUse(const TickPublisherUse&) = delete;
+  TickPublisherUse& operator=(const TickPublisherUse&) = delete;
+};
+
+// Returns once a publish in flight, if any, has finished (takes and releases the
+// ticker's mutex): a flag a publisher reads, changed before this call, is seen by
+// every publish after it.
+void SyncWithTickPublisher();
+
+namespace coarse_clock_internal {
+// Tests: how many TickPublisherUses live.
+int TickPublisherUsesForTest();
+// Tests' diagnostics: writes the ticker's state in one line ("users=1 running=1 ...")
+// into `out` (NUL-terminated, cut to `size`), or that its mutex is held (it does not
+// wait for it). Allocates nothing: a forked child may call it whatever its heap's state.
+void TickerStateForTest(char* out, size_t size);
+// Tests, in a forked child: whether the parent's ticker thread, if one was running, had
+// finished starting when fork() copied the process (see coarse_clock.cc's fork handler).
+bool TickerStartedAtForkForTest();
+}  // namespace coarse_clock_internal
 
 // Keeps the ticker running while alive (a ThreadCache holds one). The constructor
 // publishes a current value before it returns and starts the ticker thread if none

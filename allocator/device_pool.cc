@@ -254,8 +254,9 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
         // released the lock (the fence wait for the cross-stream frees, this stage's
         // own releases) let another thread's trim, empty_cache or retry start one (a
         // wait before them missed those: the grow then saw the bytes still in flight
-        // against the limit and reported an OOM). Once this returns none is in
-        // flight, and the grow below checks the limit in the same lock hold.
+        // against the limit and reported an OOM). Once this returns none of those is
+        // in flight, and the grow below checks the limit in the same lock hold (and
+        // waits for later ones, should it fail while they are in flight).
         if (Block* b = wait_for_give_backs_locked(size, stream)) return b;
         break;
       case RetryStage::kExactSegment:
@@ -269,12 +270,35 @@ Block* DevicePool::new_segment_with_retry(size_t size, Stream stream) {
         if (Block* b = wait_for_give_backs_locked(size, stream)) return b;
         break;
     }
-    Block* b = stage == RetryStage::kExactSegment
-                   ? regular_.grow(grow_request(size, grow_size, small, stream)).block
-                   : try_grow(size, grow_size, small, stream);
-    if (b != nullptr) {
-      acct_.count_cache_miss();
-      return b;
+    // The grow, and for the stages that waited: again while it fails and memory is
+    // still coming back, i.e. others began giving some back after that wait (in flight,
+    // it counts against the limit, so it may be what the grow lacks) or some came back
+    // while the grow's driver call ran with the lock released. Each wait is only for the
+    // give-backs begun before it (DriverInFlight's generations): a stream of other
+    // threads' trims and releases holds this thread off only while its grow fails for
+    // want of their memory. It ends with a block, or with a grow that failed while
+    // nothing was in flight or came back (the OOM); the rounds are not capped
+    // (driver_in_flight.h says why).
+    const bool waits =
+        stage == RetryStage::kWaitAndReleaseAll || stage == RetryStage::kExactSegment;
+    for (;;) {
+      const uint64_t ended = in_flight_.give_backs_ended();
+      Block* b = stage == RetryStage::kExactSegment
+                     ? regular_.grow(grow_request(size, grow_size, small, stream)).block
+                     : try_grow(size, grow_size, small, stream);
+      if (b != nullptr) {
+        acct_.count_cache_miss();
+        return b;
+      }
+      if (!waits) break;
+      if (in_flight_.give_back_bytes() > 0) {
+        if (Block* c = wait_for_give_backs_locked(size, stream)) return c;
+      } else if (in_flight_.give_backs_ended() == ended) {
+        break;
+      } else if (Block* c = free_.take_best_fit(size, stream, config_.max_split_size)) {
+        acct_.count_cache_hit();  // freed by another thread while the grow ran
+        return c;
+      }
     }
   }
   return nullptr;

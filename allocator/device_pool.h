@@ -185,8 +185,9 @@ class DevicePool {
   GrowRequest grow_request(size_t size, size_t segment_size, bool small, Stream stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The staged retry, right before a grow that could fail on the memory limit: waits
-  // (mu_ released) until no give-back is in flight; then a cached block that fits, if
-  // another thread freed one meanwhile, else nullptr (grow next).
+  // (mu_ released) until every give-back begun before it has ended (later ones may
+  // still be in flight: DriverInFlight::wait_for_give_backs); then a cached block that
+  // fits, if another thread freed one meanwhile, else nullptr (grow next).
   Block* wait_for_give_backs_locked(size_t size, Stream stream)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves blocks whose events completed to the cache, polling at most `budget` events

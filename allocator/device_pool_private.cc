@@ -181,7 +181,7 @@ void DevicePool::release_private_pools_locked(PrivatePool* only) {
   // Every chosen segment leaves the books now: its pool's list, the free sets, the
   // table and the statistics (RegularSegments::detached, SegmentSource); its bytes
   // count as a give-back in flight (DriverInFlight) until the driver has them.
-  regular_.detach_for_release(unused);
+  const DriverInFlight::Ticket ticket = regular_.detach_for_release(unused);
   // give_back_detached records a fence event on each segment's stream (under the
   // lock), releases the lock, waits for the events, frees the segments, and takes the
   // lock back. What other threads can do meanwhile, and what each sees:
@@ -223,7 +223,7 @@ void DevicePool::release_private_pools_locked(PrivatePool* only) {
     }
   };
   try {
-    regular_.give_back_detached(unused, &mu_);
+    regular_.give_back_detached(unused, ticket, &mu_);
   } catch (...) {
     unpin();
     throw;

@@ -16,18 +16,39 @@
 // (wait_for_give_backs) before it declares an OOM: memory on its way back to the
 // device must not make an allocation fail.
 //
+// Give-back generations (liveness): a waiter waits only for the give-backs begun before
+// it, never until none is in flight at all, or a steady stream of other threads'
+// trims, empty_caches and releases, each begun before the last ended, could hold an
+// allocating thread off indefinitely. Each give-back belongs to the generation that was
+// open when it began (begin_give_back returns it as its ticket; end_give_back takes it
+// back). A waiter closes the open generation if it holds calls (later give-backs go
+// into a new one) and returns once every generation up to the one it closed has no
+// call left. The caller grows right after (in the same lock hold) and, should the grow
+// still fail while later give-backs are in flight, waits again for those (or grows
+// again when one ended while its driver call ran with the lock released:
+// give_backs_ended): each round ends with the give-backs it found in flight, so no
+// round is held open by the rate at which others begin. The rounds themselves are not
+// capped: while other threads keep giving memory back and taking it again, so that
+// every grow fails yet some give-back is always in flight or just ended, the caller
+// keeps retrying (others progress meanwhile: starvation, not a deadlock). A cap would
+// report an OOM while memory is on its way back, which stage 2 promises not to.
+//
 // Operations: a pool call that may release the lock for driver calls (the staged
 // retry, trim, empty_cache, the poll's deferred recycles) is one from start to end, its
 // gaps between calls included. begin_allocate_to_pool waits until none is under way
 // and no call is in flight (wait_for_idle): once a capture may begin, no unlocked
 // driver call of an earlier decision may still come.
 //
-// Invariants (validate): bytes are held exactly while calls are in flight.
+// Invariants (validate): bytes are held exactly while calls are in flight; the
+// generations' call counts add up to the give-backs in flight, and only the open
+// (last) one may be the first with none left.
 // Thread-safety: guarded by the owning DevicePool's mutex, like the sources.
 #pragma once
 
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
+#include <deque>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -84,26 +105,48 @@ class DriverInFlight {
     --grow_calls_;
     done_.notify_all();
   }
-  void begin_give_back(size_t bytes) {
+  // A give-back's generation, from begin_give_back to its end_give_back.
+  using Ticket = uint64_t;
+  // Registers one give-back of `bytes`; returns its ticket. Every give-back begun in
+  // one lock hold gets the same one (only a waiter, holding the lock, opens another).
+  Ticket begin_give_back(size_t bytes) {
     give_back_bytes_ += bytes;
     ++give_back_calls_;
+    ++generation_calls_.back();
+    return open_generation();
   }
-  // Wakes wait_for_give_backs() when the last one ends.
-  void end_give_back(size_t bytes) {
+  // Ends a give-back begun with `ticket`; wakes the waiters when a generation drained.
+  void end_give_back(size_t bytes, Ticket ticket) {
     give_back_bytes_ -= bytes;
-    if (--give_back_calls_ == 0) done_.notify_all();
+    --give_back_calls_;
+    ++give_backs_ended_;
+    --generation_calls_[ticket - first_generation_];
+    bool drained = false;
+    while (generation_calls_.size() > 1 && generation_calls_.front() == 0) {
+      generation_calls_.pop_front();
+      ++first_generation_;
+      drained = true;
+    }
+    if (drained || give_back_calls_ == 0) done_.notify_all();
   }
-
   // What the device holds (or is about to) beyond reserved_bytes: counted against the
   // memory limit.
   size_t bytes() const { return grow_bytes_ + give_back_bytes_; }
   size_t give_back_bytes() const { return give_back_bytes_; }
   int calls() const { return grow_calls_ + give_back_calls_; }
+  // How many give-backs have ended so far: a caller that released the lock (a grow's
+  // driver call) tells by it whether memory came back meanwhile.
+  uint64_t give_backs_ended() const { return give_backs_ended_; }
 
-  // Returns once no give-back is in flight. `mu` is the device lock, held by the
-  // caller; it is released while waiting (so the pool may change meanwhile).
+  // Returns once every give-back begun before this call has ended (see above: later
+  // ones may still be in flight). `mu` is the device lock, held by the caller; it is
+  // released while waiting (so the pool may change meanwhile). May throw bad_alloc
+  // (closing a generation), before any change.
   void wait_for_give_backs(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    done_.wait(*mu, [this] { return give_back_calls_ == 0; });
+    if (generation_calls_.back() > 0) generation_calls_.push_back(0);  // closes it
+    // Every generation up to `last` is closed: no give-back joins it any more.
+    const Ticket last = open_generation() - 1;
+    done_.wait(*mu, [this, last] { return first_generation_ > last; });
   }
   // Returns once no operation is under way and no call is in flight (the same).
   void wait_for_idle(Mutex* mu) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -118,6 +161,16 @@ class DriverInFlight {
 
   // This part's share of validate().
   absl::Status validate() const {
+    int generations = 0;
+    for (const int n : generation_calls_) generations += n;
+    if (generation_calls_.empty() ||
+        (generation_calls_.size() > 1 && generation_calls_.front() == 0) ||
+        generations != give_back_calls_) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): %d give-backs in flight, but their %u generations "
+          "(the first %u) count %d",
+          give_back_calls_, generation_calls_.size(), first_generation_, generations));
+    }
     if (grow_calls_ < 0 || give_back_calls_ < 0 || (grow_calls_ == 0) != (grow_bytes_ == 0) ||
         (give_back_calls_ == 0) != (give_back_bytes_ == 0)) {
       return absl::InternalError(absl::StrFormat(
@@ -139,6 +192,12 @@ class DriverInFlight {
   int grow_calls_ = 0;
   size_t give_back_bytes_ = 0;
   int give_back_calls_ = 0;
+  // Give-backs in flight per generation, from first_generation_ to the open one (the
+  // last; never empty). Closed generations that drained are dropped from the front.
+  std::deque<int> generation_calls_{0};
+  uint64_t give_backs_ended_ = 0;
+  Ticket first_generation_ = 0;
+  Ticket open_generation() const { return first_generation_ + generation_calls_.size() - 1; }
   // Waited on with the device lock (a Mutex is BasicLockable).
   std::condition_variable_any done_;
 };

@@ -81,13 +81,13 @@ ExpandableSegments::Hole ExpandableSegments::detach_range(Block* b, uintptr_t c0
   // What throws comes before; now the books. The unmap itself comes later, with the
   // lock released (unmap_holes): until then the granules are in flight, in no block
   // and no gap. An unmap that throws links them back (the pool is as it was).
-  const Hole hole{r, c0, bytes, s->stream, s->last_used, b->free_seq};
+  Hole hole{r, c0, bytes, s->stream, s->last_used, b->free_seq};
   acct_.unmapping(s, c0, bytes);
   free_.erase(b);
   acct_.unmapped(s, bytes);
   r->mapped -= bytes;
   in_flight_ranges_.push_back(InFlight{r, c0, bytes, InFlight::kUnmapping});
-  in_flight_.begin_give_back(bytes);
+  hole.give_back = in_flight_.begin_give_back(bytes);
 
   // What is left of b below and above the hole.
   Block* before = b->prev;
@@ -202,7 +202,7 @@ size_t ExpandableSegments::unmap_holes(const std::vector<Hole>& holes,
   for (size_t i = 0; i < holes.size(); ++i) {
     const Hole& h = holes[i];
     end_in_flight(h.reservation, h.at);
-    in_flight_.end_give_back(h.bytes);
+    in_flight_.end_give_back(h.bytes, h.give_back);
     if (i < done) {
       unmapped += h.bytes;
       continue;

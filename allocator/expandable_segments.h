@@ -183,6 +183,7 @@ class ExpandableSegments final : public SegmentSource {
     Stream stream;
     uint64_t last_used;  // the run's and the block's, for linking the granules back
     uint64_t free_seq;   // on an error
+    DriverInFlight::Ticket give_back = 0;  // its unmap's, from begin to end
   };
 
   // Keeps a reservation in `pinned` for its scope (release_address_space leaves it

@@ -38,16 +38,21 @@ size_t Reclaimer::reclaim(size_t bytes, Urgency urgency) {
   // first batch out of the books).
   regular_.reserve_detached(regular.size());
   if (expandable_ != nullptr) expandable_->reserve_detached(expandable.size());
-  regular_.detach_for_release(regular);
-  if (expandable_ != nullptr) expandable_->detach_for_release(expandable);
+  const DriverInFlight::Ticket regular_ticket = regular_.detach_for_release(regular);
+  const DriverInFlight::Ticket expandable_ticket =
+      expandable_ != nullptr ? expandable_->detach_for_release(expandable) : 0;
   try {
-    regular_.give_back_detached(regular, lock_);
+    regular_.give_back_detached(regular, regular_ticket, lock_);
   } catch (...) {
     // A DriverError: the device is broken, the expandable ones go back to the books.
-    if (expandable_ != nullptr) expandable_->give_back_detached(expandable, lock_, false);
+    if (expandable_ != nullptr) {
+      expandable_->give_back_detached(expandable, expandable_ticket, lock_, false);
+    }
     throw;
   }
-  if (expandable_ != nullptr) expandable_->give_back_detached(expandable, lock_);
+  if (expandable_ != nullptr) {
+    expandable_->give_back_detached(expandable, expandable_ticket, lock_);
+  }
   if (released < bytes && expandable_ != nullptr) {
     released += expandable_->recycle(bytes - released, lock_);
   }

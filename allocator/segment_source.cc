@@ -7,23 +7,25 @@
 
 namespace devmem::internal {
 
-void SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
+DriverInFlight::Ticket SegmentSource::detach_for_release(const std::vector<Segment*>& segments) {
   // The books first, under the lock: each segment leaves the free sets, the table and
   // the statistics (the trace says it goes), so no one else can find it; its bytes stay
   // counted against the memory limit until the driver has them (DriverInFlight).
   reserve_detached(segments.size());  // may throw: before any change
+  DriverInFlight::Ticket ticket = 0;  // the same for every one: the lock is held
   for (Segment* s : segments) {
     acct_.segment_releasing(s);
     free_.erase(s->head);  // the single free block
     acct_.segment_released(s);
     table_.remove(s);
     detached(s);
-    in_flight_.begin_give_back(s->size);
+    ticket = in_flight_.begin_give_back(s->size);
   }
+  return ticket;
 }
 
-void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mutex* lock,
-                                       bool call) {
+void SegmentSource::give_back_detached(const std::vector<Segment*>& segments,
+                                       DriverInFlight::Ticket ticket, Mutex* lock, bool call) {
   if (segments.empty()) return;
   // The block is free in stream order only: work queued on its stream before the free
   // may still use it. cudaFree synchronizes by itself, unmapping does not, and the sim
@@ -65,7 +67,7 @@ void SegmentSource::give_back_detached(const std::vector<Segment*>& segments, Mu
   // pool is poisoned, but stays readable): cached and counted again, as they were.
   for (size_t i = 0; i < segments.size(); ++i) {
     Segment* s = segments[i];
-    in_flight_.end_give_back(s->size);
+    in_flight_.end_give_back(s->size, ticket);
     given_back(s, i < done);
     if (i < done) {
       free_.delete_block(s->head);

@@ -82,23 +82,24 @@ class SegmentSource {
   // puts the segments not given back where they were (cached and counted) and is
   // rethrown.
   void release(const std::vector<Segment*>& segments, Mutex* lock) {
-    detach_for_release(segments);
-    give_back_detached(segments, lock);
+    give_back_detached(segments, detach_for_release(segments), lock);
   }
   // release()'s two halves, for a caller that releases segments of two sources at once
   // (the reclaimer): every segment of both leaves the books before the lock is first
   // released, so none of them can change meanwhile. Without `call` (the other
   // source's calls failed: the device is broken) nothing reaches the driver, and the
-  // segments are put back.
-  void detach_for_release(const std::vector<Segment*>& segments);
+  // segments are put back. detach_for_release returns the give-backs' ticket
+  // (DriverInFlight: one for the batch, detached in one lock hold), which
+  // give_back_detached ends them with.
+  DriverInFlight::Ticket detach_for_release(const std::vector<Segment*>& segments);
   // Makes room, before any change, for what detaching `n` segments records (host
   // memory: a bad_alloc halfway through a detach would leave segments out of every
   // book and their bytes "giving back" forever, which wait_for_give_backs would then
   // wait for). detach_for_release calls it; a caller detaching from two sources in one
   // lock hold (the reclaimer) calls both first.
   virtual void reserve_detached(size_t /*n*/) {}
-  void give_back_detached(const std::vector<Segment*>& segments, Mutex* lock,
-                          bool call = true);
+  void give_back_detached(const std::vector<Segment*>& segments,
+                          DriverInFlight::Ticket ticket, Mutex* lock, bool call = true);
   // recycle: gives back up to `bytes` without releasing whole segments (unmaps whole
   // free granules); returns the bytes given back. Waits for each affected stream.
   virtual size_t recycle(size_t bytes, Mutex* lock) = 0;

@@ -61,33 +61,36 @@ void RaiseTick(int64_t now) {
   }
 }
 
-// The coarse ticker's publisher (SetTickPublisher), run every period.
+// The coarse ticker's publisher (TickPublisherUse), run every period while a
+// TraceClock lives.
 void PublishTick() {
   if (!g_hold.load(std::memory_order_relaxed)) RaiseTick(NowTick());
 }
 
 }  // namespace
 
-TraceClock::TraceClock() : use_tsc_(KernelUsesTsc()) {
-  if (use_tsc_) {
-    tick0_ = ReadTsc();
-    ns0_ = NowNs();
-  }
-  // ticker_use_ has started the ticker; from now on it publishes the tick too. A first
-  // tick now (even while a test holds the ticker), so that Coarse() is current from the
-  // start.
-  SetTickPublisher(&PublishTick);
+TraceClock::TraceClock()
+    : use_tsc_(KernelUsesTsc()),
+      tick0_(use_tsc_ ? ReadTsc() : 0),
+      ns0_(use_tsc_ ? NowNs() : 0),
+      // ticker_use_ has started the ticker; from now on it publishes the tick too.
+      publisher_use_(&PublishTick) {
+  // A first tick now (even while a test holds the ticker), so that Coarse() is current
+  // from the start.
   RaiseTick(NowTick());
 }
 
-TraceClock::~TraceClock() = default;  // ticker_use_ stops the ticker after the last use
+// publisher_use_ unregisters the tick after the last clock, then ticker_use_ stops the
+// ticker after the last use.
+TraceClock::~TraceClock() = default;
 
 void TraceClock::HoldTickerForTest(bool hold) {
   g_hold.store(hold, std::memory_order_relaxed);
-  // Registering again takes the ticker's mutex, under which every publish runs: a
-  // publish that read the old flag has finished when this returns, and later ones read
-  // the new one, so a held tick stands still from here on.
-  SetTickPublisher(&PublishTick);
+  // Every publish runs under the ticker's mutex: a publish that read the old flag has
+  // finished when this returns, and later ones read the new one, so a held tick stands
+  // still from here on.
+  SyncWithTickPublisher();
+  PublishTick();  // as a registration did: released, the tick is current again
 }
 
 TraceClock::Mapping TraceClock::Map() const {

@@ -12,8 +12,10 @@
 //     kTickerPeriodNs while any TraceClock exists: at most that period plus the
 //     ticker's scheduling delay behind Now(), never ahead of it. The ticker is the
 //     allocator's coarse ticker (allocator/coarse_clock.h), the process's only
-//     periodic thread: a TraceClock holds a use of it and registers the publisher of
-//     this tick, so the trace and the thread caches share one thread.
+//     periodic thread: a TraceClock holds a use of it and a registration of the
+//     publisher of this tick (TickPublisherUse), so the trace and the thread caches
+//     share one thread, and the ticker stops reading the tick once the last TraceClock
+//     is gone (thread caches may keep it running for their own value).
 // ToNs() maps ticks onto CLOCK_MONOTONIC (NowNs()) by the straight line through two
 // points: one taken at construction and one taken at conversion time (the identity
 // when Now() is NowNs()).
@@ -51,7 +53,7 @@ class TraceClock {
   static constexpr int64_t kTickerPeriodNs = kCoarseTickerPeriodNs;
 
   TraceClock();   // starts the ticker if none runs; publishes a first tick before
-  ~TraceClock();  // the last one stops the ticker
+  ~TraceClock();  // the last one unregisters the tick's publisher, stops the ticker
   TraceClock(const TraceClock&) = delete;
   TraceClock& operator=(const TraceClock&) = delete;
 
@@ -90,6 +92,9 @@ class TraceClock {
   bool use_tsc_ = false;
   int64_t tick0_ = 0;
   int64_t ns0_ = 0;
+  // The ticker publishes Coarse() while any clock lives. Last: registered once the
+  // ticker runs, unregistered (no publish in flight) before ticker_use_ ends.
+  TickPublisherUse publisher_use_;
 };
 
 }  // namespace devmem

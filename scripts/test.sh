@@ -97,7 +97,7 @@ if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
   # Only these test files are compiled (tests/CMakeLists.txt, DEVMEM_TEST_FILES), and
   # only devmem_tests is built: every test the -R below picks is one of its (the C
   # API's library and test program, and the flight recorder's child, run nothing here).
-  tsan_files='/(arena|caching_allocator_(random|fault|errors|recycle|unlocked_driver)|unlocked_driver_window|backend_conformance|site|thread_cache|tensor_(storage|live_buffers)|runtime_(trace|http|metrics)|flight_recorder)_test\.cc$'
+  tsan_files='/(arena|caching_allocator_(random|fault|errors|recycle|unlocked_driver)|unlocked_driver_window|backend_conformance|site|thread_cache|tensor_(storage|live_buffers)|runtime_(trace|http|metrics)|trace_clock|flight_recorder)_test\.cc$'
   DEVMEM_BUILD_TARGETS=devmem_tests \
     bash scripts/build.sh build-tsan -DDEVMEM_SANITIZE=thread -DDEVMEM_WITH_CUDA=OFF \
     -DDEVMEM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -18,11 +18,14 @@
 #include <latch>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "allocator/caching_allocator.h"
+#include "allocator/driver_in_flight.h"
 #include "allocator/errors.h"
+#include "allocator/mutex.h"
 #include "tests/hooked_backend.h"
 #include "tests/test_util.h"
 
@@ -935,6 +938,172 @@ TEST(UnlockedDriverTest, TheRetryWaitsForAGiveBackBegunDuringItsEventWait) {
   t->empty_cache();
   EXPECT_EQ(t.sim->used_bytes(), 0u);
 }
+
+// Stage 2's wait for give-backs is for those begun before it, not until none is in
+// flight: a steady stream of other threads' give-backs, each begun before the last one
+// ended, must not hold a waiter off. DriverInFlight alone, ordered by its lock: the
+// waiter holds it from before `waiting` until its wait releases it, so the main thread
+// takes it only once the waiter waits.
+TEST(UnlockedDriverTest, AGiveBackWaitEndsWithTheGiveBacksBegunBeforeIt) {
+  Mutex mu;
+  internal::DriverInFlight f;
+  internal::DriverInFlight::Ticket ticket = 0;
+  {
+    MutexLock lock(&mu);
+    ticket = f.begin_give_back(100);  // begun before the waiter
+  }
+  std::latch waiting{1};
+  std::future<void> waiter = std::async(std::launch::async, [&] {
+    MutexLock lock(&mu);
+    waiting.count_down();
+    f.wait_for_give_backs(&mu);
+  });
+  waiting.wait();
+  // Each round begins a give-back before it ends the previous one: one is always in
+  // flight. The waiter must be done once the first one (begun before it) ended.
+  constexpr int kRounds = 8;
+  bool done_while_others_in_flight = false;
+  for (int i = 0; i < kRounds; ++i) {
+    MutexLock lock(&mu);
+    const internal::DriverInFlight::Ticket next = f.begin_give_back(100);
+    f.end_give_back(100, ticket);
+    ticket = next;
+    ASSERT_TRUE(f.validate().ok()) << f.validate();
+    if (i == 0) {
+      // The waiter needs the lock to return: wait for it without holding it.
+      internal::ScopedUnlock unlocked(&mu);
+      done_while_others_in_flight = waiter.wait_for(kBound) == std::future_status::ready;
+    }
+  }
+  EXPECT_TRUE(done_while_others_in_flight)
+      << "give-backs begun after the waiter held it off";
+  {
+    MutexLock lock(&mu);
+    EXPECT_EQ(f.give_back_bytes(), 100u);
+    f.end_give_back(100, ticket);
+    EXPECT_EQ(f.give_back_bytes(), 0u);
+    EXPECT_TRUE(f.validate().ok()) << f.validate();
+  }
+  waiter.get();
+}
+
+// The same through the allocator: B's allocation waits in stage 2 for S2's free (A's
+// empty_cache, held in the driver); meanwhile C frees S3's blocks and trims, and S3's
+// free is held too. Once S2's free is done B's grow fits (S3's bytes in flight
+// included), so B must succeed while S3's free is still held. With `fail_first_grow`
+// the device refuses B's first grow (S3's memory still the device's), and S3's free
+// ends during that driver call (`back_during_the_call`) or only after it returned:
+// memory came back or is on its way, so B grows again instead of reporting an OOM.
+struct GiveBackStreamCase {
+  bool fail_first_grow;
+  bool back_during_the_call;
+};
+class UnlockedDriverGiveBackStreamTest : public ::testing::TestWithParam<GiveBackStreamCase> {};
+
+TEST_P(UnlockedDriverGiveBackStreamTest, LaterGiveBacksDoNotHoldOffTheRetry) {
+  const GiveBackStreamCase param = GetParam();
+  testutil::HookedBackend* hooks = nullptr;
+  // A 7 MiB limit: three 2 MiB small-pool segments fit, four do not.
+  SimAllocator t = MakeHookedSimAllocator(
+      "sim_capacity:100MiB,expandable_segments:false,thread_cache:false,"
+      "per_process_memory_fraction:0.07",
+      &hooks);
+  void* p0 = t->allocate(kMiB);
+  void* p1 = t->allocate(768 * kKiB);  // S1: busy
+  void* s2a = t->allocate(kMiB);
+  void* s2b = t->allocate(768 * kKiB);  // S2: unused once freed
+  void* q0 = t->allocate(kMiB);
+  void* q1 = t->allocate(768 * kKiB);  // S3: busy until C frees it
+  t->free(s2a);
+  t->free(s2b);
+  ASSERT_EQ(t->stats().segment[kAggregatePool].current, 3);
+  FirstCallGate s2_free;
+  FirstCallGate s3_free;
+  std::atomic<int> frees{0};
+  hooks->free_segment_instead = [&](void* p, size_t n) {
+    (frees++ == 0 ? s2_free : s3_free).Pass();
+    hooks->inner().free_segment(p, n);
+  };
+  std::latch grow_entered{1};
+  std::latch grow_release{1};
+  std::atomic<int> grows{0};
+  if (param.fail_first_grow) {
+    hooks->allocate_segment_instead = [&](size_t n) -> absl::StatusOr<void*> {
+      if (grows++ == 0) {
+        grow_entered.count_down();
+        grow_release.wait();
+        return absl::ResourceExhaustedError("injected: S3's memory is not back yet");
+      }
+      return hooks->inner().allocate_segment(n);
+    };
+  }
+  std::future<void> a = std::async(std::launch::async, [&] { t->empty_cache(); });
+  s2_free.entered.wait();  // S2's free is held: 4 MiB reserved, 2 MiB on their way back
+  // B needs a fourth segment: it gets to stage 2 and waits there for S2's free.
+  const int64_t retries = t->stats().num_alloc_retries;
+  std::future<void*> b =
+      std::async(std::launch::async, [&] { return t->allocate(768 * kKiB); });
+  const auto deadline = std::chrono::steady_clock::now() + kBound;
+  while (t->stats().num_alloc_retries == retries &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();  // polls what B did; orders nothing by time
+  }
+  // stats() took the lock, which B holds from counting the retry to its wait.
+  ASSERT_EQ(t->stats().num_alloc_retries, retries + 1);
+  std::future<void> c = std::async(std::launch::async, [&] {
+    t->free(q0);
+    t->free(q1);
+    t->trim(0);  // S3 goes back, begun after B's wait began
+  });
+  s3_free.entered.wait();
+  s2_free.release.count_down();
+  a.get();
+  if (param.fail_first_grow) {
+    const bool entered = grow_entered.try_wait() ||
+                         [&] {
+                           // Bounded: the defect never gets here while S3's free is held.
+                           const auto until = std::chrono::steady_clock::now() + kBound;
+                           while (!grow_entered.try_wait()) {
+                             if (std::chrono::steady_clock::now() > until) return false;
+                             std::this_thread::yield();
+                           }
+                           return true;
+                         }();
+    EXPECT_TRUE(entered) << "a give-back begun after the retry's wait held it off";
+    if (param.back_during_the_call) {
+      s3_free.release.count_down();
+      c.get();  // S3 is back (C took the lock B released for its driver call)
+      grow_release.count_down();
+    } else {
+      grow_release.count_down();
+      s3_free.release.count_down();
+    }
+  } else {
+    EXPECT_EQ(b.wait_for(kBound), std::future_status::ready)
+        << "a give-back begun after the retry's wait held it off";
+    s3_free.release.count_down();
+  }
+  void* pb = nullptr;
+  EXPECT_NO_THROW(pb = b.get()) << "memory on its way back made an allocation fail";
+  if (c.valid()) c.get();
+  hooks->free_segment_instead = nullptr;
+  hooks->allocate_segment_instead = nullptr;
+  EXPECT_EQ(grows.load(), param.fail_first_grow ? 2 : 0);
+  EXPECT_TRUE(t->validate().ok()) << t->validate();
+  for (void* x : {p0, p1, pb}) t->free(x);
+  t->empty_cache();
+  EXPECT_EQ(t.sim->used_bytes(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, UnlockedDriverGiveBackStreamTest,
+    ::testing::Values(GiveBackStreamCase{false, false}, GiveBackStreamCase{true, true},
+                      GiveBackStreamCase{true, false}),
+    [](const ::testing::TestParamInfo<GiveBackStreamCase>& info) {
+      if (!info.param.fail_first_grow) return std::string("GrowFits");
+      return std::string(info.param.back_during_the_call ? "BackDuringAFailedGrow"
+                                                         : "InFlightAfterAFailedGrow");
+    });
 
 }  // namespace
 }  // namespace devmem

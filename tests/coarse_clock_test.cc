@@ -2,11 +2,16 @@
 // allocation time a thread-cache hit stamps with it: published before the first use
 // returns, never ahead of CoarseNowNs(), never decreasing, advancing while used, and
 // withdrawn in a forked child until EnsureCoarseTicker restarts the ticker.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -27,6 +32,72 @@ bool PublishedPasses(int64_t t) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));  // time passing, no order
   }
   return true;
+}
+
+// Copies the file at `path` to stderr, prefixed by `what`. No heap: a forked child of a
+// multithreaded parent may have inherited an allocator lock held (how it got stuck).
+void CopyToStderr(const char* what, const char* path) {
+  char buf[4096];
+  const int n = std::snprintf(buf, sizeof(buf), "  %s: ", what);
+  (void)!write(2, buf, static_cast<size_t>(n));
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    for (ssize_t got; (got = read(fd, buf, sizeof(buf))) > 0;) {
+      (void)!write(2, buf, static_cast<size_t>(got));
+    }
+    close(fd);
+  }
+  (void)!write(2, "\n", 1);
+}
+
+// A forked child whose ticker never published: says on stderr where each of its
+// threads is (the ticker's state, each task's kernel wait channel, system call and
+// kernel stack, and a user-space backtrace where gdb is installed), so that a failure
+// in CI names the cause. Allocates nothing (raw system calls, fixed buffers).
+void DumpStuckChild() {
+  char line[512];
+  coarse_clock_internal::TickerStateForTest(line, sizeof(line));
+  char head[640];
+  const int n = std::snprintf(head, sizeof(head),
+                              "forked child %d: no ticker published within 10 s; %s\n",
+                              static_cast<int>(getpid()), line);
+  (void)!write(2, head, static_cast<size_t>(n));
+  const int dir = open("/proc/self/task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    alignas(8) char entries[4096];
+    for (long got; (got = syscall(SYS_getdents64, dir, entries, sizeof(entries))) > 0;) {
+      for (long at = 0; at < got;) {
+        const char* name = entries + at + 19;  // linux_dirent64: ino, off, reclen, type
+        unsigned short reclen = 0;
+        std::memcpy(&reclen, entries + at + 16, sizeof(reclen));
+        at += reclen;
+        if (name[0] == '.') continue;
+        for (const char* what : {"comm", "wchan", "syscall", "stack"}) {
+          char path[128];
+          std::snprintf(path, sizeof(path), "/proc/self/task/%s/%s", name, what);
+          std::snprintf(line, sizeof(line), "task %s %s", name, what);
+          CopyToStderr(line, path);
+        }
+      }
+    }
+    close(dir);
+  }
+  if (access("/usr/bin/gdb", X_OK) == 0 && access("/usr/bin/timeout", X_OK) == 0) {
+    char pid[16];
+    std::snprintf(pid, sizeof(pid), "%d", static_cast<int>(getpid()));
+    // Bounded (60 s), within the test's time limit under a sanitizer (180 s).
+    char* argv[] = {const_cast<char*>("/usr/bin/timeout"), const_cast<char*>("60"),
+                    const_cast<char*>("/usr/bin/gdb"), const_cast<char*>("-q"),
+                    const_cast<char*>("-batch"), const_cast<char*>("-p"), pid,
+                    const_cast<char*>("-ex"), const_cast<char*>("thread apply all bt"),
+                    nullptr};
+    pid_t gdb = 0;
+    // posix_spawn (no fork handlers, no heap); gdb writes to this child's stderr.
+    if (posix_spawn(&gdb, argv[0], nullptr, nullptr, argv, environ) == 0) {
+      int status = 0;
+      waitpid(gdb, &status, 0);
+    }
+  }
 }
 
 TEST(CoarseClockTest, PublishedWhileUsedNeverAheadNeverBackAndAdvances) {
@@ -62,7 +133,9 @@ TEST(CoarseClockTest, ACacheHitsAllocationTimeComesFromTheTicker) {
 }
 
 // fork(): the child has no ticker thread, so the parent's last value would stand still
-// there; it is withdrawn (hits read the clock) until EnsureCoarseTicker starts one.
+// there; it is withdrawn (hits read the clock) until EnsureCoarseTicker starts one. The
+// fork comes right after `use` started the ticker (when the test runs alone): fork()
+// waits until that thread's start is over.
 TEST(CoarseClockTest, AForkedChildReadsTheClockUntilRestarted) {
   CoarseTickerUse use;
   ASSERT_NE(g_published_ns.load(), 0);
@@ -70,11 +143,19 @@ TEST(CoarseClockTest, AForkedChildReadsTheClockUntilRestarted) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (g_published_ns.load() != 0) _exit(2);
+    // The ticker thread `use` started had finished starting when fork() copied the
+    // process: its start may hold a heap lock (coarse_clock.cc), which ASan's
+    // allocator would hand this child held, and the ticker started below would block
+    // on it (exit 5).
+    if (!coarse_clock_internal::TickerStartedAtForkForTest()) _exit(6);
     const int64_t c0 = CoarseNowNs();
     if (PublishedCoarseNowNs() < c0) _exit(3);  // the clock itself
     EnsureCoarseTicker();
     if (g_published_ns.load() == 0) _exit(4);
-    if (!PublishedPasses(CoarseNowNs())) _exit(5);  // a ticker runs in the child
+    if (!PublishedPasses(CoarseNowNs())) {  // a ticker runs in the child
+      DumpStuckChild();
+      _exit(5);
+    }
     _exit(0);
   }
   int status = 0;
