@@ -140,9 +140,10 @@ class TraceRing : public AllocatorObserver {
   // recording at once). Why large chunks: a claim costs ~50 ns on the development VM
   // (the recycled chunk's header, claim entry and first slots were last touched a lap
   // of the ring ago), ~0.8 ns an event at 64 events a chunk, and more beside a second
-  // writing thread in the VM's slow minutes (two threads calling Record directly:
-  // 1.2-1.7x the ns per event of one at K = 64, 1.0x at K = 4096; at 512, with the
-  // default 2^17 events, 0.7 ns an event less than at 64, and 1.02-1.05x).
+  // writing thread in the VM's slow minutes (two threads calling Record directly on a
+  // 2^17 ring there: 1.2-1.7x the ns per event of one at K = 64, 1.0x at K = 4096; at
+  // 512, 0.7 ns an event less alone than at 64, and 1.25-1.5x, the rest being the
+  // chunk count's store: docs/architecture.md, "What a hit writes").
   static constexpr size_t kChunkEvents = 512;
 
   // capacity > 0: the number of events kept (InvalidArgumentError otherwise). The
