@@ -76,9 +76,16 @@ constexpr int kWords = 7;
 std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t tls_thread = 0;
 
+// A ring this large or larger has at least this many chunks (trace.h, kChunkEvents):
+// room for as many threads recording at once before any drops events.
+constexpr size_t kMinChunks = 256;
+
+// K (trace.h, kChunkEvents): 64 (a quarter of the capacity for rings under 256
+// events), or, for rings over 16,384 events, capacity / kMinChunks up to kChunkEvents.
 uint32_t ChunkEventsFor(size_t capacity) {
+  const size_t small = std::clamp<size_t>(capacity / 4, 1, 64);
   return static_cast<uint32_t>(
-      std::clamp<size_t>(capacity / 4, 1, TraceRing::kChunkEvents));
+      std::max(small, std::min(capacity / kMinChunks, TraceRing::kChunkEvents)));
 }
 
 }  // namespace

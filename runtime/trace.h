@@ -18,7 +18,7 @@
 // is, once the lane holds its share, the lane's own oldest chunk (no shared write, and
 // its lines stay in the thread's core's caches).
 //
-// What the ring keeps. The C = capacity / K + 1 chunks of K = kChunkEvents slots start
+// What the ring keeps. The C = capacity / K + 1 chunks of K slots (kChunkEvents) start
 // in a pool; a lane takes chunks from it while it has some. After that, a lane whose
 // chunk is full, of the L lanes that threads hold (a lane of an exited thread is
 // parked: it counts in none of the shares), takes
@@ -83,7 +83,7 @@
 // them (above), and taken up by the next thread that records, which goes on filling
 // the last one if no one took it.
 //
-// Memory: capacity + kChunkEvents slots of 64 bytes (C chunks) and C chunk headers of
+// Memory: capacity + K slots of 64 bytes (C chunks) and C chunk headers of
 // 64 bytes, plus, once read, the numbered events the readers page through (capacity
 // x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each).
 //
@@ -134,8 +134,17 @@ uint32_t TraceThreadNumber();
 
 class TraceRing : public AllocatorObserver {
  public:
-  // Events per chunk (at most; fewer for small capacities, see trace.cc).
-  static constexpr size_t kChunkEvents = 64;
+  // Events per chunk, at most: K is 64 (a quarter of the capacity under 256 events)
+  // and, above 16,384 events, capacity / 256 up to this (trace.cc, ChunkEventsFor), so
+  // that a ring of 16,384 events or more has at least 256 chunks (room for 256 threads
+  // recording at once). Why large chunks: a claim costs ~50 ns on the development VM
+  // (the recycled chunk's header, claim entry and first slots were last touched a lap
+  // of the ring ago), ~0.8 ns an event at 64 events a chunk, and more beside a second
+  // writing thread in the VM's slow minutes (two threads calling Record directly on a
+  // 2^17 ring there: 1.2-1.7x the ns per event of one at K = 64, 1.0x at K = 4096; at
+  // 512, 0.7 ns an event less alone than at 64, and 1.25-1.5x, the rest being the
+  // chunk count's store: docs/architecture.md, "What a hit writes").
+  static constexpr size_t kChunkEvents = 512;
 
   // capacity > 0: the number of events kept (InvalidArgumentError otherwise). The
   // chunks are allocated and zeroed here.
@@ -236,12 +245,16 @@ class TraceRing : public AllocatorObserver {
   std::unique_ptr<Chunk[]> chunks_;  // C headers
   std::unique_ptr<Slot[]> slots_;    // C x K slots: chunk p's are [p K, (p + 1) K)
   TraceClock clock_;
+  // Every claim loads fresh_ and active_lanes_: a line of their own, written only while
+  // the pool lasts and when a thread takes or gives back a lane, so that a claim of a
+  // lane at its share reads no line another thread writes in steady state.
   // Chunks handed out of the pool (never claimed before); only loaded once it reaches C.
   alignas(64) std::atomic<uint32_t> fresh_{0};
   std::atomic<uint32_t> active_lanes_{0};      // lanes a thread holds: shares are C / this
   std::atomic<Lane*> lane_list_{nullptr};      // every lane, newest first (Lane::next_lane)
 
-  mutable Mutex lanes_mu_;
+  // Taken by readers too (Collect): not on the line above.
+  alignas(64) mutable Mutex lanes_mu_;
   std::vector<std::unique_ptr<Lane>> lanes_ ABSL_GUARDED_BY(lanes_mu_);
   std::vector<Lane*> free_lanes_ ABSL_GUARDED_BY(lanes_mu_);
 
