@@ -367,30 +367,33 @@ TEST(TraceRingTest, ConcurrentThreadsBeyondTheChunksCountWhatTheyDrop) {
   for (const TraceEvent& e : events) EXPECT_EQ(e.size, e.addr * 3);
 }
 
-// The default ring's chunks are large (trace.h, kChunkEvents: 512 events at 2^17), yet
-// it has room for 256 threads recording at once: each holds a chunk, and none drops an
-// event. (A ring of 2^17 events cut into 512-event chunks by a quarter-capacity rule,
-// or a larger chunk, would have fewer chunks than threads.)
-TEST(TraceRingTest, ALargeRingHasAChunkForEachOf256ThreadsRecordingAtOnce) {
-  TraceRing ring(size_t{1} << 17);
-  constexpr int kThreads = 256;
-  constexpr uint64_t kPerThread = 3;
-  std::latch wrote(kThreads), done(1);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * 1000 + i));
-      wrote.count_down();
-      done.wait();  // every thread keeps its lane (and chunk) open until all wrote
-    });
+// Rings of 16,384 events or more have at least 256 chunks (trace.h, kChunkEvents:
+// capacity / 256 events a chunk, up to 512), so 256 threads recording at once each hold
+// one and none drops an event: at 2^14 (64 a chunk), 2^15 (128, where a quarter-capacity
+// rule up to 512 would leave 65 chunks) and 2^17 (512, the default).
+TEST(TraceRingTest, LargeRingsHaveAChunkForEachOf256ThreadsRecordingAtOnce) {
+  for (const size_t capacity : {size_t{1} << 14, size_t{1} << 15, size_t{1} << 17}) {
+    SCOPED_TRACE(capacity);
+    TraceRing ring(capacity);
+    constexpr int kThreads = 256;
+    constexpr uint64_t kPerThread = 3;
+    std::latch wrote(kThreads), done(1);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * 1000 + i));
+        wrote.count_down();
+        done.wait();  // every thread keeps its lane (and chunk) open until all wrote
+      });
+    }
+    wrote.wait();
+    uint64_t missed = 99;
+    const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
+    done.count_down();
+    for (std::thread& t : threads) t.join();
+    EXPECT_EQ(missed, 0u);
+    EXPECT_EQ(events.size(), kThreads * kPerThread);
   }
-  wrote.wait();
-  uint64_t missed = 99;
-  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
-  done.count_down();
-  for (std::thread& t : threads) t.join();
-  EXPECT_EQ(missed, 0u);
-  EXPECT_EQ(events.size(), kThreads * kPerThread);
 }
 
 // A thread that exits gives its lane back: a thousand short-lived threads, one after
