@@ -248,6 +248,10 @@ size_t ExpandableSegments::recycle_except(size_t bytes, const Scope& scope, Mute
   std::vector<Stream> streams;  // to wait for (each once)
   std::vector<Hole> holes;
   holes.reserve(candidates.size());
+  // Reserved before any hole is detached: a push_back that threw after a detach would
+  // leave that give-back begun and never ended (its generation would never drain, and
+  // stage 2's wait would block on it: segment_source.h).
+  streams.reserve(candidates.size());
   size_t released = 0;
   for (const Candidate& c : candidates) {
     if (released >= bytes) break;

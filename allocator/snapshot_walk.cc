@@ -56,7 +56,8 @@ void SnapshotWalk::reserve(size_t blocks, size_t segments) {
   if (out_.size() < blocks) out_.resize(blocks);  // value-initialized: its pages touched now
   // Written again now, kept or not: the walk's stores then find these lines in the
   // caches instead of reading each from memory first under the lock.
-  std::memset(static_cast<void*>(out_.data()), 0, blocks * sizeof(Copied));
+  // (blocks == 0 after the shrink leaves data() null, which memset may not take.)
+  if (blocks != 0) std::memset(static_cast<void*>(out_.data()), 0, blocks * sizeof(Copied));
   ReserveTouched(segments_, segments);
   ReserveTouched(chains_, segments + kMaxEntries);
   ReserveTouched(chain_blocks_, segments + kMaxEntries);
@@ -213,7 +214,9 @@ std::vector<std::vector<BlockInfo>> SnapshotWalk::take() {
     b.site = o.site;
     b.alloc_time_ns = o.alloc_time_ns;
   }
-  slabs_.clear();
+  // slabs_ grows by push_back under the lock (pick_entries) and no reserve() writes
+  // it: written whole now, so a tail it grew has no unwritten pages for the next lock.
+  ReserveTouched(slabs_, slabs_.capacity());
   segments_.clear();
   entries_.clear();
   chains_.clear();

@@ -78,8 +78,9 @@ class SnapshotWalk {
 
   SnapshotWalk();
   // Room for `blocks` blocks and `segments` segments (growing under the lock past
-  // them: correct, slower). Allocates and touches it now, before the lock (nothing, if
-  // the arrays kept from an earlier snapshot are big enough and not over 4x as big).
+  // them: correct, slower). Allocates and touches it now, before the lock (allocates
+  // nothing if the arrays kept from an earlier snapshot are big enough and not over 4x
+  // as big, but still writes them, so that the walk finds their lines in the caches).
   void reserve(size_t blocks, size_t segments);
   // The room reserve() left for blocks (the copy's array: kept by take()).
   size_t block_room() const { return out_.size(); }
