@@ -29,7 +29,11 @@ namespace {
 // handlers of its own (GCC 12's ASan allocator) then hands the child its lock held: the
 // child's own ticker thread blocked on its first allocation of that size class, and
 // never published (CoarseClockTest.AForkedChild..., exit 5, under ASan). Once started,
-// the ticker allocates nothing.
+// the ticker's loop allocates nothing. Not covered: a ticker thread that is exiting
+// (its use count fell to 0, it left Run and released `mu`) may still be in the thread
+// library's or the sanitizer's exit code, which can take a heap lock; a fork at that
+// moment under such a heap has the same hazard, as it has for any of the program's own
+// threads (only a heap with fork handlers, glibc's, or a newer ASan runtime, is safe).
 struct Ticker {
   std::mutex mu;
   std::condition_variable wake;     // the use count fell to 0

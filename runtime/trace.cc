@@ -76,8 +76,9 @@ constexpr int kWords = 7;
 std::atomic<uint32_t> g_next_thread{1};
 thread_local uint32_t tls_thread = 0;
 
-// A ring this large or larger has at least this many chunks (trace.h, kChunkEvents):
-// room for as many threads recording at once before any drops events.
+// Rings of 16,384 events or more have more than this many chunks (ChunkEventsFor,
+// trace.h's kChunkEvents): room for as many threads recording at once before any
+// drops events.
 constexpr size_t kMinChunks = 256;
 
 // K (trace.h, kChunkEvents): 64 (a quarter of the capacity for rings under 256

@@ -18,7 +18,7 @@
 // is, once the lane holds its share, the lane's own oldest chunk (no shared write, and
 // its lines stay in the thread's core's caches).
 //
-// What the ring keeps. The C = capacity / K + 1 chunks of K slots (kChunkEvents) start
+// What the ring keeps. The C = ceil(capacity / K) + 1 chunks of K slots (kChunkEvents) start
 // in a pool; a lane takes chunks from it while it has some. After that, a lane whose
 // chunk is full, of the L lanes that threads hold (a lane of an exited thread is
 // parked: it counts in none of the shares), takes
@@ -35,7 +35,8 @@
 // lane's chunks, and a quiet lane's beyond its share, stay readable until a lane below
 // its share takes them (the oldest first). The price: a thread that stopped recording
 // but lives keeps up to its share of old events out of the other lanes' reach (with
-// two threads that both write, each keeps at least half the ring). (The previous
+// two threads that both write, each keeps at least floor(C / 2) chunks less the
+// one it fills: at the default, 127 chunks of 512 events, just under half the ring). (The previous
 // policy, each claim the next chunk round-robin from one pool, kept the newest N of
 // the process, but every claim wrote one shared counter, and a chunk one thread had
 // written was next claimed by another, its lines moving between the cores. Removing
@@ -83,7 +84,7 @@
 // them (above), and taken up by the next thread that records, which goes on filling
 // the last one if no one took it.
 //
-// Memory: capacity + K slots of 64 bytes (C chunks) and C chunk headers of
+// Memory: C x K slots of 64 bytes (capacity rounded up to whole chunks, plus one) and C chunk headers of
 // 64 bytes, plus, once read, the numbered events the readers page through (capacity
 // x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each).
 //

@@ -344,7 +344,7 @@ TEST(TraceRingTest, EventsOrderedByALockAcrossThreadsKeepThatOrder) {
 // More writing threads at once than the ring has chunks: those without a chunk drop
 // their events, and every event is still either read or counted as missed.
 TEST(TraceRingTest, ConcurrentThreadsBeyondTheChunksCountWhatTheyDrop) {
-  TraceRing ring(8);  // 4 slots a chunk, 3 chunks
+  TraceRing ring(8);  // 2 slots a chunk (a quarter of 8), 5 chunks
   constexpr int kThreads = 6;
   constexpr uint64_t kPerThread = 200;
   std::latch wrote(kThreads), done(1);
