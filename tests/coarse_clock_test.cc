@@ -17,6 +17,7 @@
 
 #include "allocator/caching_allocator.h"
 #include "allocator/coarse_clock.h"
+#include "tests/coarse_clock_test_util.h"
 #include "tests/test_util.h"
 
 namespace devmem {
@@ -24,15 +25,7 @@ namespace {
 
 using coarse_clock_internal::g_published_ns;
 
-// Waits (up to 10 s) until the published value passes `t`; false when it never did.
-bool PublishedPasses(int64_t t) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (g_published_ns.load(std::memory_order_relaxed) <= t) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // time passing, no order
-  }
-  return true;
-}
+using testutil::PublishedPasses;
 
 // Copies the file at `path` to stderr, prefixed by `what`. No heap: a forked child of a
 // multithreaded parent may have inherited an allocator lock held (how it got stuck).

@@ -341,26 +341,37 @@ TEST(TraceRingTest, EventsOrderedByALockAcrossThreadsKeepThatOrder) {
   EXPECT_NE(events[0].thread, events[1].thread);
 }
 
+// `threads` threads record `per_thread` events each (thread t's event i is Synthetic(t *
+// 1000 + i)) and keep their lanes, and chunks, open while the ring is read once from the
+// start: what that read returned, and *missed what it counted as missed.
+std::vector<TraceEvent> ReadWhileAllThreadsHoldTheirLanes(TraceRing& ring, int threads,
+                                                          uint64_t per_thread,
+                                                          uint64_t* missed) {
+  std::latch wrote(threads), done(1);
+  std::vector<std::thread> writers;
+  for (int t = 0; t < threads; ++t) {
+    writers.emplace_back([&, t] {
+      for (uint64_t i = 1; i <= per_thread; ++i) ring.on_event(Synthetic(t * 1000 + i));
+      wrote.count_down();
+      done.wait();  // every thread keeps its lane (and chunk) open until all wrote
+    });
+  }
+  wrote.wait();
+  std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, missed);
+  done.count_down();
+  for (std::thread& t : writers) t.join();
+  return events;
+}
+
 // More writing threads at once than the ring has chunks: those without a chunk drop
 // their events, and every event is still either read or counted as missed.
 TEST(TraceRingTest, ConcurrentThreadsBeyondTheChunksCountWhatTheyDrop) {
   TraceRing ring(8);  // 2 slots a chunk (a quarter of 8), 5 chunks
   constexpr int kThreads = 6;
   constexpr uint64_t kPerThread = 200;
-  std::latch wrote(kThreads), done(1);
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * 1000 + i));
-      wrote.count_down();
-      done.wait();  // every thread keeps its lane (and chunk) open until all wrote
-    });
-  }
-  wrote.wait();
   uint64_t missed = 0;
-  const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
-  done.count_down();
-  for (std::thread& t : threads) t.join();
+  const std::vector<TraceEvent> events =
+      ReadWhileAllThreadsHoldTheirLanes(ring, kThreads, kPerThread, &missed);
   EXPECT_EQ(events.size() + missed, kThreads * kPerThread);
   EXPECT_EQ(ring.next_seq(), kThreads * kPerThread + 1);
   EXPECT_LE(events.size(), ring.capacity());
@@ -377,20 +388,9 @@ TEST(TraceRingTest, LargeRingsHaveAChunkForEachOf256ThreadsRecordingAtOnce) {
     TraceRing ring(capacity);
     constexpr int kThreads = 256;
     constexpr uint64_t kPerThread = 3;
-    std::latch wrote(kThreads), done(1);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        for (uint64_t i = 1; i <= kPerThread; ++i) ring.on_event(Synthetic(t * 1000 + i));
-        wrote.count_down();
-        done.wait();  // every thread keeps its lane (and chunk) open until all wrote
-      });
-    }
-    wrote.wait();
     uint64_t missed = 99;
-    const std::vector<TraceEvent> events = ring.since(0, SIZE_MAX, &missed);
-    done.count_down();
-    for (std::thread& t : threads) t.join();
+    const std::vector<TraceEvent> events =
+        ReadWhileAllThreadsHoldTheirLanes(ring, kThreads, kPerThread, &missed);
     EXPECT_EQ(missed, 0u);
     EXPECT_EQ(events.size(), kThreads * kPerThread);
   }

@@ -13,21 +13,17 @@
 
 #include "allocator/coarse_clock.h"
 #include "runtime/trace_clock.h"
+#include "tests/coarse_clock_test_util.h"
 
 namespace devmem {
 namespace {
 
-using coarse_clock_internal::g_published_ns;
 using coarse_clock_internal::TickPublisherUsesForTest;
 
 // Waits (up to 10 s) until the coarse ticker has published a value past `t`; false when
 // it never did. Then no publish of the period before is in flight any more.
 bool TickerPublishedPast(int64_t t) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (g_published_ns.load(std::memory_order_relaxed) <= t) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // time passing, no order
-  }
+  if (!testutil::PublishedPasses(t)) return false;
   SyncWithTickPublisher();  // that period's publisher call has finished too
   return true;
 }
