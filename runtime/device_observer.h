@@ -19,7 +19,7 @@
 // histogram's per-thread count (inline; no lock, no read-modify-write on a cache line
 // other threads write) and, when tracing is on (trace_entries > 0, the default), the
 // trace's record (inline, into the calling thread's own chunk: no call, no lock, no
-// shared read-modify-write but one per 64 events, runtime/trace.h).
+// shared write; a chunk claim per 512 events at the default size, runtime/trace.h).
 //
 // Thread-safety: on_event runs under the allocator's device lock (or, for thread-cache
 // hits, on the allocating thread without it) and only writes the calling thread's lane
