@@ -36,6 +36,7 @@
 #include "allocator/block_map.h"
 #include "allocator/event_queues.h"
 #include "allocator/free_index.h"
+#include "allocator/poll_work.h"
 #include "allocator/pool_accounting.h"
 
 namespace devmem::internal {
@@ -132,6 +133,7 @@ class BlockStates {
     b->events_deferred = true;
     acct_.block_pending(b);
     deferred_.push_back(b);
+    publish_deferred();
     return true;
   }
   bool has_deferred() const { return !deferred_.empty(); }
@@ -150,6 +152,7 @@ class BlockStates {
       const size_t queued = events_.enqueue(b);
       deferred_[i] = deferred_.back();
       deferred_.pop_back();
+      publish_deferred();
       b->events_deferred = false;
       b->pending_events += static_cast<int>(queued);
       b->stream_uses.clear();
@@ -208,6 +211,12 @@ class BlockStates {
   // --- thread caches (allocator/thread_cache.h, device_pool_tcache.cc) ----------------
   // The map of cache-owned blocks, for validate_block (set once by DevicePool).
   void set_cache_map(const BlockMap* map) { cache_map_ = map; }
+  // Where has_deferred() is published (PollWork::kDeferredEvents, allocator/poll_work.h),
+  // at each change of the deferred list; null: nowhere. Set once, before use.
+  void set_poll_work(PollWork* work) {
+    poll_work_ = work;
+    publish_deferred();
+  }
   // allocated (in the table) -> thread-cached: the user freed it into a thread cache.
   void allocated_to_thread_cache(Block* b) {
     allocated_.erase(b->addr);
@@ -270,8 +279,13 @@ class BlockStates {
   uint64_t use_clock_ = 0;
   uint64_t free_seq_ = 0;
   const BlockMap* cache_map_ = nullptr;
+  void publish_deferred() {
+    if (poll_work_ != nullptr) poll_work_->set(PollWork::kDeferredEvents, !deferred_.empty());
+  }
+
   // Pending blocks whose events wait for the end of a capture (free_deferring_events).
   std::vector<Block*> deferred_;
+  PollWork* poll_work_ = nullptr;
 };
 
 }  // namespace devmem::internal

@@ -168,6 +168,13 @@ absl::Status CachingAllocator::enable_peer_access(int peer) {
   return DeviceCall(*pool_, "enable_peer_access",
                     [&] { return backend().enable_peer_access(peer); });
 }
+PollStats CachingAllocator::poll_stats() const { return pool_->poll_stats(); }
+
+void CachingAllocator::set_poll_counter(std::atomic<int64_t>* counter) {
+  RefuseInStreamCallback(*pool_, "set_poll_counter");
+  pool_->set_poll_counter(counter);
+}
+
 bool CachingAllocator::poisoned() const { return pool_->poisoned(); }
 DeviceStats CachingAllocator::stats() const {
   RefuseInStreamCallback(*pool_, "stats");

@@ -69,7 +69,9 @@
 // free(nullptr) does nothing.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -154,7 +156,18 @@ class CachingAllocator {
   // Polls every pending event, moving completed blocks back to the cache. allocate() polls
   // a few (allocator/event_queues.h); the runtime's poller thread calls this for the rest.
   // Does nothing while an allocation to a private pool is under way (a capture).
+  // Returns at once, without the device lock, when nothing is queued (no cross-stream
+  // free pending, no stream retiring, nothing deferred by a capture or by recycling;
+  // allocator/poll_work.h): an idle allocator costs its poller one atomic load.
   void process_events();
+  // process_events() calls so far and how many took the device lock. Lock-free.
+  PollStats poll_stats() const;
+  // For a poller of many allocators (the runtime's): while attached, *counter counts
+  // this allocator as 1 whenever it has work for process_events() and 0 otherwise,
+  // so that the poller can skip every lock while it reads 0. nullptr detaches; a new
+  // counter replaces the old. `counter` must outlive the attachment (or the allocator).
+  // Takes the device lock; callable from any thread but a stream callback's.
+  void set_poll_counter(std::atomic<int64_t>* counter);
 
   // Graph capture's private pools (allocator/pool_id.h; PyTorch's beginAllocateToPool,
   // endAllocateToPool, releasePool). From begin_allocate_to_pool(pool, filter) to the

@@ -54,6 +54,11 @@ DevicePool::DevicePool(std::unique_ptr<Backend> backend, const Config& config)
   // pool (event_pool.h), not one cudaEventCreate/Destroy each.
   regular_.set_event_pool(&events_.pool());
   if (expandable_ != nullptr) expandable_->set_event_pool(&events_.pool());
+  // Each part that queues work for poll_locked says whether it has any, so that
+  // process_events() can skip the lock when none has (allocator/poll_work.h).
+  events_.set_poll_work(&poll_work_);
+  blocks_.set_poll_work(&poll_work_);
+  if (expandable_ != nullptr) expandable_->set_poll_work(&poll_work_);
   if (config.expandable_segments == ExpandableMode::kOn && expandable_ == nullptr) {
     std::fprintf(stderr,
                  "devmem: %s: expandable_segments:true needs virtual memory management, "
@@ -373,8 +378,20 @@ void DevicePool::record_stream(void* ptr, Stream stream) {
 }
 
 void DevicePool::process_events() {
+  poll_calls_.fetch_add(1, std::memory_order_relaxed);
+  // Nothing queued: nothing for poll_locked to do, so no lock. A source that queues
+  // work concurrently publishes it under the lock; this call then acts as one that took
+  // the lock just before it did, and the next call sees it (poll_work.h argues the
+  // ordering).
+  if (!poll_work_.any()) return;
+  poll_locked_.fetch_add(1, std::memory_order_relaxed);
   MutexLock lock(&mu_);
   poll_locked(kPollAllEvents);
+}
+
+void DevicePool::set_poll_counter(std::atomic<int64_t>* counter) {
+  MutexLock lock(&mu_);
+  poll_work_.attach(counter);
 }
 
 // --- giving memory back (the Reclaimer decides what goes) ------------------------------

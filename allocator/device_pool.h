@@ -71,6 +71,7 @@
 #include "allocator/mutex.h"
 #include "allocator/observer.h"
 #include "allocator/oom_report.h"
+#include "allocator/poll_work.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/private_pools.h"
 #include "allocator/reclaimer.h"
@@ -98,7 +99,17 @@ class DevicePool {
   void empty_cache();
   void trim(size_t keep_bytes);
   absl::Status set_memory_fraction(double fraction);
+  // Returns at once, without the device lock, when nothing is queued for a poll
+  // (poll_work_, allocator/poll_work.h); else polls every queued event.
   void process_events();
+  // Lock-free: work is queued for process_events() (a hint, exact while no other
+  // thread holds the lock). CachingAllocator::poll_stats / set_poll_counter.
+  bool has_poll_work() const { return poll_work_.any(); }
+  PollStats poll_stats() const {
+    return {poll_calls_.load(std::memory_order_relaxed),
+            poll_locked_.load(std::memory_order_relaxed)};
+  }
+  void set_poll_counter(std::atomic<int64_t>* counter);
 
   // --- graph capture's private pools (device_pool_private.cc, private_pools.h) --------
   // CachingAllocator's begin_allocate_to_pool / end_allocate_to_pool / release_pool:
@@ -252,6 +263,9 @@ class DevicePool {
   void private_stats_locked(DeviceStats* stats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // validate()'s share: the pools' records against the segment table.
   absl::Status validate_private_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // validate()'s share: each poll-work bit set exactly when its source has work
+  // (device_pool_validate.cc).
+  absl::Status validate_poll_work_locked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // --- thread caches (device_pool_tcache.cc) ------------------------------------------
   // The device lock held by the caller, the rest of free(): `ptr` as free() takes it.
@@ -334,6 +348,13 @@ class DevicePool {
 
   mutable Mutex mu_;
   double memory_fraction_ ABSL_GUARDED_BY(mu_);
+  // Whether the parts below hold work for poll_locked: written by them under mu_, read
+  // by process_events() without it (allocator/poll_work.h has the invariant and the
+  // memory ordering). Declared before the parts, which publish into it, and destroyed
+  // after them. process_events()' counts (PollStats), relaxed: figures only.
+  PollWork poll_work_;
+  std::atomic<uint64_t> poll_calls_{0};
+  std::atomic<uint64_t> poll_locked_{0};
   // The parts, in dependency order (each uses only those declared before it).
   SegmentTable segments_ ABSL_GUARDED_BY(mu_);
   DriverInFlight in_flight_ ABSL_GUARDED_BY(mu_);

@@ -60,7 +60,45 @@ absl::Status DevicePool::validate() const {
       !st.ok()) {
     return st;
   }
+  if (st = validate_poll_work_locked(); !st.ok()) return st;
   return acct_.validate(rc);
+}
+
+absl::Status DevicePool::validate_poll_work_locked() const {
+  // Each source's bit against the source itself (allocator/poll_work.h): a clear bit
+  // with work queued would leave that work to the allocation path, a set one with none
+  // would cost the poller the lock for nothing.
+  struct Source {
+    PollWork::Source bit;
+    const char* name;
+    bool has_work;
+  };
+  const Source sources[] = {
+      {PollWork::kQueuedEvents, "queued cross-stream events", events_.size() != 0},
+      {PollWork::kRetirements, "stream retirements under way",
+       events_.retirements().retiring() != 0},
+      {PollWork::kDeferredEvents, "blocks whose events wait for a capture's end",
+       blocks_.has_deferred()},
+      {PollWork::kDeferredRecycles, "deferred recycling decisions",
+       expandable_ != nullptr && expandable_->has_deferred()},
+  };
+  const uint32_t bits = poll_work_.bits();
+  uint32_t known = 0;
+  for (const Source& src : sources) {
+    known |= src.bit;
+    const bool published = (bits & src.bit) != 0;
+    if (published != src.has_work) {
+      return absl::InternalError(absl::StrFormat(
+          "devmem validate(): the poll-work flag says %s %s, but there %s (flags %#x)",
+          published ? "there are" : "there are no", src.name,
+          src.has_work ? "are" : "are none", bits));
+    }
+  }
+  if ((bits & ~known) != 0) {
+    return absl::InternalError(
+        absl::StrFormat("devmem validate(): the poll-work flags %#x name no source", bits));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace devmem::internal

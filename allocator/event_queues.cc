@@ -67,6 +67,7 @@ size_t EventQueues::record(Block* b, const Streams& streams) {
     throw;
   }
   count_ += queued;
+  publish();
   return queued;
 }
 

@@ -24,7 +24,9 @@
 //
 // Invariants (validate): every queued event names a pending block; each block has
 // exactly as many queued events and retirement waits as it waits for; size() is the
-// number queued.
+// number queued; the PollWork given to set_poll_work has kQueuedEvents set exactly when
+// size() > 0 (and StreamRetirements keeps kRetirements), updated by every enqueue and
+// poll before it returns (allocator/poll_work.h).
 // Thread-safety: none; guarded by the owning DevicePool's mutex.
 #pragma once
 
@@ -40,6 +42,7 @@
 #include "allocator/backend.h"
 #include "allocator/block.h"
 #include "allocator/event_pool.h"
+#include "allocator/poll_work.h"
 #include "allocator/stream_retire.h"
 
 namespace devmem::internal {
@@ -86,6 +89,13 @@ class EventQueues {
   bool queued_streams(std::vector<Stream>* live) const;
   StreamRetirements& retirements() { return retired_; }
   const StreamRetirements& retirements() const { return retired_; }
+  // Where the queues (and the retirements) publish whether they hold work for a poll
+  // (allocator/poll_work.h); null: nowhere. Set once, before use; `work` outlives this.
+  void set_poll_work(PollWork* work) {
+    work_ = work;
+    retired_.set_poll_work(work);
+    publish();
+  }
 
   // Releases the events that completed (with `wait`: synchronizes queued events first,
   // so they all complete) and decrements their blocks' pending_events; calls done(b)
@@ -113,7 +123,13 @@ class EventQueues {
   // Records and queues an event on each of `streams` for `b` (enqueue's transaction).
   template <typename Streams>
   size_t record(Block* b, const Streams& streams);
+  // Publishes count_ != 0 (kQueuedEvents). After every change of count_, before the
+  // caller can release the lock.
+  void publish() {
+    if (work_ != nullptr) work_->set(PollWork::kQueuedEvents, count_ != 0);
+  }
   Backend& backend_;
+  PollWork* work_ = nullptr;
   // Declared before queues_: queued events go back to it as they complete.
   EventPool pool_;
   StreamRetirements retired_{backend_};
@@ -130,6 +146,12 @@ void EventQueues::poll(bool wait, size_t budget, Done&& done) {
     budget -= retired_.poll(wait, budget, absl::FunctionRef<void(Block*)>(done));
   }
   if (queues_.empty()) return;
+  // count_ drops below; the bit follows it at every return (none releases the lock
+  // before: done() only moves blocks to the free sets).
+  struct Publish {
+    EventQueues* q;
+    ~Publish() { q->publish(); }
+  } publish_at_return{this};
   auto it = queues_.find(resume_);
   if (it == queues_.end()) it = queues_.begin();
   // Visits each stream once, from `it` round to the one before it. Erasing an emptied

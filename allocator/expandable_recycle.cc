@@ -318,6 +318,7 @@ void ExpandableSegments::recycle_proactively(Reservation* r, size_t bytes, Block
     throw;
   }
   deferred_bytes_ += bytes;
+  publish_deferred();
 }
 
 size_t ExpandableSegments::complete_deferred(bool wait, Mutex* lock) {
@@ -334,6 +335,7 @@ size_t ExpandableSegments::complete_deferred(bool wait, Mutex* lock) {
     deferred_[i] = deferred_.back();
     deferred_.pop_back();
     deferred_bytes_ -= d.bytes;
+    publish_deferred();  // before the lock is released below
     if (wait) {
       // Memory pressure: wait for the stream, with the lock released. The event is this
       // call's alone now; the reservation stays (pinned) meanwhile.

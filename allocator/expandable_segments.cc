@@ -35,6 +35,7 @@ constexpr int kMaxPlacements = 8;
 void ExpandableSegments::forget_driver_state() {
   deferred_.clear();
   deferred_bytes_ = 0;
+  publish_deferred();
   for (auto& [key, r] : reservations_) delete r;
   reservations_.clear();
 }

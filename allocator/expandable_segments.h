@@ -80,6 +80,7 @@
 #include "absl/container/node_hash_map.h"
 #include "allocator/backend.h"
 #include "allocator/free_index.h"
+#include "allocator/poll_work.h"
 #include "allocator/pool_accounting.h"
 #include "allocator/pool_policy.h"
 #include "allocator/segment_source.h"
@@ -133,6 +134,12 @@ class ExpandableSegments final : public SegmentSource {
 
   size_t granularity() const { return granularity_; }
   bool has_deferred() const { return !deferred_.empty(); }
+  // Where has_deferred() is published (PollWork::kDeferredRecycles, allocator/poll_work.h),
+  // at each change of the deferred list; null: nowhere. Set once, before use.
+  void set_poll_work(PollWork* work) {
+    poll_work_ = work;
+    publish_deferred();
+  }
 
   // A retired stream's handle names a new stream (release_stream, stream_retire.h):
   // its high-water mark starts again from the bytes it still has in use.
@@ -284,6 +291,14 @@ class ExpandableSegments final : public SegmentSource {
   absl::flat_hash_set<Key> refused_;  // reserve_address failed, until empty_cache
   std::vector<Deferred> deferred_;    // at most one per reservation
   size_t deferred_bytes_ = 0;         // the sum of their bytes
+  // After every change of deferred_, before the lock can be released (complete_deferred
+  // releases it right after taking a decision out).
+  void publish_deferred() {
+    if (poll_work_ != nullptr) {
+      poll_work_->set(PollWork::kDeferredRecycles, !deferred_.empty());
+    }
+  }
+  PollWork* poll_work_ = nullptr;
   std::vector<InFlight> in_flight_ranges_;  // maps and unmaps with the lock released
   // Reservations a call is working in while it may release the lock (a grow(), a
   // deferred decision's wait): one entry per such call.

@@ -25,6 +25,7 @@ void StreamRetirements::begin(Stream s, size_t waits) {
   e.done = false;
   e.blocks = std::move(blocks);
   ++retiring_;
+  publish();
 }
 
 void StreamRetirements::reserve_wait(Stream s) {
@@ -50,6 +51,7 @@ size_t StreamRetirements::poll(bool wait, size_t budget,
     e.event = Event{};
     e.done = true;
     --retiring_;
+    publish();
     std::vector<Block*> blocks = std::move(e.blocks);
     e.blocks = {};
     for (Block* b : blocks) {

@@ -35,6 +35,7 @@
 #include "absl/functional/function_ref.h"
 #include "allocator/backend.h"
 #include "allocator/block.h"
+#include "allocator/poll_work.h"
 
 namespace devmem::internal {
 
@@ -82,6 +83,13 @@ class StreamRetirements {
   // retired, nothing (its work completed, and the handle must not be synchronized).
   void synchronize_for_release(Stream s);
 
+  // Where retiring() != 0 is published (PollWork::kRetirements, allocator/poll_work.h),
+  // by begin() and poll() as they change it; null: nowhere. EventQueues sets it.
+  void set_poll_work(PollWork* work) {
+    work_ = work;
+    publish();
+  }
+
   // validate()'s share: adds one to `waits[b]` for each listed wait, and fails when a
   // listed block is not pending or the retired entries still list blocks.
   absl::Status count_waits(absl::flat_hash_map<const Block*, int>* waits) const;
@@ -92,7 +100,11 @@ class StreamRetirements {
     bool done = false;  // the event completed (retired)
     std::vector<Block*> blocks;  // waiting (retiring only)
   };
+  void publish() {
+    if (work_ != nullptr) work_->set(PollWork::kRetirements, retiring_ != 0);
+  }
   Backend& backend_;
+  PollWork* work_ = nullptr;
   absl::flat_hash_map<Stream, Entry> entries_;
   size_t retiring_ = 0;
 };

@@ -5,8 +5,13 @@
 //     parts);
 //   * a refused expandable reservation is not asked for again on every miss, only after
 //     empty_cache(), counted through a HookedBackend around the sim.
+//   * process_events() with nothing queued returns without the device lock (shown with
+//     the lock held by the test), and with work queued still polls it all; the
+//     poll-work flag it reads follows every source (allocator/poll_work.h).
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -58,6 +63,14 @@ class DevicePoolTestPeer {
     s.largest = largest;
     s.at_largest = 1;
     s.stale = largest == 0;
+  }
+  // Holds the device lock, as another thread in the pool would, until UnlockDevice().
+  void LockDevice() ABSL_NO_THREAD_SAFETY_ANALYSIS { pool_.mu_.lock(); }
+  void UnlockDevice() ABSL_NO_THREAD_SAFETY_ANALYSIS { pool_.mu_.unlock(); }
+  // Publishes `source` as having work, or none, whatever it holds.
+  void SetPollWork(PollWork::Source source, bool has_work) {
+    MutexLock lock(&pool_.mu_);
+    pool_.poll_work_.set(source, has_work);
   }
   // Moves one waited-for event from `from` to `to` (both pending): totals still agree.
   void MovePendingCount(Block* from, Block* to) {
@@ -144,6 +157,142 @@ TEST(DevicePoolValidateTest, QueuedEventsMustNamePendingBlocksOneForOne) {
   pool->backend().synchronize_stream(*s2);
   pool->process_events();
   pool->free(keep);
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+}
+
+// The poll-work flag (allocator/poll_work.h) must say "work" exactly when a source
+// has some: a clear bit with an event queued would leave the event to the allocation
+// path (process_events() would skip it), a set bit with none would take the lock for
+// nothing.
+TEST(DevicePoolValidateTest, PollWorkFlagMustMatchItsSources) {
+  auto pool = MakePool("");
+  absl::StatusOr<Stream> s1 = pool->backend().create_stream();
+  ASSERT_TRUE(s1.ok());
+  auto blocker = std::make_unique<StreamBlocker>(pool->backend(), *s1);
+  void* a = pool->allocate(4096, Stream{}, kUnknownSite);
+  pool->record_stream(a, *s1);
+  pool->free(a);  // pending on s1: one event queued
+  ASSERT_TRUE(pool->has_poll_work());
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+  DevicePoolTestPeer peer(*pool);
+  peer.SetPollWork(PollWork::kQueuedEvents, false);
+  EXPECT_FALSE(pool->has_poll_work());
+  ExpectViolation(*pool, "says there are no queued cross-stream events, but there are");
+  peer.SetPollWork(PollWork::kQueuedEvents, true);
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+
+  blocker->Release();
+  pool->backend().synchronize_stream(*s1);
+  pool->process_events();
+  ASSERT_FALSE(pool->has_poll_work());
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+  peer.SetPollWork(PollWork::kRetirements, true);  // no stream is being released
+  ExpectViolation(*pool, "says there are stream retirements under way, but there are none");
+  peer.SetPollWork(PollWork::kRetirements, false);
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+}
+
+// With nothing queued, process_events() returns without taking the device lock: here
+// the test holds it, and the call still returns. Before the poll-work flag, every call
+// took the lock (the runtime's poller: every 5 ms per device, idle or not), so this
+// call blocked until the lock was released: the bounded wait below then ran out.
+TEST(DevicePoolPollTest, NothingQueuedMeansNoDeviceLock) {
+  auto pool = MakePool("");
+  absl::StatusOr<Stream> s1 = pool->backend().create_stream();
+  ASSERT_TRUE(s1.ok());
+  // A cross-stream free whose event completed and was polled: queues empty again.
+  void* a = pool->allocate(4096, Stream{}, kUnknownSite);
+  pool->record_stream(a, *s1);
+  pool->free(a);
+  pool->backend().synchronize_stream(*s1);
+  pool->process_events();
+  ASSERT_FALSE(pool->has_poll_work());
+  const PollStats before = pool->poll_stats();
+
+  DevicePoolTestPeer peer(*pool);
+  peer.LockDevice();
+  std::future<void> poll = std::async(std::launch::async, [&] { pool->process_events(); });
+  // Not a timing assertion: the call either returns (now) or waits for the lock, which
+  // only this thread can release; the wait is bounded so that a failure ends the test.
+  const bool returned = poll.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  peer.UnlockDevice();
+  poll.get();
+  EXPECT_TRUE(returned) << "process_events() waited for the device lock with nothing queued";
+  EXPECT_EQ(pool->poll_stats().calls, before.calls + 1);
+  EXPECT_EQ(pool->poll_stats().locked, before.locked);
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+}
+
+// Work still reaches the poll: a cross-stream free (the flag is set by the free and
+// stays set while the event is not done) and a stream retirement are polled by
+// process_events() alone, and the flag clears once they are done.
+TEST(DevicePoolPollTest, QueuedWorkIsPolledAndThenTheFlagClears) {
+  auto pool = MakePool("");
+  absl::StatusOr<Stream> s1 = pool->backend().create_stream();
+  absl::StatusOr<Stream> s2 = pool->backend().create_stream();
+  ASSERT_TRUE(s1.ok() && s2.ok());
+  auto blocker = std::make_unique<StreamBlocker>(pool->backend(), *s1);
+  void* a = pool->allocate(4096, Stream{}, kUnknownSite);
+  pool->record_stream(a, *s1);
+  EXPECT_FALSE(pool->has_poll_work());  // a recorded use queues nothing until the free
+  pool->free(a);
+  EXPECT_TRUE(pool->has_poll_work());
+  const PollStats before = pool->poll_stats();
+  pool->process_events();  // s1 is blocked: the event is queried, not done
+  EXPECT_EQ(pool->poll_stats().locked, before.locked + 1);
+  EXPECT_TRUE(pool->has_poll_work());
+  EXPECT_EQ(pool->stats().pending_bytes[kAggregatePool].current, 4096);
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+  blocker->Release();
+  pool->backend().synchronize_stream(*s1);
+  pool->process_events();
+  EXPECT_EQ(pool->stats().pending_bytes[kAggregatePool].current, 0);
+  EXPECT_FALSE(pool->has_poll_work());
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+
+  // A retirement: its block waits for the stream's event, polled the same way.
+  auto blocker2 = std::make_unique<StreamBlocker>(pool->backend(), *s2);
+  void* b = pool->allocate(4096, *s2, kUnknownSite);
+  pool->free(b);
+  pool->release_stream(*s2);
+  EXPECT_TRUE(pool->has_poll_work());
+  pool->process_events();
+  EXPECT_TRUE(pool->has_poll_work());
+  ASSERT_TRUE(pool->validate().ok()) << pool->validate();
+  blocker2->Release();
+  pool->backend().synchronize_stream(*s2);
+  pool->process_events();
+  EXPECT_FALSE(pool->has_poll_work());
+  EXPECT_EQ(pool->stats().pending_bytes[kAggregatePool].current, 0);
+  EXPECT_TRUE(pool->validate().ok()) << pool->validate();
+}
+
+// The pools-with-work counter (for the runtime's poller) counts this pool while it has
+// work, and takes it back when the work is done and when the pool detaches.
+TEST(DevicePoolPollTest, CounterFollowsTheFlag) {
+  auto pool = MakePool("");
+  absl::StatusOr<Stream> s1 = pool->backend().create_stream();
+  ASSERT_TRUE(s1.ok());
+  std::atomic<int64_t> counter{0};
+  pool->set_poll_counter(&counter);
+  EXPECT_EQ(counter.load(), 0);
+  auto blocker = std::make_unique<StreamBlocker>(pool->backend(), *s1);
+  void* a = pool->allocate(4096, Stream{}, kUnknownSite);
+  void* b = pool->allocate(4096, Stream{}, kUnknownSite);
+  pool->record_stream(a, *s1);
+  pool->record_stream(b, *s1);
+  pool->free(a);
+  EXPECT_EQ(counter.load(), 1);
+  pool->free(b);
+  EXPECT_EQ(counter.load(), 1);  // one pool, counted once
+  pool->set_poll_counter(nullptr);
+  EXPECT_EQ(counter.load(), 0);
+  pool->set_poll_counter(&counter);  // attached with work: counted at once
+  EXPECT_EQ(counter.load(), 1);
+  blocker->Release();
+  pool->backend().synchronize_stream(*s1);
+  pool->process_events();
+  EXPECT_EQ(counter.load(), 0);
   EXPECT_TRUE(pool->validate().ok()) << pool->validate();
 }
 
