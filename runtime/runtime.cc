@@ -13,6 +13,10 @@
 // created and its observer set, and while the poller calls process_events (which only
 // polls events, never blocks); otherwise it is released before any allocator method
 // runs (allocators() copies the table). `poll_mu` guards the poller's stop flag only.
+//
+// The poller's rounds take `mu` only when `pools_with_work` is not 0: every allocator
+// in the table is attached to it (Install; detached when it leaves the table) and
+// counts itself while it has work for process_events() (allocator/poll_work.h).
 #include "runtime/runtime.h"
 
 #include <atomic>
@@ -147,6 +151,15 @@ struct Runtime::State {
   std::mutex poll_mu;
   std::condition_variable poll_cv;
   bool poll_stop = false;  // guarded by poll_mu
+  // How many allocators of the table have work queued for process_events(): written by
+  // the allocators (under their device locks, read-modify-writes), read by the poller
+  // without any lock. Relaxed (poll_work.h): a round that reads 0 while an allocator
+  // queues its first event is the round that, taking the locks, would have come just
+  // before it; the next round sees it. Lives as long as the state (the process).
+  std::atomic<int64_t> pools_with_work{0};
+  // The poller's figures (PollerStats), relaxed: counts only.
+  std::atomic<uint64_t> poll_rounds{0};
+  std::atomic<uint64_t> poll_registry_locks{0};
 
   // The allocator of `device`, created (and kept in `created`) if there is none.
   // Created under the registry lock so that each device gets exactly one; the device
@@ -169,6 +182,9 @@ struct Runtime::State {
         allocator.get(), trace.get(), dumper.get(), &callbacks, &SizeHistogram::Process(),
         flight != nullptr ? flight->AddAllocator(allocator->device()) : nullptr));
     allocator->set_observer(observers.back().get());
+    // Counted while it has work, so that idle rounds of the poller take no lock
+    // (detached again when it leaves the table: the poller polls the table only).
+    allocator->set_poll_counter(&pools_with_work);
     const bool needs_poller =
         config.garbage_collection_threshold > 0 || allocator->backend().caps().streams;
     if (needs_poller && !shut_down && !poller.joinable()) {
@@ -180,7 +196,11 @@ struct Runtime::State {
     std::unique_lock<std::mutex> lock(poll_mu);
     while (!poll_stop) {
       lock.unlock();
-      {
+      poll_rounds.fetch_add(1, std::memory_order_relaxed);
+      // No allocator of the table has work: nothing to do, and no lock taken to find
+      // that out (the registry's nor any device's).
+      if (pools_with_work.load(std::memory_order_relaxed) != 0) {
+        poll_registry_locks.fetch_add(1, std::memory_order_relaxed);
         // Under the registry lock, through the table itself: a copy of the table would
         // hold references of its own, and an allocator its users have all dropped (one
         // that a ScopedAllocatorOverride installed, say) would then live on, and be
@@ -189,9 +209,15 @@ struct Runtime::State {
         MutexLock registry(&mu);
         // A poisoned allocator (a driver error, allocator/errors.h) is skipped: it
         // refuses every poll, and the error was reported when it poisoned it.
+        // Its work stays queued for good: it no longer counts as work, or every round
+        // would take the registry lock for it.
         for (const auto& [device, a] : allocators) {
-          if (a->poisoned()) continue;
+          if (a->poisoned()) {
+            a->set_poll_counter(nullptr);
+            continue;
+          }
           try {
+            // Returns at once, without its device lock, when it has nothing queued.
             a->process_events();
           } catch (const DriverError&) {
             // Poisoned now (and said so on stderr): this thread must not end the process.
@@ -358,6 +384,8 @@ std::shared_ptr<CachingAllocator> Runtime::exchange_allocator(
   if (it != s.allocators.end()) {
     previous = std::move(it->second);
     s.allocators.erase(it);
+    // Out of the table, out of the poller's reach: its work no longer wakes it.
+    if (previous != allocator) previous->set_poll_counter(nullptr);
   }
   if (allocator != nullptr) {
     if (allocator != previous) s.Install(allocator);
@@ -397,6 +425,11 @@ RuntimeSnapshot Runtime::snapshot() const {
     }
   }
   return snap;
+}
+
+Runtime::PollerStats Runtime::poller_stats() const {
+  return {state_->poll_rounds.load(std::memory_order_relaxed),
+          state_->poll_registry_locks.load(std::memory_order_relaxed)};
 }
 
 void Runtime::set_buffer_annotator(const BufferAnnotator* annotator) {

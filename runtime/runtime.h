@@ -20,7 +20,11 @@
 // Background thread: only when a device can have pending frees (its backend has
 // streams) or garbage_collection_threshold is set, one thread calls process_events()
 // on every allocator every 5 ms, so memory freed across streams returns to the cache
-// while the program is idle. None otherwise.
+// while the program is idle. None otherwise. A round in which no allocator of the table
+// has work queued (the allocators count themselves in the runtime's counter,
+// CachingAllocator::set_poll_counter) takes no lock at all: an idle program pays the
+// poller one atomic load per round, and its allocation paths never meet the poller on
+// a lock (poller_stats() counts both kinds of round).
 //
 // Lifetime: Get() creates the runtime on first use (thread-safe, once). Shutdown()
 // stops the HTTP listener and the background thread (joins them) and is idempotent; it
@@ -130,6 +134,15 @@ class Runtime {
   HttpServer* http() const;
 
   RuntimeSnapshot snapshot() const;
+
+  // The background poller's rounds so far, and how many of them took the registry lock
+  // (some allocator had work queued; each allocator's own lock is counted by its
+  // CachingAllocator::poll_stats). Both 0 when there is no poller. Lock-free.
+  struct PollerStats {
+    uint64_t rounds = 0;
+    uint64_t registry_locks = 0;
+  };
+  PollerStats poller_stats() const;
 
   // Registers the layer that annotates live buffers (at most one; nullptr removes it).
   // The annotator must outlive the runtime or be removed first.

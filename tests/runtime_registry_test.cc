@@ -9,11 +9,13 @@
 
 #include <dirent.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "allocator/backend_factory.h"
 #include "allocator/caching_allocator.h"
@@ -198,6 +200,48 @@ TEST(RuntimeShutdownTest, IdempotentJoinsThreadsAndExitsCleanly) {
         auto b = rt.allocator(DeviceId{DeviceType::kSim, 1});  // still usable
         b->free(b->allocate(1000));
         if (LiveThreadCount() != threads_running - 1) std::exit(7);  // no new poller
+        std::exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// In a child process (a fresh runtime and poller): a cross-stream free is polled and
+// freed by the poller alone (nothing else calls process_events), and then, idle, the
+// poller's rounds take no lock: neither the registry's (poller_stats) nor the device's
+// (poll_stats). Before the poll-work flag every round took both. The waits poll the
+// counters with a deadline that only ends a failing run; no timing is asserted.
+TEST(RuntimePollerTest, PollsQueuedEventsAndTakesNoLockWhileIdle) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        Config config;
+        config.backend = BackendKind::kSim;
+        config.sim_capacity = 256 * kMiB;
+        if (!Runtime::Init(config).ok()) std::exit(3);
+        Runtime& rt = Runtime::Get();
+        auto a = rt.allocator(DeviceId{DeviceType::kSim, 0});
+        absl::StatusOr<Stream> side = a->backend().create_stream();
+        if (!side.ok()) std::exit(4);
+        void* p = a->allocate(4096);
+        a->record_stream(p, *side);
+        a->free(p);  // pending until the poller sees the event on `side` complete
+        a->backend().synchronize_stream(*side);
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        while (a->stats().pending_bytes[kAggregatePool].current != 0) {
+          if (std::chrono::steady_clock::now() > deadline) std::exit(5);
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (a->poll_stats().locked == 0) std::exit(6);  // the poller freed it, locked
+        // Idle: 20 more rounds, none of which may take a lock.
+        const Runtime::PollerStats idle = rt.poller_stats();
+        const PollStats device_idle = a->poll_stats();
+        while (rt.poller_stats().rounds < idle.rounds + 20) {
+          if (std::chrono::steady_clock::now() > deadline) std::exit(7);
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (rt.poller_stats().registry_locks != idle.registry_locks) std::exit(8);
+        if (a->poll_stats().locked != device_idle.locked) std::exit(9);
+        if (!a->validate().ok()) std::exit(10);
         std::exit(0);
       },
       ::testing::ExitedWithCode(0), "");
