@@ -158,7 +158,8 @@ class CachingAllocator {
   // Does nothing while an allocation to a private pool is under way (a capture).
   // Returns at once, without the device lock, when nothing is queued (no cross-stream
   // free pending, no stream retiring, nothing deferred by a capture or by recycling;
-  // allocator/poll_work.h): an idle allocator costs its poller one atomic load.
+  // allocator/poll_work.h): an idle allocator costs its poller one atomic load (and
+// the increment of its call count, poll_stats).
   void process_events();
   // process_events() calls so far and how many took the device lock. Lock-free.
   PollStats poll_stats() const;

@@ -155,7 +155,7 @@ struct SiteStats {
 // What CachingAllocator::process_events() calls cost (CachingAllocator::poll_stats):
 // how many there were and how many took the device lock; the others found nothing
 // queued without it (allocator/poll_work.h). Counted with relaxed increments, not on
-// the allocation path; for tests and benches (devmem-bench --idle-poll).
+// the allocation path; for tests (DevicePoolPollTest, RuntimePollerTest).
 struct PollStats {
   uint64_t calls = 0;   // process_events() calls that were not refused
   uint64_t locked = 0;  // of them, those that took the device lock (work was queued)

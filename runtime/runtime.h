@@ -23,8 +23,9 @@
 // while the program is idle. None otherwise. A round in which no allocator of the table
 // has work queued (the allocators count themselves in the runtime's counter,
 // CachingAllocator::set_poll_counter) takes no lock at all: an idle program pays the
-// poller one atomic load per round, and its allocation paths never meet the poller on
-// a lock (poller_stats() counts both kinds of round).
+// poller one atomic load per round (and the increment of its round count), and its
+// allocation paths never meet the poller on a lock (poller_stats() counts both kinds
+// of round).
 //
 // Lifetime: Get() creates the runtime on first use (thread-safe, once). Shutdown()
 // stops the HTTP listener and the background thread (joins them) and is idempotent; it
