@@ -19,29 +19,38 @@ using coarse_clock_internal::g_published_ns;
 
 namespace {
 
-// The process's ticker. Leaked: a detached ticker may still run while static
-// destructors do. `mu` guards everything but g_published_ns, which only holders of `mu`
-// write; fork() takes `mu` first, so a child never inherits it held.
+// The process's ticker. Leaked: a ticker thread may still run while static destructors
+// do. `mu` guards everything but g_published_ns, which only holders of `mu` write;
+// fork() takes `mu` first, so a child never inherits it held.
 //
 // fork() also waits until a ticker thread that is starting has started (taken `mu` in
 // Run): a thread's start may allocate (glibc's pthread_getattr_np, which
 // AddressSanitizer's thread start calls, reallocs a CPU set), and a heap without fork
 // handlers of its own (GCC 12's ASan allocator) then hands the child its lock held: the
 // child's own ticker thread blocked on its first allocation of that size class, and
-// never published (CoarseClockTest.AForkedChild..., exit 5, under ASan). Once started,
-// the ticker's loop allocates nothing. Not covered: a ticker thread that is exiting
-// (its use count fell to 0, it left Run and released `mu`) may still be in the thread
-// library's or the sanitizer's exit code, which can take a heap lock; a fork at that
-// moment under such a heap has the same hazard, as it has for any of the program's own
-// threads (only a heap with fork handlers, glibc's, or a newer ASan runtime, is safe).
+// never published (CoarseClockTest.AForkedChild..., exit 5, under ASan).
+//
+// Once started, the thread never exits: when the last use ends it parks (waits on
+// `wake` with no timeout, publishing nothing) until a use starts it again. An exit
+// would have the start's hazard at the other end, with nothing to wait for: a thread
+// leaving Run has released `mu` but still runs the thread library's and the
+// sanitizer's exit code (libstdc++ frees the thread's state; ASan's thread teardown
+// drains its allocator cache into the shared size classes under their locks), so a
+// fork() meeting it there could hand the child a heap lock held. So at any fork the
+// ticker thread is starting (waited for), waiting on `wake` or `started` (holding
+// nothing), or publishing with `mu` held (which fork() holds instead): the loop
+// allocates nothing. A parked thread also makes a use after a pause cost no thread
+// start (a program whose short-lived threads each make a thread cache started and
+// stopped one per thread).
 struct Ticker {
   std::mutex mu;
   std::condition_variable wake;     // the use count fell to 0
   std::condition_variable started;  // a ticker thread started, or gave up
   int users = 0;                    // live CoarseTickerUses
-  bool running = false;             // a ticker thread of `generation` runs (or starts)
+  bool running = false;             // a ticker thread of `generation` exists (or starts)
   bool run_started = false;         // ... and has taken `mu` in Run (its start is over)
   bool started_at_fork = true;      // in a child: no thread was starting at the fork
+  bool parked = false;              // ... and waits for a use (users == 0), not publishing
   bool start_failed = false;     // no thread could be made: read the clock, do not retry
   uint64_t generation = 0;       // a new one per thread started (and per fork)
   TickPublisher extra = nullptr; // TickPublisherUse's; nullptr while none lives
@@ -60,7 +69,10 @@ struct Ticker {
   void StartLocked() {
     if (users == 0 || start_failed) return;
     PublishLocked();
-    if (running) return;
+    if (running) {
+      if (parked) wake.notify_all();  // the parked thread publishes again
+      return;
+    }
     const uint64_t gen = ++generation;
     try {
       std::thread([this, gen] { Run(gen); }).detach();
@@ -74,6 +86,7 @@ struct Ticker {
     }
     running = true;
     run_started = false;
+    parked = false;
   }
 
   void Run(uint64_t gen) {
@@ -82,11 +95,18 @@ struct Ticker {
       run_started = true;
       started.notify_all();
     }
-    while (users > 0 && generation == gen) {
-      PublishLocked();
-      wake.wait_for(lock, std::chrono::nanoseconds(kCoarseTickerPeriodNs));
+    // `generation` changes only in a forked child, where this thread does not exist:
+    // the loop never ends (see above).
+    while (generation == gen) {
+      if (users > 0) {
+        PublishLocked();
+        wake.wait_for(lock, std::chrono::nanoseconds(kCoarseTickerPeriodNs));
+      } else {
+        parked = true;
+        wake.wait(lock);  // a use's start notifies; a spurious wake-up parks again
+        parked = false;
+      }
     }
-    if (generation == gen) running = false;  // not replaced (by a fork's child)
   }
 
   // fork()'s prepare handler: takes `mu` and keeps it through the fork, once no ticker
@@ -110,6 +130,7 @@ Ticker& TheTicker() {
                      c.started_at_fork = !c.running || c.run_started;
                      c.running = false;
                      c.run_started = false;
+                     c.parked = false;
                      ++c.generation;
                      g_published_ns.store(0, std::memory_order_relaxed);
                      c.mu.unlock();
@@ -170,9 +191,9 @@ void TickerStateForTest(char* out, size_t size) {
     return;
   }
   std::snprintf(out, size,
-                "users=%d running=%d start_failed=%d generation=%llu publishers=%d "
-                "published_ns=%lld",
-                t.users, t.running ? 1 : 0, t.start_failed ? 1 : 0,
+                "users=%d running=%d parked=%d start_failed=%d generation=%llu "
+                "publishers=%d published_ns=%lld",
+                t.users, t.running ? 1 : 0, t.parked ? 1 : 0, t.start_failed ? 1 : 0,
                 static_cast<unsigned long long>(t.generation), t.extra_uses,
                 static_cast<long long>(g_published_ns.load(std::memory_order_relaxed)));
 }
@@ -189,9 +210,9 @@ CoarseTickerUse::~CoarseTickerUse() {
   Ticker& t = TheTicker();
   std::lock_guard<std::mutex> lock(t.mu);
   if (--t.users == 0) {
-    // Nobody keeps it fresh once the thread stops: withdraw it now.
+    // Nobody keeps it fresh once the thread parks: withdraw it now.
     g_published_ns.store(0, std::memory_order_relaxed);
-    t.wake.notify_all();
+    t.wake.notify_all();  // park now, not a period later
   }
 }
 

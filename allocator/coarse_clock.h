@@ -23,11 +23,13 @@
 // long as it needs it: after the last registration ends the ticker runs it no more.
 //
 // Thread-safety: every function may be called from any thread. The ticker is
-// process-wide: started by the first CoarseTickerUse, stopped after the last one is
-// destroyed; a forked child has none (its published value is withdrawn at the fork)
+// process-wide: started by the first CoarseTickerUse; after the last one is destroyed
+// its thread parks (blocked, no wake-ups, nothing published) until the next use, and
+// never exits; a forked child has none (its published value is withdrawn at the fork)
 // until EnsureCoarseTicker() restarts it (the thread caches' slow paths call it).
 // fork() waits (at most a second) for a ticker thread that is still starting: its
-// start may hold a heap lock that a child would inherit held (coarse_clock.cc).
+// start may hold a heap lock that a child would inherit held, as its exit could, which
+// is why it never exits (coarse_clock.cc).
 #pragma once
 
 #include <atomic>
@@ -89,7 +91,8 @@ void SyncWithTickPublisher();
 namespace coarse_clock_internal {
 // Tests: how many TickPublisherUses live.
 int TickPublisherUsesForTest();
-// Tests' diagnostics: writes the ticker's state in one line ("users=1 running=1 ...")
+// Tests' diagnostics: writes the ticker's state in one line ("users=1 running=1
+// parked=0 ...": running, a ticker thread exists; parked, it waits for a use)
 // into `out` (NUL-terminated, cut to `size`), or that its mutex is held (it does not
 // wait for it). Allocates nothing: a forked child may call it whatever its heap's state.
 void TickerStateForTest(char* out, size_t size);
@@ -100,9 +103,9 @@ bool TickerStartedAtForkForTest();
 
 // Keeps the ticker running while alive (a ThreadCache holds one). The constructor
 // publishes a current value before it returns and starts the ticker thread if none
-// runs (a failure to make the thread is reported on stderr once and leaves
-// PublishedCoarseNowNs() reading the clock); it takes a process-wide mutex, so make
-// uses off the hot path and outside the device lock.
+// exists, or wakes the parked one (a failure to make the thread is reported on stderr
+// once and leaves PublishedCoarseNowNs() reading the clock); it takes a process-wide
+// mutex, so make uses off the hot path and outside the device lock.
 class CoarseTickerUse {
  public:
   CoarseTickerUse();

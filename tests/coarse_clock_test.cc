@@ -1,7 +1,8 @@
 // tests/coarse_clock_test.cc: the coarse ticker (allocator/coarse_clock.h) and the
 // allocation time a thread-cache hit stamps with it: published before the first use
 // returns, never ahead of CoarseNowNs(), never decreasing, advancing while used, and
-// withdrawn in a forked child until EnsureCoarseTicker restarts the ticker.
+// withdrawn in a forked child until EnsureCoarseTicker restarts the ticker; fork()
+// waits for a ticker thread still starting, and the thread parks rather than exits.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <spawn.h>
@@ -11,6 +12,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -126,20 +128,18 @@ TEST(CoarseClockTest, ACacheHitsAllocationTimeComesFromTheTicker) {
 }
 
 // fork(): the child has no ticker thread, so the parent's last value would stand still
-// there; it is withdrawn (hits read the clock) until EnsureCoarseTicker starts one. The
-// fork comes right after `use` started the ticker (when the test runs alone): fork()
-// waits until that thread's start is over.
+// there; it is withdrawn (hits read the clock) until EnsureCoarseTicker starts one, and
+// that one publishes. The fork comes once the parent's ticker runs (its publish passed
+// `before`): a fork during the thread's start is AForkWaitsForATickerThreadStillStarting's.
 TEST(CoarseClockTest, AForkedChildReadsTheClockUntilRestarted) {
   CoarseTickerUse use;
   ASSERT_NE(g_published_ns.load(), 0);
+  ASSERT_TRUE(PublishedPasses(CoarseNowNs())) << "the parent's ticker never published";
   const pid_t pid = fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     if (g_published_ns.load() != 0) _exit(2);
-    // The ticker thread `use` started had finished starting when fork() copied the
-    // process: its start may hold a heap lock (coarse_clock.cc), which ASan's
-    // allocator would hand this child held, and the ticker started below would block
-    // on it (exit 5).
+    // The ticker was publishing, so its start was over: fork() had nothing to wait for.
     if (!coarse_clock_internal::TickerStartedAtForkForTest()) _exit(6);
     const int64_t c0 = CoarseNowNs();
     if (PublishedCoarseNowNs() < c0) _exit(3);  // the clock itself
@@ -155,6 +155,96 @@ TEST(CoarseClockTest, AForkedChildReadsTheClockUntilRestarted) {
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+// Reads `key`=N from the ticker's state line (TickerStateForTest); -1 when it is not
+// there (or the ticker's mutex was held).
+long long TickerStateField(const char* key) {
+  char line[256];
+  coarse_clock_internal::TickerStateForTest(line, sizeof(line));
+  char pattern[64];
+  std::snprintf(pattern, sizeof(pattern), "%s=", key);
+  const char* at = std::strstr(line, pattern);
+  if (at == nullptr) return -1;
+  return std::strtoll(at + std::strlen(pattern), nullptr, 10);
+}
+
+// fork() waits for a ticker thread that is still starting (its start may hold a heap
+// lock the child would inherit held, coarse_clock.cc). The wait is bounded (1 s): on a
+// loaded machine the thread may take longer to start, and then the fork goes ahead as
+// designed; that is not a failure of the code. It is told apart from a fork that did
+// not wait by how long fork() took. Each attempt runs in a fresh child process, where
+// no ticker thread exists yet, so that the fork comes during a start.
+TEST(CoarseClockTest, AForkWaitsForATickerThreadStillStarting) {
+  constexpr int kAttempts = 3;
+  constexpr int kStarted = 0, kNotWaited = 6, kBoundElapsed = 7;
+  int result = -1;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      // No ticker thread here (the child of any fork has none): this use starts one,
+      // and the fork below comes while it starts.
+      if (TickerStateField("running") != 0) _exit(2);
+      CoarseTickerUse use;
+      const auto t0 = std::chrono::steady_clock::now();
+      const pid_t grandchild = fork();
+      const auto took = std::chrono::steady_clock::now() - t0;
+      if (grandchild < 0) _exit(3);
+      if (grandchild == 0) {
+        _exit(coarse_clock_internal::TickerStartedAtForkForTest() ? kStarted : kNotWaited);
+      }
+      int status = 0;
+      if (waitpid(grandchild, &status, 0) != grandchild || !WIFEXITED(status)) _exit(4);
+      if (WEXITSTATUS(status) == kNotWaited && took >= std::chrono::milliseconds(900)) {
+        _exit(kBoundElapsed);  // the start took longer than fork() waits
+      }
+      _exit(WEXITSTATUS(status));
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    result = WEXITSTATUS(status);
+    if (result != kBoundElapsed) break;
+  }
+  if (result == kBoundElapsed) {
+    GTEST_SKIP() << "the ticker thread took over fork()'s 1 s bound to start, " << kAttempts
+                 << " times: the machine is loaded; the wait itself was not tested";
+  }
+  EXPECT_EQ(result, kStarted) << (result == kNotWaited
+                                      ? "fork() returned before the bound with the ticker "
+                                        "thread still starting: it did not wait"
+                                      : "the attempt's child failed");
+}
+
+// After the last use ends the ticker thread parks instead of exiting (a fork() meeting
+// an exiting thread could hand the child a heap lock held, with nothing to wait for:
+// coarse_clock.cc), and the next use wakes that same thread.
+TEST(CoarseClockTest, TheTickerThreadParksWhenTheLastUseEndsAndIsWokenByTheNext) {
+  if (TickerStateField("users") != 0) {
+    GTEST_SKIP() << "another test's use of the ticker is alive in this process";
+  }
+  long long generation = -1;
+  {
+    CoarseTickerUse use;
+    ASSERT_TRUE(PublishedPasses(CoarseNowNs()));  // its thread runs
+    generation = TickerStateField("generation");
+  }
+  EXPECT_EQ(g_published_ns.load(), 0) << "withdrawn with the last use";
+  // Bounded; ends at once where the thread parks, and when it has left (exiting).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (TickerStateField("parked") != 1 && TickerStateField("running") != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polls, orders nothing
+  }
+  EXPECT_EQ(TickerStateField("running"), 1) << "the ticker thread exited";
+  EXPECT_EQ(TickerStateField("parked"), 1);
+  const int64_t parked_value = g_published_ns.load();
+  EXPECT_EQ(parked_value, 0) << "a parked ticker published";
+  CoarseTickerUse again;
+  ASSERT_TRUE(PublishedPasses(CoarseNowNs())) << "the parked thread was not woken";
+  EXPECT_EQ(TickerStateField("generation"), generation) << "a new thread was started";
+  EXPECT_EQ(TickerStateField("parked"), 0);
 }
 
 }  // namespace
