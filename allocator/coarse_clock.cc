@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
+#include <new>
 #include <system_error>
 #include <thread>
 
@@ -44,7 +45,7 @@ namespace {
 // stopped one per thread).
 struct Ticker {
   std::mutex mu;
-  std::condition_variable wake;     // the use count fell to 0
+  std::condition_variable wake;     // the use count fell to 0, or a use woke it parked
   std::condition_variable started;  // a ticker thread started, or gave up
   int users = 0;                    // live CoarseTickerUses
   bool running = false;             // a ticker thread of `generation` exists (or starts)
@@ -133,6 +134,17 @@ Ticker& TheTicker() {
                      c.parked = false;
                      ++c.generation;
                      g_published_ns.store(0, std::memory_order_relaxed);
+                     // Fresh condition variables: the parent's ticker thread waited on
+                     // `wake` (parked, or between publishes), and a concurrent fork on
+                     // `started`; the copies still count those waiters, which no
+                     // thread here will ever remove, and glibc's notify_all waits for
+                     // a waiter group's last waiter to leave before it reuses the
+                     // group: the child's second notify hung, holding `mu`
+                     // (CoarseClockTest.AForkedChildOfAParkedTicker...). Not destroyed
+                     // first: pthread_cond_destroy waits for those waiters too. Neither
+                     // constructor allocates, nor can throw.
+                     new (&c.wake) std::condition_variable;
+                     new (&c.started) std::condition_variable;
                      c.mu.unlock();
                    });
     return t;

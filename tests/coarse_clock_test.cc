@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -169,6 +170,16 @@ long long TickerStateField(const char* key) {
   return std::strtoll(at + std::strlen(pattern), nullptr, 10);
 }
 
+// Waits (up to 10 s, on a condition, not a time) until the ticker thread parks, or no
+// ticker thread exists (where it exited). Allocates nothing: a forked child may call it.
+void WaitUntilParkedOrGone() {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (TickerStateField("parked") != 1 && TickerStateField("running") != 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polls, orders nothing
+  }
+}
+
 // fork() waits for a ticker thread that is still starting (its start may hold a heap
 // lock the child would inherit held, coarse_clock.cc). The wait is bounded (1 s): on a
 // loaded machine the thread may take longer to start, and then the fork goes ahead as
@@ -231,12 +242,7 @@ TEST(CoarseClockTest, TheTickerThreadParksWhenTheLastUseEndsAndIsWokenByTheNext)
     generation = TickerStateField("generation");
   }
   EXPECT_EQ(g_published_ns.load(), 0) << "withdrawn with the last use";
-  // Bounded; ends at once where the thread parks, and when it has left (exiting).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (TickerStateField("parked") != 1 && TickerStateField("running") != 0 &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));  // polls, orders nothing
-  }
+  WaitUntilParkedOrGone();
   EXPECT_EQ(TickerStateField("running"), 1) << "the ticker thread exited";
   EXPECT_EQ(TickerStateField("parked"), 1);
   const int64_t parked_value = g_published_ns.load();
@@ -245,6 +251,59 @@ TEST(CoarseClockTest, TheTickerThreadParksWhenTheLastUseEndsAndIsWokenByTheNext)
   ASSERT_TRUE(PublishedPasses(CoarseNowNs())) << "the parked thread was not woken";
   EXPECT_EQ(TickerStateField("generation"), generation) << "a new thread was started";
   EXPECT_EQ(TickerStateField("parked"), 0);
+}
+
+// A child forked while the parent's ticker thread is parked: the parent's thread was
+// blocked on the ticker's condition variable, and the child's copy of it still counts
+// that waiter (glibc's, a waiter's group reference), which no thread of the child will
+// ever drop. The child starts its own ticker and stops it again, several times: each
+// start wakes a parked thread and each end notifies, and a notify that has to close
+// the dead waiter's group waited for it forever, holding the ticker's mutex (the child
+// hung in its second start, the ticker never published). The fork handler gives the
+// child fresh condition variables.
+TEST(CoarseClockTest, AForkedChildOfAParkedTickerStartsAndParksItsOwnAgainAndAgain) {
+  if (TickerStateField("users") != 0) {
+    GTEST_SKIP() << "another test's use of the ticker is alive in this process";
+  }
+  {
+    CoarseTickerUse use;
+    ASSERT_TRUE(PublishedPasses(CoarseNowNs()));  // its thread runs
+  }
+  WaitUntilParkedOrGone();
+  ASSERT_EQ(TickerStateField("parked"), 1);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    for (int i = 0; i < 5; ++i) {
+      {
+        CoarseTickerUse use;  // a thread started (the first time), or the parked one woken
+        if (!PublishedPasses(CoarseNowNs())) {
+          DumpStuckChild();
+          _exit(3);
+        }
+      }
+      WaitUntilParkedOrGone();
+      if (TickerStateField("parked") != 1) _exit(4);
+    }
+    _exit(0);
+  }
+  // Bounded: a hung child is killed, and fails the test.
+  int status = 0;
+  pid_t got = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while ((got = waitpid(pid, &status, WNOHANG)) == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (got == 0) {
+    kill(pid, SIGKILL);
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    FAIL() << "the forked child hung (killed after 60 s): a start or end of its ticker "
+              "blocked on the condition variable the parent's parked thread waited on";
+  }
+  ASSERT_EQ(got, pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace
