@@ -37,11 +37,15 @@ struct EventCounts {
   int released = 0;    // release_event
 };
 
-void CountEvents(HookedBackend* hooks, EventCounts* counts) {
-  hooks->before_record_event = [counts](Stream) { ++counts->created; };
-  hooks->before_rerecord_event = [counts](Event, Stream) { ++counts->rerecorded; };
-  hooks->before_event_done = [counts](Event) { ++counts->queried; };
-  hooks->before_release_event = [counts](Event) { ++counts->released; };
+// Counts the allocator's event calls into *counts until the guard dies: declare the
+// guard before the allocator to count its destructor's releases too.
+testutil::HookGuard CountEvents(HookedBackend* hooks, EventCounts* counts) {
+  testutil::HookGuard guard =
+      hooks->before_record_event.Set([counts](Stream) { ++counts->created; });
+  guard += hooks->before_rerecord_event.Set([counts](Event, Stream) { ++counts->rerecorded; });
+  guard += hooks->before_event_done.Set([counts](Event) { ++counts->queried; });
+  guard += hooks->before_release_event.Set([counts](Event) { ++counts->released; });
+  return guard;
 }
 
 int64_t Pending(const SimAllocator& t, StatPool pool = kAggregatePool) {
@@ -62,9 +66,10 @@ TEST(EventPoolTest, CrossStreamFreesReuseOneEventWhenEachCompletesBeforeTheNext)
   EventCounts counts;  // outlives the allocator, whose destructor releases events
   constexpr int kFrees = 100;
   {
+    testutil::HookGuard counting;  // set below; outlives the allocator
     HookedBackend* hooks = nullptr;
     SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
-    CountEvents(hooks, &counts);
+    counting = CountEvents(hooks, &counts);
     const Stream side = NewStream(*t);
     for (int i = 0; i < kFrees; ++i) {
       FreeUsedOn(t, side);  // the event completed: back to the pool
@@ -84,9 +89,10 @@ TEST(EventPoolTest, KeepsAtMostItsCapacityOfCompletedEvents) {
   EventCounts counts;
   constexpr int kInFlight = static_cast<int>(EventPool::kDefaultCapacity) + 36;
   {
+    testutil::HookGuard counting;  // set below; outlives the allocator
     HookedBackend* hooks = nullptr;
     SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
-    CountEvents(hooks, &counts);
+    counting = CountEvents(hooks, &counts);
     const Stream side = NewStream(*t);
     auto blocker = std::make_unique<StreamBlocker>(t->backend(), side);
     std::vector<void*> ptrs;
@@ -119,9 +125,10 @@ TEST(EventPoolTest, KeepsAtMostItsCapacityOfCompletedEvents) {
 // reported (fake_cuda.ipc_peer_check.*).
 TEST(EventPoolTest, EmptyCacheGivesTheKeptEventsBack) {
   EventCounts counts;
+  testutil::HookGuard counting;  // set below; outlives the allocator
   HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
-  CountEvents(hooks, &counts);
+  counting = CountEvents(hooks, &counts);
   const Stream side = NewStream(*t);
   FreeUsedOn(t, side);  // completed: kept by the pool
   ASSERT_GE(counts.created, 1);
@@ -139,9 +146,10 @@ TEST(EventPoolTest, EmptyCacheGivesTheKeptEventsBack) {
 TEST(EventPoolTest, AFailedRerecordChangesNothing) {
   EventCounts counts;
   {
+    testutil::HookGuard counting;  // set below; outlives the allocator
     HookedBackend* hooks = nullptr;
     SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
-    CountEvents(hooks, &counts);
+    counting = CountEvents(hooks, &counts);
     const Stream side = NewStream(*t);
     FreeUsedOn(t, side);  // one event kept
     void* p = t->allocate(4096);
@@ -179,7 +187,7 @@ TEST(EventPollingTest, AnAllocationPollsAtMostTheBudgetAndProcessEventsTheRest) 
   HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB", &hooks);
   EventCounts counts;
-  CountEvents(hooks, &counts);
+  testutil::HookGuard counting = CountEvents(hooks, &counts);
   const Stream side = NewStream(*t);
   constexpr int kBlocks = 100;
   PendingFrees(t, side, kBlocks, 4096);
@@ -206,9 +214,10 @@ TEST(EventPollingTest, AnAllocationPollsAtMostTheBudgetAndProcessEventsTheRest) 
 // under the device lock are bounded in count).
 TEST(EventPollingTest, AnAllocationQueriesAtMostTheBudgetWithManyStreamsRetiring) {
   EventCounts counts;  // outlives the allocator, whose destructor releases events
+  testutil::HookGuard counting;  // set below; outlives the allocator
   HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator("sim_capacity:256MiB,thread_cache:false", &hooks);
-  CountEvents(hooks, &counts);
+  counting = CountEvents(hooks, &counts);
   constexpr int kStreams = 3 * static_cast<int>(kAllocationEventPollBudget);
   std::vector<std::unique_ptr<StreamBlocker>> busy;
   std::vector<Stream> streams;

@@ -160,12 +160,12 @@ TEST(CachingAllocatorFaultTest, DriverErrorsLeaveThePoolConsistent) {
     void* keep = t->allocate(5 * kMiB);
     t->free(t->allocate(9 * kMiB));  // something cached, for the retry to release
     const int64_t allocated = t->stats().allocated_bytes[kAggregatePool].current;
-    hooks->allocate_segment_instead = [](size_t) -> absl::StatusOr<void*> {
-      return absl::InternalError("test: the driver broke");
-    };
-    hooks->map_instead = [](void*, size_t) {
-      return absl::InternalError("test: the driver broke");
-    };
+    testutil::HookGuard alloc_segment_hook =
+        hooks->allocate_segment_instead.Set([](size_t) -> absl::StatusOr<void*> {
+          return absl::InternalError("test: the driver broke");
+        });
+    testutil::HookGuard map_hook = hooks->map_instead.Set(
+        [](void*, size_t) { return absl::InternalError("test: the driver broke"); });
     try {
       t->allocate(64 * kMiB);
       ADD_FAILURE() << "no exception";

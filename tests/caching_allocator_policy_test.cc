@@ -875,10 +875,10 @@ TEST(CachingAllocatorOomTest, RetryWaitsForPendingFrees) {
   // released the moment the allocator waits for its event, not before: an allocator
   // that did not wait would find the block still pending and fail.
   int waits = 0;
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     ++waits;  // on the allocating thread (the one thread here)
     blocker->Release();
-  };
+  });
   void* q = nullptr;
   EXPECT_NO_THROW(q = t->allocate(40 * kMiB));
   EXPECT_EQ(waits, 1);
@@ -1082,10 +1082,10 @@ TEST(CachingAllocatorCacheTest, EmptyCacheWaitsForPendingFrees) {
   // allocator/release_fence.h); then the freed segment waits for its own stream's
   // event before it goes back: two waits.
   int waits = 0;
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     ++waits;
     blocker->Release();
-  };
+  });
   t->empty_cache();  // the pending block would free a whole segment: wait for it
   EXPECT_EQ(waits, 2);
   DeviceStats s = t->stats();

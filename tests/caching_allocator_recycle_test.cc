@@ -297,7 +297,8 @@ void ReleaseWaitsForQueuedWork(const std::string& conf) {
     wrote = true;
   });
   ASSERT_TRUE(st.ok()) << st;
-  hooks->before_synchronize_event = [&](Event) { gate.Release(); };
+  testutil::HookGuard sync_event_hook =
+      hooks->before_synchronize_event.Set([&](Event) { gate.Release(); });
   t->free(p);
   t->empty_cache();  // must wait for the stream before unmapping or freeing
   EXPECT_TRUE(wrote.load()) << "memory was released while queued work still used it";
@@ -341,10 +342,10 @@ TEST(ExpandableRecycleTest, ProactiveRecyclingWaitsForTheStreamWithoutSynchroniz
                   .ok());
   std::atomic<int> syncs{0};
   // An allocator that synchronized would wait here forever without the release.
-  hooks->before_synchronize_stream = [&](Stream) {
+  testutil::HookGuard sync_stream_hook = hooks->before_synchronize_stream.Set([&](Stream) {
     ++syncs;
     gate->Release();
-  };
+  });
   t->free(blocks[0]);
   t->free(blocks[2]);
   const int64_t unmaps_before = t->stats().num_device_free;

@@ -52,13 +52,14 @@ TEST(UnlockedDriverTest, CacheHitsAndTheLimitProceedWhileASegmentAllocationIsInF
   std::latch entered(1);   // the driver call has started
   std::latch release(1);   // the test lets it finish
   std::atomic<int> calls{0};  // the hook runs outside the device lock
-  hooks->allocate_segment_instead = [&](size_t bytes) -> absl::StatusOr<void*> {
-    if (calls++ == 0) {
-      entered.count_down();
-      release.wait();
-    }
-    return hooks->inner().allocate_segment(bytes);
-  };
+  testutil::HookGuard alloc_segment_hook =
+      hooks->allocate_segment_instead.Set([&](size_t bytes) -> absl::StatusOr<void*> {
+        if (calls++ == 0) {
+          entered.count_down();
+          release.wait();
+        }
+        return hooks->inner().allocate_segment(bytes);
+      });
 
   // A: a miss (1 MiB fits in no free block): a second segment, held in the driver.
   std::future<void*> a = std::async(std::launch::async, [&] { return t->allocate(kMiB); });
@@ -111,10 +112,11 @@ TEST(UnlockedDriverTest, AFailedSegmentAllocationUnregistersItsIntent) {
       "sim_capacity:100MiB,expandable_segments:false,per_process_memory_fraction:0.05",
       &hooks);
   std::atomic<int> calls{0};
-  hooks->allocate_segment_instead = [&](size_t bytes) -> absl::StatusOr<void*> {
-    if (calls++ == 0) return absl::ResourceExhaustedError("injected");
-    return hooks->inner().allocate_segment(bytes);
-  };
+  testutil::HookGuard alloc_segment_hook =
+      hooks->allocate_segment_instead.Set([&](size_t bytes) -> absl::StatusOr<void*> {
+        if (calls++ == 0) return absl::ResourceExhaustedError("injected");
+        return hooks->inner().allocate_segment(bytes);
+      });
   // The first attempt fails; the staged retry asks again, and the second one fits
   // within the limit only if the first one's intent was given back.
   void* p = t->allocate(kMiB);
@@ -166,10 +168,10 @@ TEST(UnlockedDriverTest, AnExpandableMapRunsWithTheLockReleased) {
   ASSERT_EQ(reserved, 6 * static_cast<int64_t>(kMiB));
 
   FirstCallGate gate;
-  hooks->map_instead = [&](void* p, size_t n) {
+  testutil::HookGuard map_hook = hooks->map_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     return hooks->inner().map(p, n);
-  };
+  });
   // A: 64 MiB extends the free 4 MiB block by 60 MiB; its map is held.
   std::future<void*> a =
       std::async(std::launch::async, [&] { return t->allocate(64 * kMiB); });
@@ -209,10 +211,10 @@ TEST(UnlockedDriverTest, TwoThreadsGrowOneExpandableSegmentConcurrently) {
   testutil::HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator(kExpandable, &hooks);
   FirstCallGate gate;
-  hooks->map_instead = [&](void* p, size_t n) {
+  testutil::HookGuard map_hook = hooks->map_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     return hooks->inner().map(p, n);
-  };
+  });
   std::future<void*> a =
       std::async(std::launch::async, [&] { return t->allocate(16 * kMiB); });
   gate.entered.wait();
@@ -251,10 +253,10 @@ TEST(UnlockedDriverTest, ARecycleUnmapRunsWithTheLockReleased) {
   void* small = t->allocate(256 * kKiB);
   t->free(big);
   FirstCallGate gate;
-  hooks->unmap_instead = [&](void* p, size_t n) {
+  testutil::HookGuard unmap_hook = hooks->unmap_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     hooks->inner().unmap(p, n);
-  };
+  });
   std::future<void> a = std::async(std::launch::async, [&] { t->trim(0); });
   gate.entered.wait();  // unmapping big's 16 MiB (the run stays: keep is in use)
   std::future<void*> c = std::async(std::launch::async, [&] {
@@ -295,10 +297,10 @@ TEST(UnlockedDriverTest, AReleaseRunsWithTheLockReleasedAndTheRetryWaitsForIt) {
   t->free(t->allocate(768 * kKiB));    // S2: unused
   ASSERT_EQ(t->stats().segment[kAggregatePool].current, 2);
   FirstCallGate gate;
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     hooks->inner().free_segment(p, n);
-  };
+  });
   std::future<void> a = std::async(std::launch::async, [&] { t->empty_cache(); });
   gate.entered.wait();  // S2's free is held
   std::future<void> c = std::async(std::launch::async, [&] {
@@ -348,10 +350,10 @@ TEST(UnlockedDriverTest, AnUnmapErrorInTheMiddleOfARecyclePutsTheRestBack) {
   t->free(big2);
   const DeviceStats before = t->stats();
   std::atomic<int> calls{0};
-  hooks->unmap_instead = [&](void* p, size_t n) {
+  testutil::HookGuard unmap_hook = hooks->unmap_instead.Set([&](void* p, size_t n) {
     if (calls++ == 1) throw DriverError("test: cuMemUnmap failed");
     hooks->inner().unmap(p, n);
-  };
+  });
   EXPECT_THROW(t->trim(0), DriverError);
   EXPECT_EQ(calls.load(), 2);
   EXPECT_TRUE(t->poisoned());
@@ -387,10 +389,10 @@ TEST(UnlockedDriverTest, ADeferredRecycleUnmapsOnThePollWithTheLockReleased) {
   }
   t->backend().synchronize_stream(s);  // the stream passed the decision's event
   FirstCallGate gate;
-  hooks->unmap_instead = [&](void* p, size_t n) {
+  testutil::HookGuard unmap_hook = hooks->unmap_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     hooks->inner().unmap(p, n);
-  };
+  });
   std::future<void> a = std::async(std::launch::async, [&] { t->process_events(); });
   gate.entered.wait();
   std::future<void> c = std::async(std::launch::async, [&] { t->free(t->allocate(kMiB)); });
@@ -420,10 +422,13 @@ TEST(UnlockedDriverTest, ADeferredRecycleUnmapsOnThePollWithTheLockReleased) {
 // meanwhile. (Waited for under the lock, the other thread blocks on it and the test
 // fails after kBound.)
 
-// The first stream or event wait the backend sees is held until the test opens it.
-void GateFirstWait(testutil::HookedBackend* hooks, FirstCallGate* gate) {
-  hooks->before_synchronize_stream = [gate](Stream) { gate->Pass(); };
-  hooks->before_synchronize_event = [gate](Event) { gate->Pass(); };
+// The first stream or event wait the backend sees is held until the test opens it, for
+// as long as the guard lives (declare it after *gate).
+testutil::HookGuard GateFirstWait(testutil::HookedBackend* hooks, FirstCallGate* gate) {
+  testutil::HookGuard guard =
+      hooks->before_synchronize_stream.Set([gate](Stream) { gate->Pass(); });
+  guard += hooks->before_synchronize_event.Set([gate](Event) { gate->Pass(); });
+  return guard;
 }
 
 struct WaitCase {
@@ -446,7 +451,7 @@ TEST_P(UnlockedDriverWaitTest, AnotherThreadAllocatesAndFreesWhileAReleaseWaits)
   void* other = t->allocate(kMiB);
   t->free(t->allocate(256 * kKiB));
   FirstCallGate gate;
-  GateFirstWait(hooks, &gate);
+  testutil::HookGuard gated = GateFirstWait(hooks, &gate);
   std::future<void> a = std::async(std::launch::async, [&] { wc.act(*t); });
   gate.entered.wait();
   std::future<void> b = std::async(std::launch::async, [&] {
@@ -524,12 +529,13 @@ TEST(UnlockedDriverTest, AReleaseWaitsForWorkQueuedBeforeItsEvent) {
                   .ok());
   t->free(p);
   std::atomic<int> waits{0};
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     ++waits;
     work.Release();  // the stream runs its work while the release waits
-  };
+  });
   // (A stream wait would be the old way: it must not hang the test.)
-  hooks->before_synchronize_stream = [&](Stream) { work.Release(); };
+  testutil::HookGuard sync_stream_hook =
+      hooks->before_synchronize_stream.Set([&](Stream) { work.Release(); });
   t->empty_cache();
   EXPECT_TRUE(wrote.load()) << "the segment was freed before its stream's work ran";
   EXPECT_EQ(waits.load(), 1);
@@ -552,9 +558,9 @@ TEST(UnlockedDriverTest, AWaitErrorInTheMiddleOfAReleasePutsEverySegmentBack) {
   t->free(t->allocate(4 * kMiB, s2));  // two unused segments on two streams
   const DeviceStats before = t->stats();
   std::atomic<int> waits{0};
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     if (waits++ == 1) throw DriverError("test: cudaEventSynchronize failed");
-  };
+  });
   EXPECT_THROW(t->empty_cache(), DriverError);
   EXPECT_EQ(waits.load(), 2);
   EXPECT_TRUE(t->poisoned());
@@ -578,14 +584,14 @@ TEST(UnlockedDriverTest, AFailedRunUnmapJoinsARunMappedNextToItMeanwhile) {
   ASSERT_EQ(t->stats().segment[kAggregatePool].current, 1);
   std::atomic<int> calls{0};
   void* other = nullptr;
-  hooks->unmap_instead = [&](void* p, size_t n) {
+  testutil::HookGuard unmap_hook = hooks->unmap_instead.Set([&](void* p, size_t n) {
     if (calls++ == 0) {
       // The lock is released: another thread maps 4 MiB, right above the run.
       other = std::async(std::launch::async, [&] { return t->allocate(4 * kMiB); }).get();
       throw DriverError("test: cuMemUnmap failed");
     }
     hooks->inner().unmap(p, n);
-  };
+  });
   EXPECT_THROW(t->empty_cache(), DriverError);
   EXPECT_EQ(calls.load(), 1);
   ASSERT_NE(other, nullptr);
@@ -616,14 +622,14 @@ TEST(UnlockedDriverTest, AProactiveRecycleKeepsTheBlockTheMapExtendsAfterTheLock
   ASSERT_EQ(t->stats().reserved_bytes[kAggregatePool].current,
             static_cast<int64_t>(18 * kMiB));
   std::atomic<int> calls{0};
-  hooks->unmap_instead = [&](void* p, size_t n) {
+  testutil::HookGuard unmap_hook = hooks->unmap_instead.Set([&](void* p, size_t n) {
     if (calls++ == 0) {
       // The limit's recycle (6 MiB of h) has the lock released: x, just below where
       // the request maps, is freed.
       std::async(std::launch::async, [&] { t->free(x); }).get();
     }
     hooks->inner().unmap(p, n);
-  };
+  });
   // 12 MiB: mapped above x; 18 + 12 > 24 recycles 6 MiB of h first, then the stream's
   // cap (in use 8 + 12 = 20) asks 4 MiB more of the proactive recycle: the 2 MiB left
   // of h, but not x, which the new 12 MiB joins.
@@ -662,14 +668,14 @@ TEST(UnlockedDriverTest, AStreamReleasedWhileEmptyCacheWaitsHasItsMemoryGivenBac
   t->free(p);  // pending on an event on y
   testutil::StreamBlocker work(t->backend(), x);  // x's retirement event stays open
   std::atomic<int> waits{0};
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     if (waits++ == 0) {
       // The fence on y, the lock released: the program releases x.
       std::async(std::launch::async, [&] { t->release_stream(x); }).get();
     } else {
       work.Release();  // x's work runs once something waits for it
     }
-  };
+  });
   t->empty_cache();
   EXPECT_GE(waits.load(), 2) << "the retirement's event was not waited for";
   EXPECT_EQ(t->stats().reserved_bytes[kAggregatePool].current, 0)
@@ -715,11 +721,11 @@ TEST(UnlockedDriverTest, APrivatePoolReleaseErrorPutsTheRestBackIntoThePool) {
   ASSERT_EQ(before.private_reserved_bytes, before.reserved_bytes[kAggregatePool].current);
   std::atomic<int> calls{0};
   int64_t freed = 0;  // the first call's (the hook runs on this thread only)
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     if (calls++ == 1) throw DriverError("test: cudaFree failed");
     hooks->inner().free_segment(p, n);
     freed = static_cast<int64_t>(n);
-  };
+  });
   EXPECT_THROW(t->release_pool(kGraphPool), DriverError);
   EXPECT_EQ(calls.load(), 2);
   EXPECT_TRUE(t->poisoned());
@@ -752,12 +758,12 @@ TEST(UnlockedDriverTest, APrivatePoolReleaseRunsWithTheLockReleased) {
   t->free(t->allocate(256 * kKiB));  // a cached small block: B's hit
   FirstCallGate gate;
   std::atomic<bool> held_free_done{false};
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     const bool first = gate.calls == 0;
     gate.Pass();
     hooks->inner().free_segment(p, n);
     if (first) held_free_done = true;
-  };
+  });
   std::future<void> a = std::async(std::launch::async, [&] { t->release_pool(kGraphPool); });
   gate.entered.wait();
   std::future<void> b = std::async(std::launch::async, [&] {
@@ -806,11 +812,11 @@ TEST(UnlockedDriverTest, APrivatePoolStaysKnownWhileItsReleaseMayPutSegmentsBack
   for (void* p : AllocateToGraphPool(*t, {12 * kMiB})) t->free(p);
   const DeviceStats before = t->stats();
   FirstCallGate gate;
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     if (gate.calls == 1) throw DriverError("test: cudaFree failed");
     hooks->inner().free_segment(p, n);
-  };
+  });
   std::future<void> a = std::async(std::launch::async, [&] { t->release_pool(kGraphPool); });
   gate.entered.wait();
   std::future<void> b = std::async(std::launch::async, [&] {
@@ -844,10 +850,10 @@ TEST(UnlockedDriverTest, ACaptureEndWaitsForAGrowIntoItsPool) {
   testutil::HookedBackend* hooks = nullptr;
   SimAllocator t = MakeHookedSimAllocator(kRegularNoCache, &hooks);
   FirstCallGate gate;
-  hooks->allocate_segment_instead = [&](size_t n) {
+  testutil::HookGuard alloc_segment_hook = hooks->allocate_segment_instead.Set([&](size_t n) {
     gate.Pass();
     return hooks->inner().allocate_segment_during_capture(n);
-  };
+  });
   t->begin_allocate_to_pool(kGraphPool, [](Stream) { return true; });
   std::future<void*> a = std::async(std::launch::async, [&] { return t->allocate(12 * kMiB); });
   gate.entered.wait();
@@ -900,13 +906,13 @@ TEST(UnlockedDriverTest, TheRetryWaitsForAGiveBackBegunDuringItsEventWait) {
   t->record_stream(p1, y);
   t->free(p1);  // pending on an event on y, which stays open until the retry waits
   FirstCallGate gate;  // C's free of S2
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     gate.Pass();
     hooks->inner().free_segment(p, n);
-  };
+  });
   std::future<void> c;
   std::atomic<int> waits{0};
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     if (waits++ != 0) return;  // C's own fence (S2's stream) passes
     // A's fence for the cross-stream free, the lock released: C frees S2's blocks and
     // trims; S2's free is held in the driver.
@@ -917,7 +923,7 @@ TEST(UnlockedDriverTest, TheRetryWaitsForAGiveBackBegunDuringItsEventWait) {
     });
     gate.entered.wait();
     busy.Release();  // A's fence completes
-  };
+  });
   std::future<void*> a = std::async(std::launch::async, [&] { return t->allocate(768 * kKiB, sa); });
   const auto deadline = std::chrono::steady_clock::now() + kBound;
   while (t->stats().pending_bytes[kAggregatePool].current != 0 &&
@@ -1020,22 +1026,24 @@ TEST_P(UnlockedDriverGiveBackStreamTest, LaterGiveBacksDoNotHoldOffTheRetry) {
   FirstCallGate s2_free;
   FirstCallGate s3_free;
   std::atomic<int> frees{0};
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     (frees++ == 0 ? s2_free : s3_free).Pass();
     hooks->inner().free_segment(p, n);
-  };
+  });
   std::latch grow_entered{1};
   std::latch grow_release{1};
   std::atomic<int> grows{0};
+  testutil::HookGuard alloc_segment_hook;
   if (param.fail_first_grow) {
-    hooks->allocate_segment_instead = [&](size_t n) -> absl::StatusOr<void*> {
-      if (grows++ == 0) {
-        grow_entered.count_down();
-        grow_release.wait();
-        return absl::ResourceExhaustedError("injected: S3's memory is not back yet");
-      }
-      return hooks->inner().allocate_segment(n);
-    };
+    alloc_segment_hook =
+        hooks->allocate_segment_instead.Set([&](size_t n) -> absl::StatusOr<void*> {
+          if (grows++ == 0) {
+            grow_entered.count_down();
+            grow_release.wait();
+            return absl::ResourceExhaustedError("injected: S3's memory is not back yet");
+          }
+          return hooks->inner().allocate_segment(n);
+        });
   }
   std::future<void> a = std::async(std::launch::async, [&] { t->empty_cache(); });
   s2_free.entered.wait();  // S2's free is held: 4 MiB reserved, 2 MiB on their way back

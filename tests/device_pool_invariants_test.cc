@@ -330,10 +330,11 @@ TEST(DevicePoolExpandableTest, ARefusedReservationIsRememberedUntilEmptyCache) {
   // The sim, except that reserve_address is refused and counted.
   auto owned = std::make_unique<testutil::HookedBackend>(MakeSimBackend(config, 0));
   int reserve_calls = 0;  // the test is single-threaded
-  owned->reserve_address_instead = [&](size_t) -> absl::StatusOr<void*> {
-    ++reserve_calls;
-    return absl::ResourceExhaustedError("test: no address space");
-  };
+  testutil::HookGuard reserve_hook =
+      owned->reserve_address_instead.Set([&](size_t) -> absl::StatusOr<void*> {
+        ++reserve_calls;
+        return absl::ResourceExhaustedError("test: no address space");
+      });
   DevicePool pool(std::move(owned), config);
   // Every allocation misses (each is larger than anything cached): regular segments
   // serve them, and the large pool's reservation is asked for once.

@@ -250,12 +250,12 @@ TEST(MetricsTest, AScrapeCallsMemInfoOutsideTheDeviceLock) {
   void* p = alloc->allocate(4096, {}, Site(40));
   int calls = 0;
   int locked_out = 0;
-  hooks->before_mem_info = [&] {
+  testutil::HookGuard mem_info_hook = hooks->before_mem_info.Set([&] {
     ++calls;
     std::future<DeviceStats> other =
         std::async(std::launch::async, [raw] { return raw->stats(); });
     if (other.wait_for(std::chrono::seconds(10)) != std::future_status::ready) ++locked_out;
-  };
+  });
   const std::vector<Sample> samples = ParsePrometheusText(collector.Text());
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(SampleValue(samples, "devmem_device_total_bytes", {{"device", "sim:0"}}), kGiB);

@@ -64,13 +64,13 @@ TEST(ThreadCacheTest, HitsCompleteWhileAnotherThreadHoldsTheDeviceLock) {
   std::mutex mu;
   std::condition_variable cv;
   bool inside = false, release = false;
-  hb->allocate_segment_instead = [&](size_t bytes) {
+  testutil::HookGuard alloc_segment_hook = hb->allocate_segment_instead.Set([&](size_t bytes) {
     std::unique_lock<std::mutex> lock(mu);
     inside = true;
     cv.notify_all();
     cv.wait(lock, [&] { return release; });
     return hb->inner().allocate_segment(bytes);
-  };
+  });
   std::thread holder([&] { a.free(a.allocate(64 * kMiB)); });  // a new segment: blocks
   {
     std::unique_lock<std::mutex> lock(mu);

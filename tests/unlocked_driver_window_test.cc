@@ -47,10 +47,11 @@ void ExpectNoCallOnAStreamReleasedDuringTheWait(const char* conf) {
   auto names = [&](Stream w) {
     if (w == s && released) ++named_after;
   };
-  hooks->before_synchronize_stream = names;
-  hooks->before_record_event = names;
-  hooks->before_rerecord_event = [&](Event, Stream w) { names(w); };
-  hooks->before_synchronize_event = [&](Event) {
+  testutil::HookGuard sync_stream_hook = hooks->before_synchronize_stream.Set(names);
+  testutil::HookGuard record_hook = hooks->before_record_event.Set(names);
+  testutil::HookGuard rerecord_hook =
+      hooks->before_rerecord_event.Set([&](Event, Stream w) { names(w); });
+  testutil::HookGuard sync_event_hook = hooks->before_synchronize_event.Set([&](Event) {
     if (waits++ != 0) return;  // the release's wait (empty_cache's thread)
     // The program, on another thread, is done with s: the device lock is free.
     release = std::async(std::launch::async, [&] {
@@ -58,7 +59,7 @@ void ExpectNoCallOnAStreamReleasedDuringTheWait(const char* conf) {
       released = true;
     });
     returned_meanwhile = release.wait_for(kBound) == std::future_status::ready;
-  };
+  });
   t->empty_cache();
   if (release.valid()) release.get();
   EXPECT_TRUE(returned_meanwhile)
@@ -107,7 +108,7 @@ TEST(UnlockedDriverWindowTest, NoSegmentIsFreedOnceAPoolCaptureBegan) {
   bool freed_after_begin = false;
   std::future<void> capture;
   int calls = 0;  // the hook runs on empty_cache's thread only
-  hooks->free_segment_instead = [&](void* p, size_t n) {
+  testutil::HookGuard free_segment_hook = hooks->free_segment_instead.Set([&](void* p, size_t n) {
     if (calls++ == 0) {
       capture = std::async(std::launch::async, [&] {
         t->begin_allocate_to_pool(PoolId{7, 1}, [](Stream) { return true; });
@@ -118,7 +119,7 @@ TEST(UnlockedDriverWindowTest, NoSegmentIsFreedOnceAPoolCaptureBegan) {
       freed_after_begin = true;
     }
     hooks->inner().free_segment(p, n);
-  };
+  });
   t->empty_cache();
   if (capture.valid()) capture.get();
   EXPECT_EQ(calls, 2);

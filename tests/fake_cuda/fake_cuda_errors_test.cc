@@ -222,8 +222,9 @@ TEST_P(FakeCudaStickyAllocatorTest, OutOfMemoryRetry) {
       EXPECT_EQ(devmem_fake_cuda_launch_fault(ToCuda(stream), cudaErrorAssert),
                 cudaSuccess);
     };
-    w.hooks->before_record_event = fault;
-    w.hooks->before_rerecord_event = [&](Event, Stream stream) { fault(stream); };
+    testutil::HookGuard record_hook = w.hooks->before_record_event.Set(fault);
+    testutil::HookGuard rerecord_hook =
+        w.hooks->before_rerecord_event.Set([&](Event, Stream stream) { fault(stream); });
     // On s2: more than the 1 GiB device has left, until what s caches goes back.
     ExpectPoisonedBy(w, "allocate", [&] { w.alloc->allocate(1000 * kMiB, w.s2); });
   });

@@ -490,11 +490,12 @@ TEST_P(FakeCudaAllocatorTest, MemoryGoesBackOnlyAfterItsStreamPassedTheWork) {
             cudaSuccess);
   alloc.free(p);
   int records = 0;  // events recorded on *s (the hooks run on this thread only)
-  hooks->before_record_event = [&](Stream stream) { records += stream == *s ? 1 : 0; };
-  hooks->before_rerecord_event = [&](Event, Stream stream) {
-    records += stream == *s ? 1 : 0;
-  };
-  hooks->before_synchronize_event = [&](Event) { blocker.Release(); };
+  testutil::HookGuard record_hook =
+      hooks->before_record_event.Set([&](Stream stream) { records += stream == *s ? 1 : 0; });
+  testutil::HookGuard rerecord_hook = hooks->before_rerecord_event.Set(
+      [&](Event, Stream stream) { records += stream == *s ? 1 : 0; });
+  testutil::HookGuard sync_event_hook =
+      hooks->before_synchronize_event.Set([&](Event) { blocker.Release(); });
   alloc.empty_cache();  // must wait for the stream before unmapping or freeing
   EXPECT_GE(records, 1);
   hooks->before_record_event = nullptr;
