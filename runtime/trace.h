@@ -41,7 +41,7 @@
 // the process, but every claim wrote one shared counter, and a chunk one thread had
 // written was next claimed by another, its lines moving between the cores. Removing
 // both did not end threads2_speedup's bimodal runs on the development VM, which
-// trace_entries:0 does: the trace's remaining cost beside another thread is elsewhere.)
+// trace_entries:0 does: the rest was the chunks' layout, trace.cc "Layout".)
 //
 // Time and order (a hybrid logical clock). An event's stamp, in TraceClock ticks
 // (runtime/trace_clock.h; converted to nanoseconds when read), is under the device
@@ -86,7 +86,10 @@
 //
 // Memory: C x K slots of 64 bytes (capacity rounded up to whole chunks, plus one) and C chunk headers of
 // 64 bytes, plus, once read, the numbered events the readers page through (capacity
-// x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each).
+// x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each). The slots are one
+// anonymous mapping in which each chunk starts a page and is followed by one page that
+// is never touched (address space only, no memory: C pages of it, 1 MiB at the
+// default), so that no two chunks are neighbours in memory (trace.cc, "Layout").
 //
 // What a slot keeps is exactly what was recorded (tests/runtime_trace_test.cc,
 // ExtremeFieldValuesReadBackExactly): every field at its full width, but the device
@@ -143,8 +146,8 @@ class TraceRing : public AllocatorObserver {
   // of the ring ago), ~0.8 ns an event at 64 events a chunk, and more beside a second
   // writing thread in the VM's slow minutes (two threads calling Record directly on a
   // 2^17 ring there: 1.2-1.7x the ns per event of one at K = 64, 1.0x at K = 4096; at
-  // 512, 0.7 ns an event less alone than at 64, and 1.25-1.5x, the rest being the
-  // chunk count's store: docs/architecture.md, "What a hit writes").
+  // 512, 0.7 ns an event less alone than at 64, and 1.25-1.5x with the chunks
+  // contiguous, about 1.0x with an untouched page between chunks: trace.cc, "Layout").
   static constexpr size_t kChunkEvents = 512;
 
   // capacity > 0: the number of events kept (InvalidArgumentError otherwise). The
@@ -173,6 +176,11 @@ class TraceRing : public AllocatorObserver {
   // only a race of more writing threads than chunks produces): for tests of how
   // readers number and page past lost events.
   void CountDroppedForTesting(uint64_t n);
+  // The layout, for tests of it: the chunks (C), the slots per chunk (K) and chunk p's
+  // first slot (p < C).
+  uint32_t ChunksForTesting() const { return num_chunks_; }
+  uint32_t ChunkEventsForTesting() const { return chunk_events_; }
+  const void* ChunkSlotsForTesting(uint32_t p) const { return ChunkSlots(p); }
 
   // on_event without the virtual dispatch, for observers that forward to a ring.
   // Inline (below): the runtime's observer records every event through it.
@@ -244,7 +252,12 @@ class TraceRing : public AllocatorObserver {
   const uint32_t num_chunks_;    // C
   const uint64_t uid_;           // this ring's identity for the threads' lane caches
   std::unique_ptr<Chunk[]> chunks_;  // C headers
-  std::unique_ptr<Slot[]> slots_;    // C x K slots: chunk p's are [p K, (p + 1) K)
+  // The slots' mapping (trace.cc, "Layout"), owned: chunk p's K slots are
+  // [ChunkSlots(p), ChunkSlots(p) + K), then untouched address space up to the next.
+  Slot* slots_ = nullptr;
+  size_t chunk_stride_ = 0;  // slots from one chunk's first slot to the next's
+  size_t slots_bytes_ = 0;   // the mapping's length
+  Slot* ChunkSlots(uint32_t p) const { return slots_ + size_t{p} * chunk_stride_; }
   TraceClock clock_;
   // Every claim loads fresh_ and active_lanes_: a line of their own, written only while
   // the pool lasts and when a thread takes or gives back a lane, so that a claim of a
