@@ -10,7 +10,8 @@
 #                    start threads are the only ones built; ctest runs the tests in them
 #                    that use threads: two-thread allocator storms, backend and site
 #                    concurrency, tensor storage races, the trace ring's writers, the
-#                    size histogram's per-thread shards, and
+#                    size histogram's per-thread shards, the tests' backend hooks
+#                    (a clear waits for a call in flight on another thread), and
 #                    the HTTP server, whose scrapes race a two-thread allocation storm)
 #   5. build-fuzz/ : the libFuzzer targets of the parsers (tools/fuzz/: trace, config
 #                    string, RMM and Umpire imports, timeline, snapshot), built with
@@ -97,7 +98,7 @@ if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
   # Only these test files are compiled (tests/CMakeLists.txt, DEVMEM_TEST_FILES), and
   # only devmem_tests is built: every test the -R below picks is one of its (the C
   # API's library and test program, and the flight recorder's child, run nothing here).
-  tsan_files='/(arena|caching_allocator_(random|fault|errors|recycle|unlocked_driver)|unlocked_driver_window|backend_conformance|site|thread_cache|tensor_(storage|live_buffers)|runtime_(trace|http|metrics)|trace_clock|flight_recorder)_test\.cc$'
+  tsan_files='/(arena|caching_allocator_(random|fault|errors|recycle|unlocked_driver)|unlocked_driver_window|backend_conformance|site|thread_cache|tensor_(storage|live_buffers)|runtime_(trace|http|metrics)|trace_clock|flight_recorder|hooked_backend)_test\.cc$'
   DEVMEM_BUILD_TARGETS=devmem_tests \
     bash scripts/build.sh build-tsan -DDEVMEM_SANITIZE=thread -DDEVMEM_WITH_CUDA=OFF \
     -DDEVMEM_BUILD_TOOLS=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -107,7 +108,7 @@ if [[ "${DEVMEM_SKIP_TSAN:-0}" != 1 ]]; then
   stage "tests (build-tsan/)"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp" \
     ctest --test-dir build-tsan --output-on-failure -j "$jobs" --timeout "$sanitizer_timeout" \
-    -R 'Arena|TwoThreads|Concurrent|Racing|AcrossThreads|PerThread|EachStreamHasItsOwnWorker|HttpServerTest|ExpandableRecycleTest|UnlockedDriver|FlightRecorderTest'
+    -R 'Arena|TwoThreads|Concurrent|Racing|AcrossThreads|PerThread|EachStreamHasItsOwnWorker|HttpServerTest|ExpandableRecycleTest|UnlockedDriver|FlightRecorderTest|HookGuardTest'
 fi
 if [[ "${DEVMEM_SKIP_FUZZ:-0}" != 1 ]]; then
   stage "build (build-fuzz/: libFuzzer targets only)"
