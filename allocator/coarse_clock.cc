@@ -38,7 +38,7 @@ namespace {
 // sanitizer's exit code (libstdc++ frees the thread's state; ASan's thread teardown
 // drains its allocator cache into the shared size classes under their locks), so a
 // fork() meeting it there could hand the child a heap lock held. So at any fork the
-// ticker thread is starting (waited for), waiting on `wake` or `started` (holding
+// ticker thread is starting (waited for), parked or between publishes on `wake` (holding
 // nothing), or publishing with `mu` held (which fork() holds instead): the loop
 // allocates nothing. A parked thread also makes a use after a pause cost no thread
 // start (a program whose short-lived threads each make a thread cache started and

@@ -82,10 +82,12 @@
 #include <algorithm>
 #include <new>
 #include <queue>
+#include <type_traits>
 #include <utility>
 
 #include "allocator/errors.h"
 #include "runtime/thread_lanes.h"
+#include "runtime/trace_testing.h"
 
 namespace devmem {
 namespace {
@@ -115,6 +117,11 @@ uint32_t ChunkEventsFor(size_t capacity) {
 
 namespace trace_internal {
 constinit thread_local TlsLane tls_lane;
+
+namespace {
+constinit thread_local bool fail_next_registration = false;  // trace_testing.h
+}  // namespace
+void FailNextRingRegistrationForTesting() { fail_next_registration = true; }
 }  // namespace trace_internal
 using trace_internal::tls_lane;
 
@@ -225,12 +232,22 @@ TraceRing::TraceRing(size_t capacity)
     Slot* const first = ChunkSlots(p);
     for (uint32_t i = 0; i < chunk_events_; ++i) new (first + i) Slot;
   }
-  RingLanes::Register(uid_, this);  // last: nothing after it throws
+  // Last, so that thread exits only ever meet a whole ring. Register itself may throw
+  // (std::bad_alloc); the slots' mapping, which no member owns, is then unmapped here
+  // (the members free the rest).
+  try {
+    if (std::exchange(trace_internal::fail_next_registration, false)) throw std::bad_alloc();
+    RingLanes::Register(uid_, this);
+  } catch (...) {
+    munmap(slots_, slots_bytes_);
+    throw;
+  }
 }
 
 TraceRing::~TraceRing() {
   RingLanes::Unregister(uid_);
-  munmap(slots_, slots_bytes_);  // Slot is trivially destructible
+  static_assert(std::is_trivially_destructible_v<Slot>, "the slots are unmapped, not destroyed");
+  munmap(slots_, slots_bytes_);
 }
 
 size_t TraceRing::capacity() const { return capacity_; }

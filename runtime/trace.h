@@ -84,12 +84,12 @@
 // them (above), and taken up by the next thread that records, which goes on filling
 // the last one if no one took it.
 //
-// Memory: C x K slots of 64 bytes (capacity rounded up to whole chunks, plus one) and C chunk headers of
-// 64 bytes, plus, once read, the numbered events the readers page through (capacity
-// x 64 bytes), plus a list of C + 2 claims per lane (24 bytes each). The slots are one
-// anonymous mapping in which each chunk starts a page and is followed by one page that
-// is never touched (address space only, no memory: C pages of it, 1 MiB at the
-// default), so that no two chunks are neighbours in memory (trace.cc, "Layout").
+// Memory: C chunks of K 64-byte slots, each rounded up to whole pages (capacity rounded
+// up to whole chunks, plus one; a ring under 256 events backs a page per chunk), C chunk
+// headers of 64 bytes, the numbered events the readers page through once read (capacity
+// x 64 bytes), and a list of C + 2 claims per lane (24 bytes each). The slots are one
+// anonymous mapping in which each chunk is followed by one page never touched (address
+// space only: C pages, 1 MiB at the default with 4 KiB pages; trace.cc, "Layout").
 //
 // What a slot keeps is exactly what was recorded (tests/runtime_trace_test.cc,
 // ExtremeFieldValuesReadBackExactly): every field at its full width, but the device

@@ -53,7 +53,7 @@ class TraceClock {
   static constexpr int64_t kTickerPeriodNs = kCoarseTickerPeriodNs;
 
   TraceClock();   // starts the ticker if none runs; publishes a first tick before
-  ~TraceClock();  // the last one unregisters the tick's publisher, stops the ticker
+  ~TraceClock();  // the last one unregisters the tick's publisher; the ticker parks
   TraceClock(const TraceClock&) = delete;
   TraceClock& operator=(const TraceClock&) = delete;
 

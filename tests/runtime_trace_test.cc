@@ -27,6 +27,7 @@
 #include "runtime/json.h"
 #include "runtime/trace.h"
 #include "runtime/trace_clock.h"
+#include "runtime/trace_testing.h"
 #include "tools/timeline/timeline.h"
 
 namespace devmem {
@@ -439,6 +440,33 @@ TEST(TraceRingLayoutTest, EachChunkStartsAPageAndIsFollowedByAnUntouchedOne) {
       EXPECT_FALSE(resident[chunk_pages] & 1) << "the gap after chunk " << p;
     }
   }
+}
+
+// The address space this process has mapped, in KiB (/proc/self/status, VmSize).
+int64_t MappedKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7));
+  }
+  ADD_FAILURE() << "no VmSize in /proc/self/status";
+  return 0;
+}
+
+// A construction that fails after the slots are mapped (registering for the threads'
+// exits allocates, and may throw) unmaps them: eight failed rings of 2^17 events would
+// otherwise keep 8 x 9.3 MiB of address space (and the chunks' pages, touched when made).
+TEST(TraceRingLayoutTest, AConstructionThatFailsAfterMappingUnmapsTheSlots) {
+  { TraceRing warm(size_t{1} << 17); }  // the registry's and the heap's first growth
+  const int64_t before = MappedKiB();
+  for (int i = 0; i < 8; ++i) {
+    trace_internal::FailNextRingRegistrationForTesting();
+    EXPECT_THROW(TraceRing ring(size_t{1} << 17), std::bad_alloc);
+  }
+  EXPECT_LT(MappedKiB() - before, 16 * 1024) << "KiB mapped by 8 failed constructions";
+  TraceRing ring(size_t{1} << 17);  // the hook fails only the next construction
+  ring.on_event(Synthetic(1));
+  EXPECT_EQ(ring.since(0).size(), 1u);
 }
 
 // A thread that exits gives its lane back: a thousand short-lived threads, one after
