@@ -85,6 +85,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "allocator/errors.h"
 #include "runtime/thread_lanes.h"
 #include "runtime/trace_testing.h"
@@ -104,6 +105,10 @@ thread_local uint32_t tls_thread = 0;
 // trace.h's kChunkEvents): room for as many threads recording at once before any
 // drops events.
 constexpr size_t kMinChunks = 256;
+
+// The largest capacity a ring takes: 2^40 events, 64 TiB of slots (config.cc caps
+// trace_entries at 10^8); its chunk count, capacity / 512 + 2, fits in 32 bits.
+constexpr size_t kMaxCapacity = size_t{1} << 40;
 
 // K (trace.h, kChunkEvents): 64 (a quarter of the capacity for rings under 256
 // events), or, for rings over 16,384 events, capacity / kMinChunks up to kChunkEvents.
@@ -211,6 +216,12 @@ TraceRing::TraceRing(size_t capacity)
       uid_(RingLanes::NewUid()) {
   if (capacity == 0) {
     throw InvalidArgumentError("TraceRing: capacity must be at least 1 (got 0)");
+  }
+  // Above it the chunk count would not fit num_chunks_ (and its slots no machine maps).
+  if (capacity > kMaxCapacity) {
+    throw InvalidArgumentError(absl::StrCat("TraceRing: capacity ", capacity,
+                                            " is over the most a ring holds, ",
+                                            kMaxCapacity, " events"));
   }
   chunks_.reset(new Chunk[num_chunks_]);
   // The slots (Layout, above): a chunk's bytes rounded up to whole pages, then one page.

@@ -150,7 +150,7 @@ class TraceRing : public AllocatorObserver {
   // contiguous, about 1.0x with an untouched page between chunks: trace.cc, "Layout").
   static constexpr size_t kChunkEvents = 512;
 
-  // capacity > 0: the number of events kept (InvalidArgumentError otherwise). The
+  // 0 < capacity <= 2^40: the number of events kept (InvalidArgumentError otherwise). The
   // chunks are allocated and zeroed here.
   explicit TraceRing(size_t capacity);
   ~TraceRing() override;

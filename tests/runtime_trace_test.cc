@@ -94,6 +94,20 @@ TEST(TraceRingTest, ZeroCapacityIsRefused) {
   EXPECT_THROW(TraceRing ring(0), std::invalid_argument);
 }
 
+// A capacity whose chunk count would not fit the ring's 32-bit count is refused with
+// the value in the message (it used to wrap: 2^60 events made a ring of one chunk that
+// still reported a capacity of 2^60).
+TEST(TraceRingTest, ACapacityOverTheMostIsRefusedByName) {
+  try {
+    TraceRing ring(size_t{1} << 60);
+    FAIL() << "a ring of 2^60 events was made, with " << ring.ChunksForTesting() << " chunks";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("1152921504606846976"), std::string::npos) << e.what();
+  }
+  TraceRing largest_small(size_t{1} << 20);  // an ordinary large ring is still made
+  EXPECT_EQ(largest_small.capacity(), size_t{1} << 20);
+}
+
 // What a reader gets back is exactly what was recorded, at the extremes of every field
 // (the largest size and address, a 64-bit stream handle, site ids at the top of their
 // 32 bits, the last device index a slot keeps: runtime/trace.h), through both writers:
