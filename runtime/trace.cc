@@ -230,35 +230,31 @@ TraceRing::TraceRing(size_t capacity)
   const size_t stride = (chunk_bytes + page - 1) / page * page + page;
   static_assert(alignof(Slot) <= 4096, "a page-aligned chunk aligns its slots");
   chunk_stride_ = stride / sizeof(Slot);
-  slots_bytes_ = size_t{num_chunks_} * stride;
-  void* base = mmap(nullptr, slots_bytes_, PROT_READ | PROT_WRITE,
+  const size_t bytes = size_t{num_chunks_} * stride;
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) throw std::bad_alloc();  // chunks_ is freed as a member
 #ifdef MADV_NOHUGEPAGE
-  madvise(base, slots_bytes_, MADV_NOHUGEPAGE);  // a hint: it only keeps the gaps empty
+  madvise(base, bytes, MADV_NOHUGEPAGE);  // a hint: it only keeps the gaps empty
 #endif
-  slots_ = static_cast<Slot*>(base);
+  slots_.slots = static_cast<Slot*>(base);  // owned from here: unmapped on any throw below
+  slots_.bytes = bytes;
   // Each chunk's slots are made (zeroed, as the mapping already is); the gaps never are.
   for (uint32_t p = 0; p < num_chunks_; ++p) {
     Slot* const first = ChunkSlots(p);
     for (uint32_t i = 0; i < chunk_events_; ++i) new (first + i) Slot;
   }
-  // Last, so that thread exits only ever meet a whole ring. Register itself may throw
-  // (std::bad_alloc); the slots' mapping, which no member owns, is then unmapped here
-  // (the members free the rest).
-  try {
-    if (std::exchange(trace_internal::fail_next_registration, false)) throw std::bad_alloc();
-    RingLanes::Register(uid_, this);
-  } catch (...) {
-    munmap(slots_, slots_bytes_);
-    throw;
-  }
+  // Last, so that thread exits only ever meet a whole ring. It may throw (std::bad_alloc);
+  // the members, the slots' mapping among them, then free what was made.
+  if (std::exchange(trace_internal::fail_next_registration, false)) throw std::bad_alloc();
+  RingLanes::Register(uid_, this);
 }
 
-TraceRing::~TraceRing() {
-  RingLanes::Unregister(uid_);
+TraceRing::~TraceRing() { RingLanes::Unregister(uid_); }  // then the members: slots_ unmaps
+
+TraceRing::SlotMapping::~SlotMapping() {
   static_assert(std::is_trivially_destructible_v<Slot>, "the slots are unmapped, not destroyed");
-  munmap(slots_, slots_bytes_);
+  if (slots != nullptr) munmap(slots, bytes);
 }
 
 size_t TraceRing::capacity() const { return capacity_; }

@@ -252,12 +252,21 @@ class TraceRing : public AllocatorObserver {
   const uint32_t num_chunks_;    // C
   const uint64_t uid_;           // this ring's identity for the threads' lane caches
   std::unique_ptr<Chunk[]> chunks_;  // C headers
-  // The slots' mapping (trace.cc, "Layout"), owned: chunk p's K slots are
+  // The slots' mapping (trace.cc, "Layout"): chunk p's K slots are
   // [ChunkSlots(p), ChunkSlots(p) + K), then untouched address space up to the next.
-  Slot* slots_ = nullptr;
+  // Unmapped by its destructor, so also when the ring's constructor throws after
+  // mapping it (the slots, trivially destructible, end with it).
+  struct SlotMapping {
+    Slot* slots = nullptr;
+    size_t bytes = 0;  // the mapping's length
+    SlotMapping() = default;
+    SlotMapping(const SlotMapping&) = delete;
+    SlotMapping& operator=(const SlotMapping&) = delete;
+    ~SlotMapping();
+  };
+  SlotMapping slots_;
   size_t chunk_stride_ = 0;  // slots from one chunk's first slot to the next's
-  size_t slots_bytes_ = 0;   // the mapping's length
-  Slot* ChunkSlots(uint32_t p) const { return slots_ + size_t{p} * chunk_stride_; }
+  Slot* ChunkSlots(uint32_t p) const { return slots_.slots + size_t{p} * chunk_stride_; }
   TraceClock clock_;
   // Every claim loads fresh_ and active_lanes_: a line of their own, written only while
   // the pool lasts and when a thread takes or gives back a lane, so that a claim of a
