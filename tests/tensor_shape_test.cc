@@ -8,9 +8,12 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
+#include "allocator/caching_allocator.h"
+#include "tensor/device_registry.h"
 #include "tensor/factories.h"
 
 namespace devmem {
@@ -65,6 +68,8 @@ TEST(TensorShapeTest, ProductsWhoseBytesDoNotFitAreRefusedByName) {
 
 TEST(TensorShapeTest, FactoriesRefuseBadShapesBeforeAllocating) {
   const TensorOptions on{DType::kFloat32, DeviceId{DeviceType::kSim, 0}};
+  const std::shared_ptr<CachingAllocator> alloc = AllocatorFor(*on.device);
+  const int64_t allocations = alloc->stats().allocation[kAggregatePool].allocated;
   try {
     empty({4, -2}, on);
     FAIL() << "empty({4, -2}) returned";
@@ -78,6 +83,8 @@ TEST(TensorShapeTest, FactoriesRefuseBadShapesBeforeAllocating) {
     EXPECT_EQ(std::string(e.what()),
               "empty: shape [1099511627776, 1099511627776] has too many elements to address");
   }
+  EXPECT_EQ(alloc->stats().allocation[kAggregatePool].allocated, allocations)
+      << "a refused shape reached the allocator";
 }
 
 }  // namespace
