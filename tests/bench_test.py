@@ -16,6 +16,7 @@
     stderr. No figure is compared with its target: speed is not a test's business;
   - the human table prints every figure beside its target;
   - `--threads2 --json` and `--threads2`: only the threads2 figures, exit status 0;
+  - `--tensor`: one JSON line holding only a positive tensor_create_ns, exit status 0;
   - a policy under which timed pairs reach the device (expandable_recycle_threshold:0
     unmaps and maps idle granules all the time): exit status 1 and a message saying
     segments were allocated while timing;
@@ -140,6 +141,13 @@ r = run(None, args=("--threads2",))
 if r.returncode != 0 or not any(l.startswith("threads2_speedup") and ">= 1.8" in l
                                 for l in r.stdout.splitlines()):
     fail("--threads2: no threads2_speedup row with its target")
+
+r = run(None, args=("--tensor",))
+if r.returncode != 0:
+    fail("--tensor: exit status %d" % r.returncode)
+tc = json.loads(r.stdout)
+if list(tc) != ["tensor_create_ns"] or not tc["tensor_create_ns"] > 0:
+    fail("--tensor: expected only a positive tensor_create_ns, got %r" % tc)
 
 r = run("expandable_recycle_threshold:0")
 if r.returncode != 1:

@@ -144,6 +144,7 @@ int Main(int argc, char** argv) {
   bool flight_only = false;    // only flight_recorder_overhead_ratio (A/B runs)
   bool shipped_only = false;   // only the shipped pair (A/B runs, callgrind of its loop)
   bool tracing_only = false;   // only tracing_overhead_ratio (A/B runs of the trace)
+  bool tensor_only = false;    // only tensor_create_ns (A/B runs of the tensor layer)
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) {
       json = true;
@@ -157,13 +158,15 @@ int Main(int argc, char** argv) {
       shipped_only = true;
     } else if (std::strcmp(argv[i], "--tracing") == 0) {
       tracing_only = true;
+    } else if (std::strcmp(argv[i], "--tensor") == 0) {
+      tensor_only = true;
     } else if (std::strcmp(argv[i], "--version") == 0) {
       std::printf("%s %s\n", "devmem-bench", DEVMEM_VERSION);
       return 0;
     } else if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::printf(
           "usage: devmem-bench [--json] [--arena-sweep | --threads2 | --flight | --shipped |\n"
-          "                    --tracing]\n"
+          "                    --tracing | --tensor]\n"
           "Times cache-hit alloc+free pairs through devmem (sim device: a bare allocator,\n"
           "and the runtime's shipped path) beside jemalloc and mimalloc in the same run,\n"
           "threads, tensors, site interning and steady-state device maps; prints medians\n"
@@ -173,7 +176,9 @@ int Main(int argc, char** argv) {
           "flight_recorder_overhead_ratio; --shipped only the shipped pair beside\n"
           "mimalloc and jemalloc, and intern_256_sites_ns (its loop is TimeShipped:\n"
           "callgrind --toggle-collect='*TimeShipped*' counts a pair); --tracing only\n"
-          "tracing_overhead_ratio (A/B runs of the trace).\n",
+          "tracing_overhead_ratio (A/B runs of the trace); --tensor only tensor_create_ns\n"
+          "(its loop is MeasureTensorCreateNs: callgrind\n"
+          "--toggle-collect='*MeasureTensorCreateNs*lambda*' counts a create+destroy).\n",
           kRepetitions);
       return 0;
     } else {
@@ -242,6 +247,13 @@ int Main(int argc, char** argv) {
                  "not every timed pair was a cache hit\n",
                  static_cast<long long>(t.timed_segment_allocs));
     return 1;
+  }
+
+  if (tensor_only) {
+    JsonOut out;
+    out.add("tensor_create_ns", MeasureTensorCreateNs());
+    std::printf("%s\n", out.str().c_str());  // one line, table or not
+    return 0;
   }
 
   if (tracing_only) {
